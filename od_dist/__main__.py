@@ -1,0 +1,3 @@
+from od_dist.cli import run
+
+run()

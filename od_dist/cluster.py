@@ -1,0 +1,199 @@
+"""The cluster model: one file, parsed once into a frozen object. Knows nothing of TensorFlow.
+
+Roles use the cluster file's words (`master`, `worker`, `ps`, `evaluator`); `tf_job` maps them to
+TensorFlow's task types (`master` -> `chief`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from od_dist import safe_yaml, validate
+from od_dist.validate import MULTI_WORKER_MIRRORED, PARAMETER_SERVER  # noqa: F401 (re-exported)
+
+TF_JOB = {"master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
+FROM_TF_JOB = {"chief": "master", "master": "master", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
+
+
+class InvalidCluster(ValueError):
+    """Invalid user input; `problems` are one-line messages, each with its fix."""
+
+    def __init__(self, problems: list[str], source: str = ""):
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+        self.source = source
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int | None
+
+    def __str__(self) -> str:
+        return validate.format_address(self.host, self.port)
+
+
+@dataclass(frozen=True)
+class Task:
+    role: str  # master | worker | ps | evaluator
+    index: int
+    address: Address
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+    @property
+    def key(self) -> str:
+        """Where the task is written in the cluster file."""
+        return self.role if self.role in ("master", "evaluator") else f"{self.role}[{self.index}]"
+
+    @property
+    def tf_job(self) -> str:
+        return TF_JOB[self.role]
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    os: str = "linux"
+    python: str | None = None  # an interpreter: scripts run `<python> -m od_dist`
+    venv: str | None = None  # a virtual environment: scripts activate it
+    workdir: str | None = None
+    num_clones: int | None = None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    strategy: str
+    master: Address | None
+    workers: tuple[Address, ...]
+    ps: tuple[Address, ...] = ()
+    evaluator: Address | None = None
+    num_clones: int = 1
+    hosts: Mapping[str, HostSettings] = field(default_factory=lambda: MappingProxyType({}))
+
+    def tasks_of(self, role: str) -> tuple[Task, ...]:
+        role = validate.normalize_role(role)
+        if role in ("master", "evaluator"):
+            address = getattr(self, role)
+            return (Task(role, 0, address),) if address else ()
+        addresses = {"worker": self.workers, "ps": self.ps}.get(role, ())
+        return tuple(Task(role, i, a) for i, a in enumerate(addresses))
+
+    def tasks(self) -> tuple[Task, ...]:
+        """Every task, in the order a launcher would start them (servers first)."""
+        return sum((self.tasks_of(r) for r in ("ps", "worker", "master", "evaluator")), ())
+
+    def task(self, role: str, index: int = 0) -> Task:
+        return self.tasks_of(role)[index]
+
+    def server_tasks(self) -> tuple[Task, ...]:
+        """Tasks in the TensorFlow ClusterSpec. The evaluator runs no server and stays out: an
+        evaluator listed in a parameter-server cluster hangs the coordinator."""
+        return tuple(t for t in self.tasks() if t.role != "evaluator")
+
+    def cluster_spec(self) -> dict[str, list[str]]:
+        spec: dict[str, list[str]] = {}
+        for t in self.server_tasks():
+            spec.setdefault(t.tf_job, []).append(str(t.address))
+        return spec
+
+    def tf_config(self, role: str, index: int = 0) -> dict:
+        task = self.task(role, index)
+        cluster = self.cluster_spec()
+        if task.role == "evaluator":  # only the evaluator itself sees its entry
+            cluster["evaluator"] = [str(task.address)]
+        return {"cluster": cluster, "task": {"type": task.tf_job, "index": task.index}}
+
+    def host_settings(self, host: str) -> HostSettings:
+        return self.hosts.get(host, HostSettings())
+
+    def clones_for(self, host: str) -> int:
+        return self.host_settings(host).num_clones or self.num_clones
+
+    def loopback_only(self) -> bool:
+        return all(validate.is_loopback(t.address.host) for t in self.tasks())
+
+
+def _address(text: str) -> Address:
+    return Address(*validate.parse_address(text.strip(), need_port=False))
+
+
+def from_document(doc, source: str = "") -> Cluster:
+    """Validates a parsed cluster document and builds the cluster; raises InvalidCluster."""
+    problems = validate.check_document(doc)
+    if problems:
+        raise InvalidCluster(problems, source)
+
+    def addresses(role):
+        value = doc.get(role) or []
+        return tuple(_address(v) for v in ([value] if isinstance(value, str) else value))
+
+    master = doc.get("master", doc.get("chief"))
+    hosts = {
+        validate.parse_address(str(h), need_port=False)[0]: HostSettings(**s)
+        for h, s in (doc.get("hosts") or {}).items()
+    }
+    cluster = Cluster(
+        strategy=validate.infer_strategy(doc),
+        master=_address(master) if master else None,
+        workers=addresses("worker"),
+        ps=addresses("ps"),
+        evaluator=_address(doc["evaluator"]) if doc.get("evaluator") else None,
+        num_clones=doc.get("num_clones", 1),
+        hosts=MappingProxyType(hosts),
+    )
+    problems = validate.check_equal_clones(cluster)
+    if problems:
+        raise InvalidCluster(problems, source)
+    return cluster
+
+
+def load(path: str) -> Cluster:
+    try:
+        doc = safe_yaml.load_file(path)
+    except safe_yaml.YamlError as e:
+        raise InvalidCluster([f"cluster file: {e}"], path) from None
+    return from_document(doc, path)
+
+
+def from_tf_config(text: str) -> tuple[Cluster, str, int]:
+    """A TF_CONFIG (as Kubernetes TFJob sets it per pod) -> (cluster, role, index)."""
+    source = "TF_CONFIG"
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise InvalidCluster([f"TF_CONFIG: not valid JSON ({e}); unset it or fix it"], source) from None
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
+        raise InvalidCluster(["TF_CONFIG: no 'cluster' mapping; it must look like "
+                              '{"cluster": {"chief": [...], ...}, "task": {"type": "chief", "index": 0}}'], source)
+    doc: dict = {}
+    for job, entries in config["cluster"].items():
+        role = FROM_TF_JOB.get(job)
+        if role is None:
+            raise InvalidCluster([validate.problem(f"TF_CONFIG cluster.{job}", job, "unknown task type",
+                                                   "use chief, worker, ps or evaluator")], source)
+        if role in ("master", "evaluator"):
+            if not isinstance(entries, list) or len(entries) != 1:
+                raise InvalidCluster([validate.problem(f"TF_CONFIG cluster.{job}", entries,
+                                                       f"exactly one {job} is allowed", "list one address")], source)
+            entries = entries[0]
+        doc[role] = entries
+    task = config.get("task") or {}
+    role = FROM_TF_JOB.get(task.get("type"))
+    index = task.get("index", 0)
+    if role is None or isinstance(index, bool) or not isinstance(index, int):
+        raise InvalidCluster([validate.problem("TF_CONFIG task", task, "no valid task type and index",
+                                               'add "task": {"type": "worker", "index": 0}')], source)
+    cluster = from_document(doc, source)
+    problems = validate.check_task(cluster, role, index)
+    if problems:
+        raise InvalidCluster(problems, source)
+    return cluster, role, index
+
+
+def tf_config_json(cluster: Cluster, role: str, index: int) -> str:
+    return json.dumps(cluster.tf_config(role, index), sort_keys=True)

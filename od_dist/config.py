@@ -1,0 +1,81 @@
+"""Which cluster and which task this process is, decided once from flags (or TF_CONFIG) and frozen."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from od_dist import cluster as cluster_mod
+from od_dist import validate
+from od_dist.cluster import Cluster, InvalidCluster, Task
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    cluster: Cluster | None  # None: one machine, no cluster
+    task: Task | None  # None only when no single task is this machine (validate of a loopback file)
+    source: str  # the cluster file, "TF_CONFIG", or "" for one machine
+    machine_note: str  # how this machine was matched, for the summary
+
+
+def select(cluster_path: str | None, role: str | None, index: int | None, allow_public: bool,
+           require_task: bool = True, allow_none: bool = False, machine=None) -> TaskConfig:
+    """Loads the cluster from --cluster (else TF_CONFIG) and picks this process's task.
+
+    Raises InvalidCluster with every problem found. `machine` is a hostinfo.ThisMachine (tests
+    pass their own); it is only looked up when the host check needs it.
+    """
+    role = validate.normalize_role(role)
+    if index is not None and role is None:
+        raise InvalidCluster([validate.problem("--index", index, "given without --role", "add --role")])
+    tf_config = os.environ.get("TF_CONFIG", "").strip()
+    if cluster_path:
+        source = cluster_path
+        cluster = cluster_mod.load(cluster_path)
+    elif tf_config:
+        # An orchestrator (Kubernetes TFJob) names the task itself; its pod addresses are service
+        # names, not this machine's own, so there is no host check.
+        source = "TF_CONFIG"
+        cluster, tf_role, tf_index = cluster_mod.from_tf_config(tf_config)
+        if role is not None and (role, index if index is not None else 0) != (tf_role, tf_index):
+            raise InvalidCluster([validate.problem(
+                "--role", f"{role} {index if index is not None else 0}",
+                f"TF_CONFIG says this task is {tf_role} {tf_index}", "leave --role/--index out, or unset TF_CONFIG")])
+        return _checked(cluster, cluster.task(tf_role, tf_index), source, "named by TF_CONFIG", allow_public)
+    elif allow_none:
+        return TaskConfig(None, None, "", "one machine, no cluster")
+    else:
+        raise InvalidCluster([validate.problem("--cluster", "", "no cluster file given and TF_CONFIG is not set",
+                                               "pass --cluster clusters/local.yaml (or set TF_CONFIG)")])
+
+    problems = validate.check_public(cluster, allow_public)
+    if problems:
+        raise InvalidCluster(problems, source)
+    if machine is None and not cluster.loopback_only():
+        from od_dist import hostinfo
+
+        machine = hostinfo.this_machine()
+    is_local = machine.is_local if machine else (lambda host: validate.is_loopback(host))
+    if role is None:
+        if cluster.loopback_only() and not require_task:
+            return TaskConfig(cluster, None, source, "loopback-only cluster: every task runs on this machine")
+        task, problems = validate.infer_task(cluster, is_local)
+        if problems:
+            raise InvalidCluster(problems, source)
+        return TaskConfig(cluster, task, source, f"inferred from this machine's addresses ({machine.describe()})")
+    index = 0 if index is None else index
+    problems = validate.check_task(cluster, role, index)
+    if not problems:
+        problems = validate.check_this_machine(cluster, role, index, is_local)
+    if problems:
+        raise InvalidCluster(problems, source)
+    note = ("loopback-only cluster: every task runs on this machine" if cluster.loopback_only()
+            else f"an address of this machine ({machine.describe()})")
+    return TaskConfig(cluster, cluster.task(role, index), source, note)
+
+
+def _checked(cluster, task, source, note, allow_public) -> TaskConfig:
+    problems = validate.check_public(cluster, allow_public)
+    if problems:
+        raise InvalidCluster(problems, source)
+    return TaskConfig(cluster, task, source, note)

@@ -1,0 +1,63 @@
+"""This machine's own addresses, to check that a task really runs where the cluster file says."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ipaddress
+import socket
+from dataclasses import dataclass
+
+import psutil
+
+RESOLVE_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class ThisMachine:
+    names: frozenset[str]  # host names, lower case
+    ips: frozenset[str]  # normalized IP addresses of every interface
+
+    def describe(self) -> str:
+        shown = sorted(self.names) + sorted(ip for ip in self.ips if not ipaddress.ip_address(ip).is_loopback)
+        return ", ".join(shown)
+
+    def is_local(self, host: str) -> bool:
+        """True when `host` (an IP or a name from the cluster file) names this machine."""
+        host = host.lower()
+        if host in self.names or host in self.ips:
+            return True
+        try:
+            ipaddress.ip_address(host)
+            return False  # an IP literal that none of our interfaces has
+        except ValueError:
+            pass
+        return bool(_resolve(host) & self.ips)
+
+
+def _normalize(ip: str) -> str:
+    return str(ipaddress.ip_address(ip.split("%", 1)[0]))  # drop an IPv6 zone such as %eth0
+
+
+def _resolve(name: str) -> frozenset[str]:
+    """A name's addresses, or none when resolving fails or takes too long (no hang on bad DNS)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(socket.getaddrinfo, name, None)
+    pool.shutdown(wait=False)
+    try:
+        return frozenset(_normalize(info[4][0]) for info in future.result(timeout=RESOLVE_TIMEOUT_S))
+    except (OSError, concurrent.futures.TimeoutError, ValueError):
+        return frozenset()
+
+
+def this_machine() -> ThisMachine:
+    ips = set()
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                try:
+                    ips.add(_normalize(a.address))
+                except ValueError:
+                    pass
+    hostname = socket.gethostname().lower()
+    names = {hostname, hostname.split(".")[0], "localhost"}
+    return ThisMachine(frozenset(names), frozenset(ips))

@@ -1,0 +1,350 @@
+"""Pure validation rules for a cluster description.
+
+Each rule takes plain data (the parsed YAML document, or a built cluster plus a task) and returns
+a list of one-line problems, each naming the key, the value and the fix. Nothing here touches the
+network, the file system or TensorFlow, so every rule is testable on its own.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+
+PARAMETER_SERVER = "parameter_server"
+MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+STRATEGIES = (PARAMETER_SERVER, MULTI_WORKER_MIRRORED)
+
+TOP_KEYS = ("strategy", "master", "chief", "worker", "ps", "evaluator", "num_clones", "hosts")
+HOST_KEYS = ("os", "python", "venv", "workdir", "num_clones")
+HOST_OSES = ("linux", "windows")
+ROLES = ("master", "worker", "ps", "evaluator")
+ROLE_ALIASES = {"chief": "master"}
+
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def problem(key: str, value, what: str, fix: str) -> str:
+    shown = value if isinstance(value, str) else repr(value)
+    return f"{key}: '{shown}': {what}; {fix}"
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(choices)}"
+
+
+class AddressError(ValueError):
+    def __init__(self, what: str, fix: str):
+        super().__init__(what)
+        self.what, self.fix = what, fix
+
+
+def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
+    """'host:port' -> (normalized host, port). IPv6 hosts come back without brackets."""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise AddressError("unclosed '['", "write IPv6 addresses as [addr]:port, e.g. [fd00::5]:2222")
+        host, rest = text[1:end], text[end + 1:]
+        try:
+            host = str(ipaddress.IPv6Address(host))
+        except ValueError:
+            raise AddressError(f"'{host}' is not an IPv6 address", "brackets are only for IPv6 addresses") from None
+        if rest and not rest.startswith(":"):
+            raise AddressError("unexpected text after ']'", "write it as [addr]:port")
+        port_text = rest[1:] if rest else None
+    elif text.count(":") > 1:
+        raise AddressError("an IPv6 address must be in brackets", f"write it as [{text.rsplit(':', 1)[0]}]:{text.rsplit(':', 1)[1]}")
+    else:
+        host, sep, port_text = text.partition(":")
+        if not sep:
+            port_text = None
+        host = _check_host(host)
+    if port_text is None:
+        if need_port:
+            raise AddressError("no port", "write it as host:port, e.g. 10.0.0.5:2222")
+        return host, None
+    if not port_text.isdigit():
+        raise AddressError(f"port '{port_text}' is not a number", "write it as host:port, e.g. 10.0.0.5:2222")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise AddressError(f"port {port} is out of range", "use a port between 1 and 65535")
+    return host, port
+
+
+def _check_host(host: str) -> str:
+    if not host:
+        raise AddressError("no host", "write it as host:port, e.g. 10.0.0.5:2222")
+    if all(part.isdigit() for part in host.split(".")):
+        try:
+            return str(ipaddress.IPv4Address(host))
+        except ValueError:
+            raise AddressError(f"'{host}' is not a valid IPv4 address", "use four numbers 0-255, e.g. 10.0.0.5") from None
+    labels = host.rstrip(".").split(".")
+    if len(host) > 253 or not all(_LABEL.match(label) for label in labels):
+        raise AddressError(
+            f"'{host}' is not a valid host name",
+            "use an IP address or a name of letters, digits, '-' and '.'",
+        )
+    return host.lower().rstrip(".")
+
+
+def format_address(host: str, port: int | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port is None else f"{shown}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_public(host: str) -> bool:
+    """True for IP literals on the public internet. Names are not resolved here."""
+    try:
+        return ipaddress.ip_address(host).is_global
+    except ValueError:
+        return False
+
+
+# ----- rules on the parsed document -----------------------------------------------------------
+
+
+def check_shape(doc) -> list[str]:
+    if doc is None:
+        return ["cluster file: '': the file is empty; write at least 'master: host:port' (see clusters/local.yaml)"]
+    if not isinstance(doc, dict):
+        return [problem("cluster file", type(doc).__name__, "the top level is not a mapping",
+                        "start with keys such as 'master: host:port' and 'worker: [...]'")]
+    return []
+
+
+def check_keys(doc: dict) -> list[str]:
+    out = []
+    for key in doc:
+        if not isinstance(key, str) or key not in TOP_KEYS:
+            out.append(problem(str(key), key, "unknown key", _did_you_mean(str(key), TOP_KEYS)))
+    if "master" in doc and "chief" in doc:
+        out.append(problem("chief", doc["chief"], "'master' and 'chief' are the same role and both are given",
+                           "keep only one of them"))
+    return out
+
+
+def address_entries(doc: dict) -> list[tuple[str, str, object]]:
+    """(role, key as shown to the user, raw value) for every address in the document."""
+    out = []
+    for name in ("master", "chief"):
+        if name in doc and not isinstance(doc[name], list):
+            out.append(("master", name, doc[name]))
+    for role in ("worker", "ps"):
+        value = doc.get(role)
+        items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        out.extend((role, f"{role}[{i}]", item) for i, item in enumerate(items))
+    if "evaluator" in doc and not isinstance(doc["evaluator"], list):
+        out.append(("evaluator", "evaluator", doc["evaluator"]))
+    return out
+
+
+def check_addresses(doc: dict) -> list[str]:
+    out = []
+    for name in ("master", "chief", "evaluator"):
+        if isinstance(doc.get(name), list):
+            out.append(problem(name, doc[name], f"exactly one {name} is allowed, not a list",
+                               f"write a single 'host:port' for {name}"))
+    for role in ("worker", "ps"):
+        value = doc.get(role)
+        if value is not None and not isinstance(value, (str, list)):
+            out.append(problem(role, value, "not a list of addresses", f"write it as {role}: ['host:port', ...]"))
+    seen: dict[tuple[str, int], str] = {}
+    for role, key, value in address_entries(doc):
+        if not isinstance(value, str):
+            out.append(problem(key, value, f"a {type(value).__name__}, not a 'host:port' string",
+                               "write the address as text, e.g. 10.0.0.5:2222"))
+            continue
+        try:
+            host, port = parse_address(value.strip(), need_port=role != "evaluator")
+        except AddressError as e:
+            out.append(problem(key, value, e.what, e.fix))
+            continue
+        if port is None:
+            continue
+        if (host, port) in seen:
+            out.append(problem(key, value, f"the same address as {seen[host, port]}",
+                               "give every task its own host:port"))
+        else:
+            seen[host, port] = key
+    return out
+
+
+def infer_strategy(doc: dict) -> str | None:
+    strategy = doc.get("strategy")
+    if strategy is None:
+        return PARAMETER_SERVER if doc.get("ps") else MULTI_WORKER_MIRRORED
+    return strategy if strategy in STRATEGIES else None
+
+
+def check_strategy(doc: dict) -> list[str]:
+    strategy = doc.get("strategy")
+    if strategy is not None and strategy not in STRATEGIES:
+        return [problem("strategy", strategy, "unknown strategy", _did_you_mean(str(strategy), STRATEGIES)
+                        .replace("known keys", "known strategies"))]
+    strategy = infer_strategy(doc)
+    has_master = "master" in doc or "chief" in doc
+    out = []
+    if strategy == PARAMETER_SERVER:
+        if not doc.get("ps"):
+            out.append(problem("ps", doc.get("ps", ""), "parameter_server needs at least one ps",
+                               "add 'ps: [host:port]', or set 'strategy: multi_worker_mirrored'"))
+        if not has_master:
+            out.append(problem("master", "", "parameter_server needs exactly one master (the coordinator)",
+                               "add 'master: host:port'"))
+        if not doc.get("worker"):
+            out.append(problem("worker", doc.get("worker", ""), "parameter_server needs at least one worker",
+                               "add 'worker: [host:port, ...]'"))
+    else:
+        if "ps" in doc:
+            out.append(problem("ps", doc["ps"], "multi_worker_mirrored keeps variables on the trainers and has no ps",
+                               "remove 'ps', or set 'strategy: parameter_server'"))
+        if not has_master and not doc.get("worker"):
+            out.append(problem("master", "", "no trainer is listed", "add 'master: host:port' and/or 'worker: [...]'"))
+    return out
+
+
+def _check_count(key: str, value) -> list[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return [problem(key, value, "not a positive whole number", f"write e.g. '{key.split('.')[-1]}: 1'")]
+    return []
+
+
+def check_num_clones(doc: dict) -> list[str]:
+    return _check_count("num_clones", doc["num_clones"]) if "num_clones" in doc else []
+
+
+def check_hosts(doc: dict) -> list[str]:
+    hosts = doc.get("hosts")
+    if hosts is None:
+        return []
+    if not isinstance(hosts, dict):
+        return [problem("hosts", hosts, "not a mapping", "write 'hosts:' then one '<host>: {os: linux}' per machine")]
+    used = set()
+    for _, _, value in address_entries(doc):
+        try:
+            used.add(parse_address(str(value), need_port=False)[0])
+        except AddressError:
+            pass
+    out = []
+    for host, settings in hosts.items():
+        key = f"hosts.{host}"
+        try:
+            normalized = parse_address(str(host), need_port=False)[0]
+        except AddressError as e:
+            out.append(problem(key, host, e.what, e.fix))
+            continue
+        if normalized not in used:
+            out.append(problem(key, host, "no task of the cluster runs on this host",
+                               "fix the spelling or remove the entry"))
+        if not isinstance(settings, dict):
+            out.append(problem(key, settings, "not a mapping", "write e.g. '{os: windows, venv: C:\\od\\venv}'"))
+            continue
+        for name, value in settings.items():
+            if name not in HOST_KEYS:
+                out.append(problem(f"{key}.{name}", value, "unknown key", _did_you_mean(str(name), HOST_KEYS)))
+            elif name == "os" and value not in HOST_OSES:
+                out.append(problem(f"{key}.os", value, "unknown operating system", f"use one of: {', '.join(HOST_OSES)}"))
+            elif name in ("python", "venv", "workdir") and (not isinstance(value, str) or not value.strip()):
+                out.append(problem(f"{key}.{name}", value, "not a path", "write the path as text"))
+            elif name == "num_clones":
+                out.extend(_check_count(f"{key}.num_clones", value))
+        if "python" in settings and "venv" in settings:
+            out.append(problem(f"{key}.python", settings["python"], "both 'python' and 'venv' are given",
+                               "keep one: 'venv' (a virtual environment) or 'python' (an interpreter)"))
+    return out
+
+
+def check_document(doc) -> list[str]:
+    """Every rule that needs only the document. Later rules assume the shape is right."""
+    shape = check_shape(doc)
+    if shape:
+        return shape
+    return (check_keys(doc) + check_addresses(doc) + check_strategy(doc) + check_num_clones(doc)
+            + check_hosts(doc))
+
+
+# ----- rules on a built cluster ---------------------------------------------------------------
+
+
+def check_equal_clones(cluster) -> list[str]:
+    """Under parameter_server the coordinator builds one replica layout for every worker."""
+    if cluster.strategy != PARAMETER_SERVER:
+        return []
+    counts = {t.name: cluster.clones_for(t.address.host) for t in cluster.tasks_of("worker")}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{name}={n}" for name, n in counts.items())
+        return [problem("hosts.*.num_clones", shown, "parameter_server needs the same num_clones on every worker",
+                        "give every worker host the same num_clones")]
+    return []
+
+
+def check_public(cluster, allow_public: bool) -> list[str]:
+    if allow_public:
+        return []
+    return [
+        problem(t.key, str(t.address), "a public internet address",
+                "the TensorFlow server has no authentication and runs any graph it is sent: use a private "
+                "network, or pass --allow_public_addresses if you accept that risk")
+        for t in cluster.tasks() if is_public(t.address.host)
+    ]
+
+
+def normalize_role(role: str | None) -> str | None:
+    return ROLE_ALIASES.get(role, role) if role else role
+
+
+def check_task(cluster, role: str, index: int) -> list[str]:
+    role = normalize_role(role)
+    if role not in ROLES:
+        return [problem("--role", role, "unknown role", f"use one of: {', '.join(ROLES)} (or chief for master)")]
+    count = len(cluster.tasks_of(role))
+    if count == 0:
+        return [problem("--role", role, f"the cluster file lists no {role}", "pick a role the file lists")]
+    if role in ("master", "evaluator") and index != 0:
+        return [problem("--index", index, f"there is only one {role}", "use --index 0 or leave --index out")]
+    if not 0 <= index < count:
+        return [problem("--index", index, f"{role} has indexes 0 to {count - 1}", f"use an index below {count}")]
+    return []
+
+
+def check_this_machine(cluster, role: str, index: int, is_local) -> list[str]:
+    """The ordering check: the entry at role/index must be an address of this machine."""
+    task = cluster.task(role, index)
+    if cluster.loopback_only() or is_local(task.address.host):
+        return []
+    mine = [t for t in cluster.tasks() if is_local(t.address.host)]
+    if len(mine) == 1:
+        hint = (f"this machine is {mine[0].role} index {mine[0].index}, not {index}: "
+                f"run with --role {mine[0].role} --index {mine[0].index}")
+    elif mine:
+        hint = "this machine has " + ", ".join(t.name for t in mine) + f": pick one of them, not {task.name}"
+    else:
+        hint = "no entry of the cluster file is an address of this machine: fix the address or run on that host"
+    return [problem(task.key, str(task.address), "not an address of this machine", hint)]
+
+
+def infer_task(cluster, is_local) -> tuple[object | None, list[str]]:
+    """With --role omitted: the one entry that is this machine."""
+    if cluster.loopback_only():
+        return None, [problem("--role", "", "every task of this loopback cluster runs on this machine",
+                              "pass --role and --index, or run 'od-dist launch' to start them all")]
+    mine = [t for t in cluster.tasks() if is_local(t.address.host)]
+    if len(mine) == 1:
+        return mine[0], []
+    if not mine:
+        return None, [problem("--role", "", "no entry of the cluster file is an address of this machine",
+                              "fix the addresses, or pass --role and --index")]
+    return None, [problem("--role", "", "several entries are this machine: " + ", ".join(t.name for t in mine),
+                          "pass --role and --index")]
