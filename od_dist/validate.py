@@ -163,7 +163,8 @@ def check_addresses(doc: dict) -> list[str]:
     seen: dict[tuple[str, int], str] = {}
     for role, key, value in address_entries(doc):
         if not isinstance(value, str):
-            out.append(problem(key, value, f"a {type(value).__name__}, not a 'host:port' string",
+            kind = type(value).__name__
+            out.append(problem(key, value, f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a 'host:port' string",
                                "write the address as text, e.g. 10.0.0.5:2222"))
             continue
         try:

@@ -1,0 +1,159 @@
+"""The validate / tf-config commands as a user runs them: real processes, this machine's real
+addresses, TensorFlow's own TFConfigClusterResolver."""
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from od_dist import hostinfo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def od_dist(*args, env=None, cwd=ROOT):
+    full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=60)
+
+
+def own_private_ip():
+    """A non-loopback address of this machine's own interfaces, or skip."""
+    for ip in sorted(hostinfo.this_machine().ips):
+        addr = ipaddress.ip_address(ip)
+        if addr.version == 4 and not addr.is_loopback and not addr.is_link_local and not addr.is_global:
+            return ip
+    pytest.skip("this machine has no private IPv4 address")
+
+
+def write(tmp_path, text, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_examples_validate():
+    r = od_dist("validate", "--cluster", "clusters/local.yaml")
+    assert r.returncode == 0, r.stderr
+    assert "parameter_server" in r.stdout and "worker:1" in r.stdout and "127.0.0.1:2232" in r.stdout
+    # The LAN example is not this machine: the ordering check must say so, exit 2.
+    r = od_dist("validate", "--cluster", "clusters/lan-example.yaml", "--role", "ps")
+    assert r.returncode == 2
+    assert "ps[0]: '192.168.1.116:2224': not an address of this machine" in r.stderr
+
+
+def test_role_inferred_from_this_machines_real_address(tmp_path):
+    ip = own_private_ip()
+    path = write(tmp_path, f"master: 10.255.0.1:2222\nworker: [10.255.0.2:2222, {ip}:2222]\nps: [10.255.0.3:2222]\n")
+    r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 0, r.stderr
+    assert "this machine: worker:1" in r.stdout
+    r = od_dist("tf-config", "--cluster", path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["task"] == {"type": "worker", "index": 1}
+    # The classic mistake: the workers listed in another order than the machines run them.
+    r = od_dist("validate", "--cluster", path, "--role", "worker", "--index", "0")
+    assert r.returncode == 2
+    assert "worker[0]: '10.255.0.2:2222': not an address of this machine" in r.stderr
+    assert "this machine is worker index 1, not 0" in r.stderr
+
+
+def test_hostname_entry_matches_this_machine(tmp_path):
+    import socket
+
+    name = socket.gethostname().lower()
+    path = write(tmp_path, f"master: {name}:2222\nworker: [10.255.0.2:2222]\nps: [10.255.0.3:2222]\n")
+    r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 0, r.stderr
+    assert "this machine: master:0" in r.stdout
+
+
+def test_no_entry_matches(tmp_path):
+    path = write(tmp_path, "master: 10.255.0.1:2222\nworker: [10.255.0.2:2222]\nps: [10.255.0.3:2222]\n")
+    r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 2 and "no entry of the cluster file is an address of this machine" in r.stderr
+
+
+def test_invalid_file_exits_2_with_every_problem(tmp_path):
+    path = write(tmp_path, "master: 10.0.0.1:99999\nwrker: [10.0.0.2:1]\n")
+    r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 2
+    assert "port 99999 is out of range" in r.stderr and "did you mean 'worker'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_public_address_flag(tmp_path):
+    path = write(tmp_path, "master: 127.0.0.1:2222\nworker: [127.0.0.1:2223]\nps: [8.8.8.8:2222]\n")
+    r = od_dist("validate", "--cluster", path, "--role", "master")
+    assert r.returncode == 2 and "--allow_public_addresses" in r.stderr
+    r = od_dist("validate", "--cluster", path, "--role", "master", "--allow_public_addresses")
+    # Accepted; the host check still runs (the master at 127.0.0.1 is this machine).
+    assert r.returncode == 0, r.stderr
+
+
+def test_bad_flags_and_commands():
+    assert od_dist("validate", "--index", "x").returncode == 2
+    r = od_dist("valdate")
+    assert r.returncode == 2 and "did you mean 'validate'" in r.stderr
+    r = od_dist("validate", "--cluster", "clusters/local.yaml", "--role", "worker", "--index", "7")
+    assert r.returncode == 2 and "--index: '7'" in r.stderr
+    r = od_dist("validate")
+    assert r.returncode == 2 and "no cluster file given and TF_CONFIG is not set" in r.stderr
+
+
+def test_help_says_what_and_shows_an_example():
+    r = od_dist("--help")
+    assert r.returncode == 0 and "validate" in r.stdout and "Example" in r.stdout
+    for cmd in ("validate", "tf-config"):
+        r = od_dist(cmd, "--help")
+        assert r.returncode == 0 and "Example:" in r.stdout and "--cluster" in r.stdout, cmd
+
+
+def test_tf_config_from_environment(tmp_path):
+    tf_config = {"cluster": {"chief": ["trainer-chief-0.ns.svc:2222"], "worker": ["trainer-worker-0.ns.svc:2222"],
+                             "ps": ["trainer-ps-0.ns.svc:2222"], "evaluator": ["trainer-evaluator-0.ns.svc:2222"]},
+                 "task": {"type": "worker", "index": 0}}
+    r = od_dist("validate", env={"TF_CONFIG": json.dumps(tf_config)})
+    assert r.returncode == 0, r.stderr
+    assert "TF_CONFIG: valid, strategy parameter_server" in r.stdout and "this machine: worker:0" in r.stdout
+    # Round trip: what od-dist renders for that task is the orchestrator's cluster without the evaluator.
+    r = od_dist("tf-config", env={"TF_CONFIG": json.dumps(tf_config)})
+    rendered = json.loads(r.stdout)
+    assert rendered["task"] == {"type": "worker", "index": 0}
+    assert "evaluator" not in rendered["cluster"] and rendered["cluster"]["ps"] == tf_config["cluster"]["ps"]
+    # The same validation applies to TF_CONFIG.
+    bad = dict(tf_config, cluster=dict(tf_config["cluster"], ps=["trainer-ps-0:99999"]))
+    r = od_dist("validate", env={"TF_CONFIG": json.dumps(bad)})
+    assert r.returncode == 2 and "ps[0]: 'trainer-ps-0:99999': port 99999 is out of range" in r.stderr
+    r = od_dist("validate", env={"TF_CONFIG": "{not json"})
+    assert r.returncode == 2 and "TF_CONFIG: not valid JSON" in r.stderr
+    r = od_dist("validate", "--role", "ps", env={"TF_CONFIG": json.dumps(tf_config)})
+    assert r.returncode == 2 and "TF_CONFIG says this task is worker 0" in r.stderr
+
+
+def test_validate_imports_no_tensorflow():
+    code = ("import sys; from od_dist import cli; rc = cli.main(['od-dist', 'validate', '--cluster', "
+            "'clusters/local.yaml']); rc |= cli.main(['od-dist', 'tf-config', '--cluster', 'clusters/local.yaml', "
+            "'--role', 'ps']); heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'official', "
+            "'keras', 'tf_keras')]; print('HEAVY', heavy); sys.exit(rc or bool(heavy))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "HEAVY []" in r.stdout
+
+
+def test_tf_config_accepted_by_tensorflow_resolver(monkeypatch):
+    tf = pytest.importorskip("tensorflow")
+    from od_dist import cluster as cluster_mod
+
+    c = cluster_mod.load(os.path.join(ROOT, "clusters", "local.yaml"))
+    for task in c.tasks():
+        monkeypatch.setenv("TF_CONFIG", cluster_mod.tf_config_json(c, task.role, task.index))
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        assert resolver.task_type == task.tf_job and resolver.task_id == task.index
+        spec = resolver.cluster_spec().as_dict()
+        assert spec == c.cluster_spec()
+        assert spec["chief"] == ["127.0.0.1:2230"] and len(spec["worker"]) == 2 and "evaluator" not in spec

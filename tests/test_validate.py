@@ -1,0 +1,217 @@
+"""Every cluster-file rule with a case it accepts and a case it refuses (each refused case names
+the message it expects, so removing the rule fails the test)."""
+
+import textwrap
+
+import pytest
+
+from od_dist import cluster as cluster_mod
+from od_dist import safe_yaml, validate
+from od_dist.cluster import InvalidCluster
+
+PS_OK = """
+master: 10.0.0.1:2222
+worker: [10.0.0.2:2222, 10.0.0.3:2222]
+ps: [10.0.0.4:2222]
+"""
+
+
+def load_text(text):
+    return cluster_mod.from_document(safe_yaml.loads(textwrap.dedent(text)))
+
+
+def problems_of(text):
+    try:
+        load_text(text)
+    except (InvalidCluster,) as e:
+        return e.problems
+    except safe_yaml.YamlError as e:
+        return [str(e)]
+    return []
+
+
+# (rule, accepted document, refused document, fragments the refusal must contain)
+RULES = [
+    ("empty file", PS_OK, "", ["empty"]),
+    ("top level mapping", PS_OK, "- 10.0.0.1:2222\n", ["top level is not a mapping"]),
+    ("unknown key with did-you-mean", PS_OK, PS_OK + "workers: [10.0.0.9:1]\n", ["workers", "did you mean 'worker'"]),
+    ("master and chief both", PS_OK.replace("master", "chief"), PS_OK + "chief: 10.0.0.9:1\n",
+     ["chief", "both are given"]),
+    ("one master, not a list", PS_OK, PS_OK.replace("master: 10.0.0.1:2222", "master: [10.0.0.1:2222, 10.0.0.9:1]"),
+     ["master", "exactly one master"]),
+    ("master required for parameter_server", PS_OK, PS_OK.replace("master: 10.0.0.1:2222\n", ""),
+     ["master", "needs exactly one master"]),
+    ("host:port shape", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4"), ["ps[0]", "'10.0.0.4'", "no port"]),
+    ("port is a number", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4:http"), ["ps[0]", "not a number"]),
+    ("port range high", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4:65536"), ["ps[0]", "65536", "out of range"]),
+    ("port range low", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4:0"), ["ps[0]", "port 0", "out of range"]),
+    ("IPv6 in brackets", PS_OK.replace("10.0.0.4:2222", "'[fd00::4]:2222'"),
+     PS_OK.replace("10.0.0.4:2222", "'fd00::4:2222'"), ["ps[0]", "must be in brackets", "[fd00::4]:2222"]),
+    ("brackets hold IPv6 only", PS_OK, PS_OK.replace("10.0.0.4:2222", "'[host]:2222'"), ["not an IPv6 address"]),
+    ("valid host name", PS_OK.replace("10.0.0.4", "gpu-box-4.lab"), PS_OK.replace("10.0.0.4", "gpu_box"),
+     ["ps[0]", "'gpu_box' is not a valid host name"]),
+    ("valid IPv4", PS_OK, PS_OK.replace("10.0.0.4", "10.0.0.256"), ["not a valid IPv4 address"]),
+    ("entries are strings", PS_OK, PS_OK.replace("[10.0.0.4:2222]", "[2222]"), ["ps[0]", "an int", "as text"]),
+    ("worker is a list", PS_OK, PS_OK.replace("[10.0.0.2:2222, 10.0.0.3:2222]", "{a: 1}"), ["worker", "not a list"]),
+    ("same host:port twice", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.2:2222"),
+     ["ps[0]", "same address as worker[0]"]),
+    ("same IPv6 written two ways", PS_OK.replace("10.0.0.4:2222", "'[fd00::4]:2222'"),
+     PS_OK.replace("10.0.0.4:2222", "'[fd00::4]:2222'").replace("10.0.0.3:2222", "'[fd00:0::4]:2222'"),
+     ["same address as"]),
+    ("ps present for parameter_server", "strategy: parameter_server\n" + PS_OK,
+     "strategy: parameter_server\n" + PS_OK.replace("ps: [10.0.0.4:2222]\n", ""), ["ps", "needs at least one ps"]),
+    ("workers present for parameter_server", PS_OK, PS_OK.replace("worker: [10.0.0.2:2222, 10.0.0.3:2222]\n", ""),
+     ["worker", "needs at least one worker"]),
+    ("ps absent for multi_worker_mirrored", "strategy: multi_worker_mirrored\nmaster: 10.0.0.1:1\nworker: [10.0.0.2:1]\n",
+     "strategy: multi_worker_mirrored\n" + PS_OK, ["ps", "has no ps"]),
+    ("a trainer is listed", "worker: [10.0.0.2:1]\n", "num_clones: 1\n", ["no trainer is listed"]),
+    ("known strategy", PS_OK + "strategy: parameter_server\n", PS_OK + "strategy: paramserver\n",
+     ["strategy", "'paramserver'", "did you mean 'parameter_server'"]),
+    ("num_clones positive", PS_OK + "num_clones: 2\n", PS_OK + "num_clones: 0\n", ["num_clones", "positive"]),
+    ("num_clones not bool", PS_OK + "num_clones: 1\n", PS_OK + "num_clones: true\n", ["num_clones", "positive"]),
+    ("hosts is a mapping", PS_OK + "hosts: {10.0.0.2: {os: linux}}\n", PS_OK + "hosts: [10.0.0.2]\n",
+     ["hosts", "not a mapping"]),
+    ("hosts name a task's host", PS_OK + "hosts: {10.0.0.2: {os: linux}}\n", PS_OK + "hosts: {10.0.0.99: {os: linux}}\n",
+     ["hosts.10.0.0.99", "no task"]),
+    ("host os known", PS_OK + "hosts: {10.0.0.2: {os: windows}}\n", PS_OK + "hosts: {10.0.0.2: {os: macos}}\n",
+     ["hosts.10.0.0.2.os", "'macos'", "linux, windows"]),
+    ("host keys known", PS_OK + "hosts: {10.0.0.2: {venv: /v}}\n", PS_OK + "hosts: {10.0.0.2: {vnev: /v}}\n",
+     ["hosts.10.0.0.2.vnev", "did you mean 'venv'"]),
+    ("python or venv, not both", PS_OK + "hosts: {10.0.0.2: {python: /p}}\n",
+     PS_OK + "hosts: {10.0.0.2: {python: /p, venv: /v}}\n", ["both 'python' and 'venv'"]),
+    ("same num_clones on every parameter_server worker",
+     PS_OK + "hosts: {10.0.0.2: {num_clones: 2}, 10.0.0.3: {num_clones: 2}}\n",
+     PS_OK + "hosts: {10.0.0.2: {num_clones: 2}}\n", ["same num_clones on every worker", "worker:0=2, worker:1=1"]),
+    ("evaluator is one address", PS_OK + "evaluator: 10.0.0.5\n", PS_OK + "evaluator: [10.0.0.5, 10.0.0.6]\n",
+     ["evaluator", "exactly one evaluator"]),
+    ("YAML syntax with line", PS_OK, PS_OK + "ps: [10.0.0.9:1\n", ["line 6", "invalid YAML"]),
+    ("duplicate YAML keys", PS_OK, PS_OK + "ps: [10.0.0.9:1]\n", ["line 5", "duplicate key 'ps'", "line 4"]),
+    ("no YAML aliases", PS_OK, "x: &w [10.0.0.2:1]\nworker: *w\n", ["aliases", "*w"]),
+]
+
+
+@pytest.mark.parametrize("rule,good,bad,fragments", RULES, ids=[r[0] for r in RULES])
+def test_rule(rule, good, bad, fragments):
+    assert problems_of(good) == []
+    found = problems_of(bad)
+    assert found, f"{rule}: refused case was accepted"
+    joined = "\n".join(found)
+    for fragment in fragments:
+        assert fragment in joined, f"{rule}: {fragment!r} not in {joined!r}"
+
+
+def test_every_problem_names_key_value_and_fix():
+    text = PS_OK.replace("10.0.0.4:2222", "10.0.0.4:0") + "num_clones: -1\nworkerz: 1\n"
+    for p in problems_of(text):
+        key, value, rest = p.split(": ", 2)
+        assert key and value.startswith("'") and ";" in rest, p
+
+
+def test_strategy_inferred_from_ps():
+    assert load_text(PS_OK).strategy == "parameter_server"
+    assert load_text("master: 10.0.0.1:1\nworker: [10.0.0.2:1]\n").strategy == "multi_worker_mirrored"
+
+
+def test_chief_is_master_and_single_string_worker_is_a_list():
+    c = load_text("chief: 10.0.0.1:1\nworker: 10.0.0.2:1\n")
+    assert str(c.master) == "10.0.0.1:1"
+    assert [str(a) for a in c.workers] == ["10.0.0.2:1"]
+
+
+def test_cluster_is_frozen():
+    c = load_text(PS_OK)
+    with pytest.raises(AttributeError):
+        c.num_clones = 3
+    with pytest.raises(TypeError):
+        c.hosts["10.0.0.2"] = None
+
+
+def test_hostile_files_fail_fast(tmp_path):
+    import time
+
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi"))
+    deep = "a: " + "[" * 10000 + "]" * 10000 + "\n"
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("a: " + "x" * (safe_yaml.MAX_BYTES + 10) + "\n")
+    cases = {"bomb": (bomb, "aliases"), "deep": (deep, "nesting deeper")}
+    for name, (text, fragment) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        start = time.monotonic()
+        with pytest.raises(InvalidCluster) as e:
+            cluster_mod.load(str(path))
+        assert fragment in str(e.value)
+        assert time.monotonic() - start < 5  # a guard against a hang, not a speed target
+    with pytest.raises(InvalidCluster, match="larger than"):
+        cluster_mod.load(str(huge))
+
+
+def test_unreadable_and_binary_files(tmp_path):
+    with pytest.raises(InvalidCluster, match="cannot read"):
+        cluster_mod.load(str(tmp_path / "missing.yaml"))
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(InvalidCluster, match="not UTF-8"):
+        cluster_mod.load(str(path))
+
+
+# ----- task rules -----------------------------------------------------------------------------
+
+
+def test_index_in_range():
+    c = load_text(PS_OK)
+    assert validate.check_task(c, "worker", 1) == []
+    assert "indexes 0 to 1" in validate.check_task(c, "worker", 2)[0]
+    assert validate.check_task(c, "master", 0) == []
+    assert "only one master" in validate.check_task(c, "master", 1)[0]
+    assert validate.check_task(c, "chief", 0) == []
+    assert "unknown role" in validate.check_task(c, "boss", 0)[0]
+    assert "lists no evaluator" in validate.check_task(c, "evaluator", 0)[0]
+
+
+def test_public_addresses_need_opt_in():
+    c = load_text(PS_OK.replace("10.0.0.4", "8.8.8.8"))
+    found = validate.check_public(c, allow_public=False)
+    assert len(found) == 1 and "ps[0]" in found[0] and "--allow_public_addresses" in found[0]
+    assert "no authentication" in found[0]
+    assert validate.check_public(c, allow_public=True) == []
+    assert validate.check_public(load_text(PS_OK), allow_public=False) == []
+
+
+class FakeMachine:
+    """Stands in for this machine's addresses in the pure ordering rules (the real lookup is
+    tested in test_hostinfo.py)."""
+
+    def __init__(self, *hosts):
+        self.hosts = set(hosts)
+
+    def is_local(self, host):
+        return host in self.hosts
+
+
+def test_ordering_check_names_the_right_index():
+    c = load_text(PS_OK)
+    me = FakeMachine("10.0.0.3")
+    assert validate.check_this_machine(c, "worker", 1, me.is_local) == []
+    found = validate.check_this_machine(c, "worker", 0, me.is_local)
+    assert "worker[0]" in found[0] and "this machine is worker index 1, not 0" in found[0]
+    assert "no entry" in validate.check_this_machine(c, "worker", 0, FakeMachine().is_local)[0]
+
+
+def test_role_inference():
+    c = load_text(PS_OK)
+    task, problems = validate.infer_task(c, FakeMachine("10.0.0.4").is_local)
+    assert problems == [] and task.name == "ps:0"
+    task, problems = validate.infer_task(c, FakeMachine().is_local)
+    assert task is None and "no entry" in problems[0]
+    task, problems = validate.infer_task(c, FakeMachine("10.0.0.2", "10.0.0.3").is_local)
+    assert task is None and "worker:0, worker:1" in problems[0]
+
+
+def test_loopback_cluster_skips_host_check():
+    c = load_text(PS_OK.replace("10.0.0.", "127.0.0."))
+    assert c.loopback_only()
+    assert validate.check_this_machine(c, "worker", 1, FakeMachine().is_local) == []
+    assert not load_text(PS_OK).loopback_only()
