@@ -1,0 +1,148 @@
+"""The life of a TensorFlow server task (every ps; workers under parameter_server).
+
+TensorFlow's `Server.join()` never returns, so a ps would outlive its job. Here `join()` runs in a
+daemon thread and the main thread watches for three things:
+  - a stop marker: once training is done, the master writes a file named for this task into the
+    server's working directory *through the server itself* (`tf.io.write_file` placed on this
+    task's CPU), so it works across machines and operating systems with no extra channel;
+  - SIGINT/SIGTERM (Ctrl+C, CTRL_BREAK on Windows);
+  - the master's port staying closed for longer than the wait timeout (it never came, or it
+    died and nobody restarted it), so a server never waits forever.
+A crashed master sends no marker: the servers stay up (within that timeout) for a restarted master
+to reuse, which is TensorFlow's recovery rule.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from absl import logging
+
+from od_dist.cluster import Cluster, Task
+
+POLL_S = 0.5
+MASTER_PROBE_S = 5.0
+
+
+class ServerError(RuntimeError):
+    """A server that could not start or was abandoned; the message is for the user."""
+
+
+def stop_marker(task: Task) -> str:
+    """Relative on purpose: it resolves in the server's own working directory, on its own machine."""
+    return f".od-dist-stop-{task.tf_job}-{task.index}"
+
+
+def is_listening(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def check_port_free(task: Task) -> None:
+    """TensorFlow reports a taken port as a bare 'Could not start gRPC server' (or crashes), so
+    try the bind first and name the port."""
+    family = socket.AF_INET6 if ":" in task.address.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # TensorFlow's server binds every interface; SO_REUSEADDR matches its own bind so a port
+        # in TIME_WAIT after a previous run is not reported as taken.
+        if os.name != "nt":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", task.address.port))
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1), errno.EACCES):
+                raise ServerError(
+                    f"{task.name}: port {task.address.port} is already in use on this machine "
+                    f"({e.strerror}); stop the program using it, or give {task.key} another port "
+                    "in the cluster file") from None
+            raise
+
+
+def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> int:
+    """Runs this task's server until the master says done (0), a signal (0), or the master stays
+    unreachable for wait_timeout seconds (1)."""
+    import tensorflow as tf
+
+    check_port_free(task)
+    marker = stop_marker(task)
+    if os.path.exists(marker):
+        os.remove(marker)  # left by an earlier run: not a stop request for this one
+    if devices is not None:
+        devices()
+    try:
+        server = tf.distribute.Server(tf.train.ClusterSpec(cluster.cluster_spec()), job_name=task.tf_job,
+                                      task_index=task.index, protocol="grpc", start=True)
+    except (tf.errors.UnknownError, tf.errors.InternalError) as e:
+        raise ServerError(f"{task.name}: could not start the TensorFlow server on {task.address} "
+                          f"({e.message.strip()}); is the port free?") from None
+    threading.Thread(target=server.join, name=f"{task.name}-join", daemon=True).start()
+    print(f"{task.name} serving on {task.address}", flush=True)
+
+    stop = threading.Event()
+    received = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        stop.set()
+
+    for name in ("SIGINT", "SIGTERM", "SIGBREAK"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), on_signal)
+
+    master = cluster.master
+    last_seen = time.monotonic()
+    next_probe = 0.0
+    try:
+        while not stop.wait(POLL_S):
+            if os.path.exists(marker):
+                print(f"{task.name}: the master finished training; stopping", flush=True)
+                return 0
+            now = time.monotonic()
+            if master is not None and now >= next_probe:
+                next_probe = now + MASTER_PROBE_S
+                if is_listening(master.host, master.port):
+                    last_seen = now
+                elif now - last_seen > wait_timeout:
+                    print(f"{task.name}: the master at {master} has not been reachable for "
+                          f"{wait_timeout:.0f} s; stopping (raise --wait_timeout to wait longer)",
+                          file=sys.stderr, flush=True)
+                    return 1
+        print(f"{task.name}: stopped by signal {received[0]}", flush=True)
+        return 0
+    finally:
+        if os.path.exists(marker):
+            os.remove(marker)
+
+
+def send_stop(tasks, timeout_s: float = 30.0) -> list[str]:
+    """From the connected master: write each server's stop marker through that server. Returns
+    the names of tasks that could not be told (already gone), so the caller can report them."""
+    import tensorflow as tf
+
+    failed = []
+    for task in tasks:
+        done = threading.Event()
+
+        def write(task=task):
+            try:
+                with tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"):
+                    tf.io.write_file(stop_marker(task), "done")
+                done.set()
+            except Exception as e:  # noqa: BLE001 - a gone server is reported, not fatal
+                logging.warning("could not tell %s to stop: %s", task.name, e)
+
+        thread = threading.Thread(target=write, daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if not done.is_set():
+            failed.append(task.name)
+    return failed

@@ -1,0 +1,111 @@
+"""A tf.distribute strategy built from the validated cluster, after a bounded wait for the peers.
+
+  - no cluster:               MirroredStrategy over --num_clones devices of this machine
+  - parameter_server:         ParameterServerStrategy; the master is the coordinator
+  - multi_worker_mirrored:    MultiWorkerMirroredStrategy; the master and every worker train
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from od_dist import devices
+from od_dist.cluster import PARAMETER_SERVER, Cluster, Task
+from od_dist.server import is_listening
+
+PROGRESS_EVERY_S = 10.0
+
+
+class PeerTimeout(RuntimeError):
+    """Some peers never came up; the message names each with its address."""
+
+
+def _missing_message(missing, timeout_s: float) -> str:
+    names = ", ".join(f"{t.name} at {t.address}" for t in missing)
+    return (f"timed out after {timeout_s:.0f} s waiting for {names}; start them (the same od-dist train "
+            "command on their machines), check that their ports are open in the firewall, or raise --wait_timeout")
+
+
+def wait_for_peers(peers, timeout_s: float) -> None:
+    """Polls each peer's port until all answer; raises PeerTimeout naming those that never did."""
+    deadline = time.monotonic() + timeout_s
+    missing = list(peers)
+    next_report = time.monotonic() + PROGRESS_EVERY_S
+    while True:
+        missing = [t for t in missing if not is_listening(t.address.host, t.address.port)]
+        if not missing:
+            return
+        now = time.monotonic()
+        if now >= deadline:
+            raise PeerTimeout(_missing_message(missing, timeout_s))
+        if now >= next_report:
+            next_report = now + PROGRESS_EVERY_S
+            print(f"waiting for {', '.join(t.name for t in missing)} ({deadline - now:.0f} s left)", flush=True)
+        time.sleep(0.5)
+
+
+class _Watchdog:
+    """MultiWorkerMirroredStrategy blocks inside TensorFlow until every peer has joined, with no
+    timeout of its own: past the deadline, name the peers that are not listening and exit."""
+
+    def __init__(self, peers, timeout_s: float):
+        self._done = threading.Event()
+        self._peers, self._timeout_s = peers, timeout_s
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self):
+        if self._done.wait(self._timeout_s):
+            return
+        missing = [t for t in self._peers if not is_listening(t.address.host, t.address.port)] or self._peers
+        print(f"od-dist train: {_missing_message(missing, self._timeout_s)}", file=sys.stderr, flush=True)
+        os._exit(1)  # the main thread is stuck in TensorFlow's C++ and cannot be interrupted
+
+    def cancel(self):
+        self._done.set()
+
+
+def _resolver(cluster: Cluster, task: Task, num_gpus: int):
+    import tensorflow as tf
+
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster.cluster_spec()), task_type=task.tf_job, task_id=task.index,
+        rpc_layer="grpc", num_accelerators={"GPU": num_gpus} if num_gpus else None)
+
+
+def _worker_gpus(cluster: Cluster, resolver) -> int:
+    """Under parameter_server the replicas live on the workers, so count their GPUs (each worker
+    exposes --num_clones of them), not the coordinator's. Every worker must have the same number."""
+    import tensorflow as tf
+
+    # make_master_device_default=False keeps ops of this client local; with the default it hangs.
+    tf.config.experimental_connect_to_cluster(resolver, job_name="chief", make_master_device_default=False)
+    gpus = tf.config.list_logical_devices("GPU")
+    counts = {t.name: sum(f"/job:worker/replica:0/task:{t.index}/" in d.name for d in gpus)
+              for t in cluster.tasks_of("worker")}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{name}={n}" for name, n in counts.items())
+        raise devices.DeviceError(f"parameter_server needs the same number of GPUs on every worker, found {shown}; "
+                                  "give every worker the same --num_clones and GPUs")
+    return next(iter(counts.values()))
+
+
+def make(cluster: Cluster | None, task: Task | None, num_clones: int, clone_on_cpu: bool, wait_timeout: float):
+    import tensorflow as tf
+
+    if cluster is None:
+        return tf.distribute.MirroredStrategy(devices.configure(num_clones, clone_on_cpu))
+    peers = [t for t in cluster.server_tasks() if t != task]
+    if cluster.strategy == PARAMETER_SERVER:
+        wait_for_peers(peers, wait_timeout)
+        num_gpus = _worker_gpus(cluster, _resolver(cluster, task, 0))
+        return tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster, task, num_gpus))
+    names = devices.configure(num_clones, clone_on_cpu)
+    num_gpus = len(names) if names[0].startswith("/gpu") else 0
+    watchdog = _Watchdog(peers, wait_timeout)
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver(cluster, task, num_gpus))
+    finally:
+        watchdog.cancel()
