@@ -146,6 +146,141 @@ def cmd_tf_config(fv) -> int:
     return EXIT_OK
 
 
+# ----- train / eval / launch / data -----------------------------------------------------------
+
+
+def _run_role(run, *args) -> int:
+    """Runs a TensorFlow-side call, turning its user-facing errors into exit 1 with one line."""
+    from od_dist.roles import RoleError
+    from od_dist.trainer import TrainerError
+
+    try:
+        return run(*args)
+    except (RoleError, TrainerError) as e:
+        print(f"od-dist: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+@command("train", "Run this machine's task: ps, master (chief), worker or evaluator; or train on one machine.", """
+Joins the cluster as --role/--index (inferred from this machine's address when omitted) and runs
+that task. The same flags work for every role, so one launch line serves every machine:
+  ps, and workers under parameter_server: serve until the master finishes, then exit 0;
+  master: wait for its peers (--wait_timeout), train, write checkpoints to --model_dir;
+  workers under multi_worker_mirrored: train alongside the master (all-reduce);
+  evaluator: evaluate each new checkpoint, exit after the final one.
+Without --cluster (and TF_CONFIG): train on this machine over --num_clones devices.
+
+Examples:
+  od-dist train --cluster clusters/lan-example.yaml --role ps --index 0
+  od-dist train --cluster clusters/lan-example.yaml --role master \\
+      --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/lan
+  od-dist train --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/one --num_clones 2 --clone_on_cpu
+""", define_train_flags)
+def cmd_train(fv) -> int:
+    from od_dist import config
+
+    selected = select_task(fv, allow_none=True)
+    cfg = config.train_config(selected, fv.pipeline, fv.model_dir, fv.num_clones, fv.clone_on_cpu,
+                              fv.params_override, fv.wait_timeout)
+    from od_dist import roles
+
+    return _run_role(roles.run, cfg)
+
+
+def define_eval_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("pipeline", None, "The pipeline the model was trained with.", flag_values=fv)
+    flags.DEFINE_string("model_dir", None, "The model_dir holding the checkpoints.", flag_values=fv)
+    flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
+
+
+@command("eval", "Evaluate the latest checkpoint once and print COCO AP and AP50.", """
+Evaluates the latest checkpoint in --model_dir on the pipeline's validation data, on this
+machine, and prints the COCO metrics (also written to <model_dir>/eval_metrics.json).
+Under parameter_server the master cannot compute COCO metrics in-process: this (or an evaluator
+task) is how a parameter-server run gets them.
+
+Example:
+  od-dist eval --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
+""", define_eval_flags)
+def cmd_eval(fv) -> int:
+    for name in ("pipeline", "model_dir"):
+        if not fv[name].value:
+            raise UsageError(f"--{name}: '': required; pass --{name}=...")
+    from od_dist import roles
+
+    def evaluate():
+        from od_dist import trainer
+
+        metrics = trainer.evaluate_latest(roles.load_params(fv.pipeline, fv.params_override, "mirrored"),
+                                          fv.model_dir)
+        print(f"step {int(metrics.get('step', -1))}: AP {metrics['AP']:.3f}  AP50 {metrics['AP50']:.3f}  "
+              f"AP75 {metrics['AP75']:.3f}", flush=True)
+        return EXIT_OK
+
+    return _run_role(evaluate)
+
+
+@command("launch", "Start every task of the cluster that lives on this machine, as one job.", """
+Starts the tasks of the cluster that run on this machine (all of them for a loopback cluster such
+as clusters/local.yaml) as child processes with the given train flags. Their lines are prefixed
+([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log. Exits 0 when the master has
+finished and the others have stopped; if any task fails, stops the rest and exits 1 naming it.
+Ctrl+C stops them all. No task outlives the launcher.
+
+Example:
+  od-dist launch --cluster clusters/local.yaml --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
+""", define_train_flags)
+def cmd_launch(fv) -> int:
+    from od_dist import config, hostinfo, launch
+
+    if fv.role is not None or fv.index is not None:
+        raise UsageError("--role/--index: launch starts every task of this machine; leave them out "
+                         "(or use 'od-dist train' for one task)")
+    if not fv.cluster:
+        raise UsageError("--cluster: '': required; pass --cluster clusters/local.yaml")
+    selected = config.select(fv.cluster, None, None, fv.allow_public_addresses, require_task=False)
+    cluster = selected.cluster
+    tasks = launch.local_tasks(cluster, hostinfo.this_machine().is_local)
+    if not tasks:
+        raise UsageError(f"--cluster: '{fv.cluster}': no task of this cluster is on this machine; "
+                         "run launch on the machines the file lists")
+    # Check the flags every task will get now, rather than have each child fail on its own.
+    for task in tasks:
+        one = config.TaskConfig(cluster, task, selected.source, selected.machine_note)
+        config.train_config(one, fv.pipeline, fv.model_dir, fv.num_clones, fv.clone_on_cpu,
+                            fv.params_override, fv.wait_timeout)
+    if not fv.model_dir:
+        raise UsageError("--model_dir: '': required (logs go to <model_dir>/logs); pass --model_dir=...")
+    return launch.run(fv.cluster, tasks, passed_on_args(fv), fv.model_dir)
+
+
+def define_shapes_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("out", "data/shapes", "Output directory (the demo pipeline reads data/shapes).",
+                        flag_values=fv)
+    flags.DEFINE_integer("num_train", 2000, "Training images.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("num_val", 200, "Validation images.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("image_size", 128, "Image side in pixels.", lower_bound=32, flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Random seed: the same seed writes the same records.", flag_values=fv)
+
+
+@command("data shapes", "Write the synthetic shapes detection dataset (train/val TFRecords, label map).", """
+Writes coloured circles, squares and triangles with exact boxes as standard detection
+tf.train.Example TFRecords (train and validation splits) plus label_map.pbtxt. Reproducible
+from --seed. The default --out is where pipelines/shapes_retinanet.yaml reads.
+
+Example:
+  od-dist data shapes
+""", define_shapes_flags)
+def cmd_data_shapes(fv) -> int:
+    from od_dist.data import shapes
+
+    summary = shapes.write_dataset(fv.out, num_train=fv.num_train, num_val=fv.num_val,
+                                   image_size=fv.image_size, seed=fv.seed)
+    print(f"wrote {fv.num_train} train and {fv.num_val} validation images to {fv.out} "
+          f"in {summary.get('seconds', 0):.1f} s", flush=True)
+    return EXIT_OK
+
+
 # ----- entry point ----------------------------------------------------------------------------
 
 
@@ -179,6 +314,8 @@ def main(argv: list[str]) -> int:
         print(_overview())
         return EXIT_OK if args else EXIT_INVALID
     name, rest = args[0], args[1:]
+    if rest and f"{name} {rest[0]}" in COMMANDS:  # e.g. `od-dist data shapes`
+        name, rest = f"{name} {rest[0]}", rest[1:]
     cmd = COMMANDS.get(name)
     if cmd is None:
         close = difflib.get_close_matches(name, COMMANDS, n=1)

@@ -79,3 +79,59 @@ def _checked(cluster, task, source, note, allow_public) -> TaskConfig:
     if problems:
         raise InvalidCluster(problems, source)
     return TaskConfig(cluster, task, source, note)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything `od-dist train` needs, checked before TensorFlow is imported."""
+
+    selected: TaskConfig
+    pipeline: str | None
+    model_dir: str | None
+    num_clones: int
+    clone_on_cpu: bool
+    params_override: str | None
+    wait_timeout: int
+
+    @property
+    def role(self) -> str:
+        """This process's role; 'single' without a cluster."""
+        return self.selected.task.role if self.selected.task else "single"
+
+    @property
+    def strategy_name(self) -> str:
+        return self.selected.cluster.strategy if self.selected.cluster else "mirrored"
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.role == "master" and self.strategy_name == validate.PARAMETER_SERVER
+
+    @property
+    def is_server(self) -> bool:
+        """ps always; workers under parameter_server only execute what the master schedules."""
+        return self.role == "ps" or (self.role == "worker" and self.strategy_name == validate.PARAMETER_SERVER)
+
+
+def train_config(selected: TaskConfig, pipeline: str | None, model_dir: str | None, num_clones: int | None,
+                 clone_on_cpu: bool, params_override: str | None, wait_timeout: int) -> TrainConfig:
+    cluster, task = selected.cluster, selected.task
+    if num_clones is None:
+        num_clones = cluster.clones_for(task.address.host) if cluster and task else 1
+    config = TrainConfig(selected, pipeline, model_dir, num_clones, clone_on_cpu, params_override, wait_timeout)
+    problems = []
+    if not config.is_server:  # servers run no pipeline; the same launch line still works for them
+        for flag, value in (("--pipeline", pipeline), ("--model_dir", model_dir)):
+            if not value:
+                problems.append(validate.problem(flag, "", f"required for the {config.role} role",
+                                                 f"pass {flag}=..."))
+        if pipeline and not os.path.isfile(pipeline):
+            problems.append(validate.problem("--pipeline", pipeline, "no such file",
+                                             "pass a pipeline YAML, e.g. pipelines/shapes_retinanet.yaml"))
+    if cluster and clone_on_cpu and num_clones > 1:
+        # Both cluster strategies place replicas on GPUs only (one CPU device per task).
+        problems.append(validate.problem(
+            "--num_clones", num_clones, f"--clone_on_cpu runs several replicas only on one machine; "
+            f"{cluster.strategy} uses one CPU device per task", "use --num_clones=1, GPUs, or no --cluster"))
+    if problems:
+        raise InvalidCluster(problems, selected.source)
+    return config
