@@ -8,6 +8,7 @@ Exit status: 0 ok, 2 invalid input (nothing started), 1 runtime failure.
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -281,6 +282,104 @@ def cmd_data_shapes(fv) -> int:
     return EXIT_OK
 
 
+# ----- scripts / k8s (renderers; no TensorFlow) ------------------------------------------------
+
+
+def _render_input(fv, what: str):
+    """The cluster and the passed-on train flags for a renderer; checks what every task will need."""
+    from od_dist import cluster as cluster_mod
+    from od_dist import validate
+
+    if fv.role is not None or fv.index is not None:
+        raise UsageError(f"--role/--index: {what} covers every task of the cluster; leave them out")
+    for name in ("cluster", "pipeline", "model_dir"):
+        if not fv[name].value:
+            raise UsageError(f"--{name}: '': required; pass --{name}=...")
+    cluster = cluster_mod.load(fv.cluster)
+    problems = validate.check_public(cluster, fv.allow_public_addresses)
+    if problems:
+        raise InvalidCluster(problems, fv.cluster)
+    return cluster, passed_on_args(fv)
+
+
+def define_scripts_flags(fv: flags.FlagValues) -> None:
+    define_train_flags(fv)
+    flags.DEFINE_string("out", None, "Directory for the scripts and their README.md (created if missing).",
+                        flag_values=fv)
+
+
+@command("scripts", "Write a launch script per task (bash / cmd / PowerShell) and a README for the machines.", """
+Writes, for every task of the cluster, <out>/<role>-<index>.sh when its host is Linux, or .cmd and
+.ps1 when it is Windows (the cluster file's hosts: settings, default linux), plus <out>/README.md:
+which machine runs which script, that the order does not matter, and the firewall lines (inbound
+port, from which peers). Each script changes to the host's workdir, activates its venv (or runs
+its python -m od_dist) and runs `od-dist train` with the task's --role/--index, --cluster and the
+given train flags, quoted for its shell (spaces, &, %, ^, !, quotes and non-ASCII arrive intact).
+
+Example:
+  od-dist scripts --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan --out scripts/lan-example
+""", define_scripts_flags)
+def cmd_scripts(fv) -> int:
+    from od_dist import scripts
+
+    cluster, passed_on = _render_input(fv, "scripts")
+    if not fv.out:
+        raise UsageError("--out: '': required; pass --out=DIR")
+    command = " ".join(scripts.bash_quote(a) for a in
+                       ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"])
+    try:
+        written = scripts.write_scripts(cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout)
+    except scripts.ScriptError as e:
+        raise UsageError(str(e)) from None
+    print(f"wrote {len(written) - 1} scripts for {len(cluster.tasks())} tasks and README.md to {fv.out}")
+    return EXIT_OK
+
+
+def define_k8s_flags(fv: flags.FlagValues) -> None:
+    define_train_flags(fv)
+    flags.DEFINE_string("image", None, "The container image, with od-dist installed (`od-dist` on PATH).",
+                        flag_values=fv)
+    flags.DEFINE_string("out", None, "Write the manifest here instead of to stdout.", flag_values=fv)
+    flags.DEFINE_string("name", None, "The TFJob name. Default: od-dist-<cluster file name>.", flag_values=fv)
+    flags.DEFINE_string("namespace", None, "The Kubernetes namespace. Default: kubectl's current one.",
+                        flag_values=fv)
+    flags.DEFINE_string("pvc", None, "The PersistentVolumeClaim for model_dir (ReadWriteMany). "
+                        "Default: <name>-model-dir.", flag_values=fv)
+    flags.DEFINE_string("mount_path", "/mnt/od-dist", "Where the volume is mounted in the pods; a relative "
+                        "--model_dir is placed on it.", flag_values=fv)
+
+
+@command("k8s", "Write a Kubeflow TFJob manifest for the cluster (stdout, or --out).", """
+Writes a TFJob (kubeflow.org/v1) with replica types PS / Chief / Worker / Evaluator as in the
+cluster file (counts and ports), a container `tensorflow` running `od-dist train` with the given
+train flags (role and index come from the TF_CONFIG the operator sets in each pod), restart
+policies after TensorFlow's failure rules, and a PersistentVolumeClaim for --model_dir.
+
+Example:
+  od-dist k8s --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan --image registry.example/od-dist:latest --out tfjob.yaml
+""", define_k8s_flags)
+def cmd_k8s(fv) -> int:
+    from od_dist import k8s
+
+    cluster, passed_on = _render_input(fv, "k8s")
+    if not fv.image:
+        raise UsageError("--image: '': required; pass --image=REGISTRY/IMAGE:TAG (od-dist installed in it)")
+    try:
+        text = k8s.render(cluster, fv.cluster, fv.image, passed_on, name=fv.name, namespace=fv.namespace,
+                          pvc=fv.pvc, mount_path=fv.mount_path)
+    except k8s.K8sError as e:
+        raise UsageError(str(e)) from None
+    if fv.out:
+        with open(fv.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {fv.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
 # ----- entry point ----------------------------------------------------------------------------
 
 
@@ -353,4 +452,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
+    # TensorFlow's C++ INFO/WARNING lines (CUDA probing, oneDNN notes) drown the progress lines;
+    # set before any command imports TensorFlow. A user's own setting wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.exit(main(sys.argv))

@@ -9,12 +9,7 @@
 
 from __future__ import annotations
 
-import os
-
 from od_dist.config import TrainConfig
-
-# TensorFlow's C++ INFO/WARNING lines (CUDA probing, oneDNN notes) drown the progress lines.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 class RoleError(RuntimeError):
