@@ -1,0 +1,262 @@
+"""Runs the Model Garden detection trainer: train, evaluate once, evaluate continuously.
+
+All three go through ``official.core.train_lib.run_experiment`` (modes 'train', 'eval',
+'continuous_eval'); od-dist adds only an ``orbit.Controller`` subclass that
+
+- prints one progress line per loop: step, loss, steps/sec, examples/sec, ETA;
+- after each evaluation prints the COCO metrics and writes them as JSON
+  (``<model_dir>/eval_metrics.json``, latest, and ``<model_dir>/validation/metrics-STEP.json``);
+  Model Garden writes the TensorBoard summaries (``<model_dir>/train``, ``<model_dir>/validation``);
+- stops continuous evaluation right after the final checkpoint is evaluated.
+
+Checkpoints live in ``model_dir``; a run resumes from the latest one there (Model Garden's
+``CheckpointManager.restore_or_initialize``).
+
+Evaluation (``evaluate_latest``, ``continuous_eval``) always runs in this process with the
+default strategy and Python-side COCO metrics, whatever strategy trained the model: under
+``parameter_server`` the coordinator cannot compute COCO metrics itself, so that is the
+evaluator sidecar's job.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import time
+from typing import Any, Optional
+
+_PREFIX = 'od-dist'
+
+
+class TrainerError(RuntimeError):
+  """A run that cannot proceed; the message is one line, for the user."""
+
+
+def _format_eta(seconds: float) -> str:
+  if not math.isfinite(seconds) or seconds < 0:
+    return '?'
+  seconds = int(round(seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  if h:
+    return f'{h}h{m:02d}m'
+  if m:
+    return f'{m}m{s:02d}s'
+  return f'{s}s'
+
+
+def _scalar(value) -> Optional[float]:
+  try:
+    import orbit  # pylint: disable=g-import-not-at-top
+    return float(orbit.utils.get_value(value))
+  except (TypeError, ValueError):
+    return None
+
+
+COCO_KEYS = ('AP', 'AP50', 'AP75', 'APs', 'APm', 'APl',
+             'ARmax1', 'ARmax10', 'ARmax100', 'ARs', 'ARm', 'ARl')
+
+
+def _controller_cls():
+  """Builds the Controller subclass lazily (orbit imports TensorFlow)."""
+  import orbit  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  class OdController(orbit.Controller):
+    """orbit.Controller plus progress lines, eval JSON, and a bounded continuous eval."""
+
+    def __init__(self, *args, od_model_dir: str, od_batch_size: int,
+                 od_train_steps: int, **kwargs):
+      self._od_model_dir = od_model_dir
+      self._od_batch = od_batch_size
+      self._od_train_steps = od_train_steps
+      self._od_last_train_output: dict = {}
+      self.last_eval: Optional[dict] = None
+      super().__init__(*args, **kwargs)
+      if self.trainer is not None:
+        self.train_actions = tuple(self.train_actions) + (self._od_capture,)
+
+    def restore_checkpoint(self, checkpoint_path=None):
+      # Under multi_worker_mirrored, Model Garden points a non-chief worker's
+      # CheckpointManager at a temporary directory; resume it from model_dir
+      # (a shared filesystem) so every worker starts from the same step.
+      manager = self.checkpoint_manager
+      if (checkpoint_path is None and manager is not None and
+          os.path.abspath(manager.directory) != os.path.abspath(self._od_model_dir)):
+        checkpoint_path = tf.train.latest_checkpoint(self._od_model_dir)
+      if self.trainer is None and manager is not None:
+        # Evaluation only: the optimizer's slots are not needed; say so, rather
+        # than let TensorFlow warn about each unrestored one at exit.
+        checkpoint_path = checkpoint_path or manager.latest_checkpoint
+        if checkpoint_path:
+          with self.strategy.scope():
+            manager.checkpoint.restore(checkpoint_path).expect_partial()
+          print(f'{_PREFIX} eval | restored {checkpoint_path}', flush=True)
+          return checkpoint_path
+      return super().restore_checkpoint(checkpoint_path)
+
+    def _od_capture(self, output):
+      self._od_last_train_output = output or {}
+
+    def _train_n_steps(self, num_steps: int):
+      step0 = int(self.global_step.numpy())
+      t0 = time.time()
+      super()._train_n_steps(num_steps)
+      elapsed = max(time.time() - t0, 1e-9)
+      step = int(self.global_step.numpy())
+      rate = (step - step0) / elapsed
+      out = self._od_last_train_output
+      loss = _scalar(out.get('total_loss', out.get('training_loss')))
+      target = self._od_train_steps
+      pct = 100.0 * step / target if target else 0.0
+      eta = (target - step) / rate if rate > 0 else float('inf')
+      loss_s = f'{loss:.4f}' if loss is not None else '?'
+      print(f'{_PREFIX} train | step {step}/{target} ({pct:.0f}%) | loss {loss_s} | '
+            f'{rate:.2f} steps/s | {rate * self._od_batch:.1f} examples/s | '
+            f'ETA {_format_eta(eta)}', flush=True)
+
+    def evaluate(self, steps: int = -1):
+      output = super().evaluate(steps)
+      step = int(self.global_step.numpy())
+      metrics: dict[str, Any] = {'step': step}
+      for k, v in (output or {}).items():
+        f = _scalar(v)
+        if f is not None:
+          metrics[k] = f
+      _write_metrics(self._od_model_dir, metrics)
+      shown = ' | '.join(f'{k} {metrics[k]:.3f}' for k in ('AP', 'AP50', 'AP75')
+                         if k in metrics)
+      print(f'{_PREFIX} eval | step {step} | {shown}', flush=True)
+      self.last_eval = metrics
+      return output
+
+    def evaluate_continuously(self, steps=-1, timeout=None, timeout_fn=None):
+      """Evaluates each new checkpoint; returns after the final one (or on timeout)."""
+      del timeout_fn  # Model Garden's waits forever while training is unfinished.
+      directory = self._od_model_dir
+      output = None
+      for path in tf.train.checkpoints_iterator(directory, timeout=timeout,
+                                                timeout_fn=lambda: True):
+        try:
+          self.restore_checkpoint(path)
+        except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
+          # Rotated away (max_to_keep) before we read it: wait for the next one.
+          print(f'{_PREFIX} eval | skipping {path}: {type(e).__name__}', flush=True)
+          continue
+        output = self.evaluate(steps)
+        if int(self.global_step.numpy()) >= self._od_train_steps:
+          return output
+      print(f'{_PREFIX} eval | no new checkpoint in {directory} for {timeout} s; '
+            'stopping', flush=True)
+      return output
+
+  return OdController
+
+
+def _write_metrics(model_dir: str, metrics: dict) -> None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  text = json.dumps(metrics, indent=2, sort_keys=True) + '\n'
+  vdir = os.path.join(model_dir, 'validation')
+  tf.io.gfile.makedirs(vdir)
+  for path in (os.path.join(vdir, f"metrics-{metrics['step']}.json"),
+               os.path.join(model_dir, 'eval_metrics.json')):
+    tmp = path + '.tmp'
+    with tf.io.gfile.GFile(tmp, 'w') as f:
+      f.write(text)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def _prepare(params) -> None:
+  import official.vision  # pylint: disable=g-import-not-at-top,unused-import  # registers tasks
+  from official.modeling import performance  # pylint: disable=g-import-not-at-top
+  if params.runtime.mixed_precision_dtype:
+    performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
+
+
+def _run(params, model_dir: str, strategy, mode: str):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from official.core import task_factory  # pylint: disable=g-import-not-at-top
+  from official.core import train_lib  # pylint: disable=g-import-not-at-top
+  _prepare(params)
+  strategy = strategy or tf.distribute.get_strategy()
+  with strategy.scope():
+    task = task_factory.get_task(params.task, logging_dir=model_dir)
+  controller_cls = functools.partial(
+      _controller_cls(), od_model_dir=model_dir,
+      od_batch_size=int(params.task.train_data.global_batch_size),
+      od_train_steps=int(params.trainer.train_steps))
+  holder = {}
+
+  def make_controller(**kwargs):
+    holder['controller'] = controller_cls(**kwargs)
+    return holder['controller']
+
+  train_lib.run_experiment(
+      distribution_strategy=strategy, task=task, mode=mode, params=params,
+      model_dir=model_dir, controller_cls=make_controller)
+  return holder['controller']
+
+
+def train(params, model_dir: str, strategy) -> None:
+  """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``.
+
+  Resumes from the latest checkpoint in ``model_dir``; returns at once if that
+  checkpoint is already at ``trainer.train_steps``. Saves ``params.yaml`` there as
+  Model Garden does (on the chief only).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from official.core import train_utils  # pylint: disable=g-import-not-at-top
+  strategy = strategy or tf.distribute.get_strategy()
+  tf.io.gfile.makedirs(model_dir)
+  if strategy.extended.should_checkpoint:
+    train_utils.serialize_config(params, model_dir)
+  start = time.time()
+  controller = _run(params, model_dir, strategy, 'train')
+  step = int(controller.global_step.numpy())
+  print(f'{_PREFIX} train | done at step {step} in {time.time() - start:.1f} s; '
+        f'checkpoints in {model_dir}', flush=True)
+
+
+def _eval_params(params):
+  """A copy for in-process evaluation: plain loop, whole validation split allowed."""
+  params = params.replace()
+  params.override({'trainer': {'eval_tf_while_loop': False},
+                   'runtime': {'distribution_strategy': 'mirrored'}}, is_strict=True)
+  return params
+
+
+def evaluate_latest(params, model_dir: str) -> dict:
+  """Evaluates the latest checkpoint in ``model_dir`` once on the validation split.
+
+  Returns the metrics (``step``, COCO ``AP``, ``AP50``, ``AP75``, ``APs`` ... ``ARl``,
+  validation losses) as floats, and writes them to ``<model_dir>/eval_metrics.json``,
+  ``<model_dir>/validation/metrics-STEP.json`` and TensorBoard (``validation/``).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  latest = tf.train.latest_checkpoint(model_dir)
+  if not latest:
+    raise TrainerError(
+        f"model_dir '{model_dir}': no checkpoint to evaluate; train first "
+        '(or pass the model_dir the trainer writes)')
+  controller = _run(_eval_params(params), model_dir, None, 'eval')
+  if controller.last_eval is None:
+    raise TrainerError(f"model_dir '{model_dir}': evaluation produced no metrics")
+  return controller.last_eval
+
+
+def continuous_eval(params, model_dir: str, timeout_s: float) -> Optional[dict]:
+  """Evaluator sidecar: evaluates each new checkpoint in ``model_dir``.
+
+  Returns the metrics of the last evaluation right after the checkpoint at
+  ``trainer.train_steps`` is evaluated, or when no new checkpoint appeared for
+  ``timeout_s`` seconds (None if none was ever evaluated).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.io.gfile.makedirs(model_dir)
+  params = _eval_params(params)
+  params.override({'trainer': {'continuous_eval_timeout': int(math.ceil(timeout_s))}},
+                  is_strict=True)
+  controller = _run(params, model_dir, None, 'continuous_eval')
+  return controller.last_eval
