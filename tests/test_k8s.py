@@ -1,0 +1,164 @@
+"""`od-dist k8s`: the TFJob manifest parses, has the replica types, counts, ports, container,
+restart policies and volume it should, and the TF_CONFIG the training operator renders for each
+pod from it goes through od-dist's own TF_CONFIG reader to the same roles, indexes and counts as
+the cluster file."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from od_dist import cluster as cluster_mod
+from od_dist import k8s
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
+ROLE_OF = {"PS": "ps", "Chief": "master", "Worker": "worker", "Evaluator": "evaluator"}
+
+MWMS = """\
+master: 10.1.0.1:3000
+worker: [10.1.0.2:3001, 10.1.0.3:3001, 10.1.0.4:3001]
+evaluator: 10.1.0.5
+"""
+
+
+def od_dist(*args, cwd=ROOT):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=60)
+
+
+def render(path, *extra):
+    r = od_dist("k8s", f"--cluster={path}", "--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=runs/lan",
+                "--image=registry.example/od-dist:1", *extra)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def operator_tf_configs(job, namespace="default"):
+    """What the Kubeflow training operator (pkg/controller.v1/tensorflow/tensorflow.go, genClusterSpec)
+    sets as TF_CONFIG in each pod: every replica type in lower case, each replica as the headless
+    service <job>-<type>-<i>.<namespace>.svc with the container's tfjob-port."""
+    name, specs = job["metadata"]["name"], job["spec"]["tfReplicaSpecs"]
+
+    def port(spec):
+        container = next(c for c in spec["template"]["spec"]["containers"] if c["name"] == "tensorflow")
+        return next(p["containerPort"] for p in container["ports"] if p["name"] == "tfjob-port")
+
+    cluster = {rt.lower(): [f"{name}-{rt.lower()}-{i}.{namespace}.svc:{port(s)}" for i in range(s["replicas"])]
+               for rt, s in specs.items()}
+    for rt, spec in specs.items():
+        for i in range(spec["replicas"]):
+            yield rt, i, json.dumps({"cluster": cluster, "task": {"type": rt.lower(), "index": i},
+                                     "environment": "cloud"})
+
+
+@pytest.mark.parametrize("text", [None, MWMS], ids=["lan-example", "multi_worker_mirrored"])
+def test_operator_tf_config_resolves_to_the_cluster_files_tasks(tmp_path, text):
+    path = LAN
+    if text:
+        path = str(tmp_path / "mwms.yaml")
+        (tmp_path / "mwms.yaml").write_text(text)
+    original = cluster_mod.load(path)
+    job = yaml.safe_load(render(path))
+    seen = []
+    for rt, i, tf_config in operator_tf_configs(job):
+        parsed, role, index = cluster_mod.from_tf_config(tf_config)
+        assert (role, index) == (ROLE_OF[rt], i)
+        assert parsed.strategy == original.strategy
+        for r in ("ps", "master", "worker", "evaluator"):
+            assert len(parsed.tasks_of(r)) == len(original.tasks_of(r)), r
+        # Servers see the same TensorFlow cluster shape (the evaluator stays out of it).
+        assert {j: len(v) for j, v in parsed.cluster_spec().items()} == \
+            {j: len(v) for j, v in original.cluster_spec().items()}
+        seen.append((role, index))
+    assert sorted(seen) == sorted((t.role, t.index) for t in original.tasks())
+
+
+def test_manifest_structure():
+    text = render(LAN, "--wait_timeout=600", "--num_clones=2")
+    assert text.startswith("# Kubeflow TFJob")  # the reasoning header is YAML comments
+    job = yaml.safe_load(text)
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "TFJob"
+    assert job["metadata"]["name"] == "od-dist-lan-example"
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": k8s.BACKOFF_LIMIT}
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert list(specs) == ["PS", "Chief", "Worker", "Evaluator"]
+    assert {rt: s["replicas"] for rt, s in specs.items()} == {"PS": 1, "Chief": 1, "Worker": 2, "Evaluator": 1}
+    ports = {rt: s["template"]["spec"]["containers"][0]["ports"] for rt, s in specs.items()}
+    assert ports == {"PS": [{"name": "tfjob-port", "containerPort": 2224}],
+                     "Chief": [{"name": "tfjob-port", "containerPort": 2223}],
+                     "Worker": [{"name": "tfjob-port", "containerPort": 2222}],
+                     "Evaluator": [{"name": "tfjob-port", "containerPort": 2222}]}
+    for rt, spec in specs.items():
+        assert spec["restartPolicy"] == "OnFailure"
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["name"] == "tensorflow" and container["image"] == "registry.example/od-dist:1"
+        assert container["command"] == ["od-dist"]
+        assert container["args"] == ["train", "--pipeline=pipelines/shapes_retinanet.yaml",
+                                     "--model_dir=/mnt/od-dist/runs/lan", "--num_clones=2", "--wait_timeout=600"]
+        assert not any(a.startswith(("--cluster", "--role", "--index")) for a in container["args"])
+        assert container["volumeMounts"] == [{"name": "model-dir", "mountPath": "/mnt/od-dist"}]
+        assert pod["volumes"] == [{"name": "model-dir",
+                                   "persistentVolumeClaim": {"claimName": "od-dist-lan-example-model-dir"}}]
+
+
+def test_multi_worker_mirrored_has_no_ps(tmp_path):
+    (tmp_path / "m.yaml").write_text(MWMS)
+    specs = yaml.safe_load(render(str(tmp_path / "m.yaml")))["spec"]["tfReplicaSpecs"]
+    assert {rt: s["replicas"] for rt, s in specs.items()} == {"Chief": 1, "Worker": 3, "Evaluator": 1}
+    assert specs["Worker"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 3001
+
+
+def test_out_file_name_namespace_pvc(tmp_path):
+    out = tmp_path / "job.yaml"
+    r = od_dist("k8s", f"--cluster={LAN}", "--pipeline=p.yaml", "--model_dir=/data/runs/x", "--image=img",
+                f"--out={out}", "--name=lan-job", "--namespace=ml", "--pvc=runs-claim", "--mount_path=/data")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""  # the manifest went to the file
+    job = yaml.safe_load(out.read_text())
+    assert job["metadata"]["name"] == "lan-job" and job["metadata"]["namespace"] == "ml"
+    pod = job["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "runs-claim"
+    assert pod["containers"][0]["volumeMounts"][0]["mountPath"] == "/data"
+    assert "--model_dir=/data/runs/x" in pod["containers"][0]["args"]
+    # The TF_CONFIG service names carry the namespace and still resolve.
+    for rt, i, tf_config in operator_tf_configs(job, namespace="ml"):
+        assert cluster_mod.from_tf_config(tf_config)[1:] == (ROLE_OF[rt], i)
+
+
+def test_model_dir_placement():
+    assert k8s.volume_model_dir("runs/lan", "/mnt/od-dist") == ("/mnt/od-dist/runs/lan", True)
+    assert k8s.volume_model_dir("/mnt/od-dist/x", "/mnt/od-dist/") == ("/mnt/od-dist/x", True)
+    assert k8s.volume_model_dir("gs://bucket/runs", "/mnt/od-dist") == ("gs://bucket/runs", False)
+    for bad in ("/elsewhere/x", "/mnt/od-distx", r"C:\runs"):
+        with pytest.raises(k8s.K8sError):
+            k8s.volume_model_dir(bad, "/mnt/od-dist")
+
+
+def test_url_model_dir_needs_no_volume():
+    job = yaml.safe_load(k8s.render(cluster_mod.load(LAN), "clusters/lan-example.yaml", "img",
+                                    ["--model_dir=gs://b/runs"]))
+    pod = job["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]
+    assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
+
+
+def test_job_names():
+    assert k8s.job_name("clusters/lan-example.yaml") == "od-dist-lan-example"
+    assert k8s.job_name(r"C:\x\My_Cluster.YAML") == "od-dist-my-cluster"
+    assert len(k8s.job_name("c/" + "x" * 80 + ".yaml")) <= 40
+    with pytest.raises(k8s.K8sError):
+        k8s.check_job_name("Bad_Name")
+
+
+def test_errors_exit_2():
+    r = od_dist("k8s", f"--cluster={LAN}", "--pipeline=p", "--model_dir=m")
+    assert r.returncode == 2 and "--image" in r.stderr
+    r = od_dist("k8s", f"--cluster={LAN}", "--pipeline=p", "--model_dir=m", "--image=i", "--role=ps")
+    assert r.returncode == 2 and "--role" in r.stderr
+    r = od_dist("k8s", f"--cluster={LAN}", "--pipeline=p", "--model_dir=/x", "--image=i")
+    assert r.returncode == 2 and "not on the volume" in r.stderr
