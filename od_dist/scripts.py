@@ -64,8 +64,9 @@ def bash_quote(value: str) -> str:
 
 def windows_arg(value: str) -> str:
     """One argument of a Windows command line, as the C runtime (and CommandLineToArgvW) splits it:
-    quoted when empty or holding a space, tab or quote; backslashes doubled only before a quote."""
-    if value and not any(c in value for c in ' \t"'):
+    quoted when empty or holding whitespace (the C runtime splits at space and tab only; quoting
+    any Unicode space as well costs nothing) or a quote; backslashes doubled only before a quote."""
+    if value and not any(c.isspace() or c == '"' for c in value):
         return value
     out, backslashes = ['"'], 0
     for c in value:

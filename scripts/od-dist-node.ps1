@@ -27,9 +27,9 @@
 $ErrorActionPreference = 'Stop'
 
 function ConvertTo-WindowsArgument([string]$Value) {
-    # Quoted when empty or holding a space, tab or quote; backslashes doubled only before a quote.
+    # Quoted when empty or holding whitespace or a quote; backslashes doubled only before a quote.
     # The same rules as windows_arg() in od_dist/scripts.py.
-    if ($Value.Length -gt 0 -and $Value -notmatch '[ \t"]') { return $Value }
+    if ($Value.Length -gt 0 -and $Value -notmatch '[\s"]') { return $Value }
     $out = New-Object System.Text.StringBuilder
     [void]$out.Append('"')
     $backslashes = 0

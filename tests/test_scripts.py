@@ -1,0 +1,508 @@
+"""`od-dist scripts`: every value reaches `od-dist train` intact in every shell.
+
+- bash: every generated .sh passes `bash -n` and is run for real with a recording stand-in for
+  od-dist (on PATH, in a venv, or as `python -m od_dist`) in directories full of special characters.
+- cmd: the .cmd files run for real under Wine (slow; skipped without wine/mingw-w64). The
+  stand-in is a small C program that records GetCommandLineW(), which mslex then splits by the
+  Windows C-runtime rules: exactly what a Windows od-dist.exe would see. (A batch stand-in such as
+  `echo %*> file` would itself lose a trailing `1` to the `1>` redirection.) A fast emulation of
+  cmd's batch-line parsing checks the same lines without Wine.
+- PowerShell is not installable here: the .ps1 quoting is checked by emulating PowerShell's
+  single-quoted-string rules, and the command line the script hands to Process.Start is split by
+  mslex, as for cmd.
+"""
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import mslex
+import pytest
+
+from od_dist import cluster as cluster_mod
+from od_dist import scripts
+from od_dist.scripts import PS_SINGLE_QUOTES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
+
+MODEL_DIR = "runs/a b&c%PATH%^!\"'é"
+DIR_WEIRD = "a b&c%PATH%^!'é(1) ;,="  # for directory names: Windows forbids '"' in them
+CLUSTER_PATH = "clusters/c l&u%s^t!e'r é.yaml"
+# Values that break naive quoting in at least one shell.
+VALUES = [MODEL_DIR, "", " ", "plain", "trailing\\", "trailing space\\", 'quote"inside', 'back\\"slash',
+          "\\\\server\\share\\x y", "%PATH%", "%%", "%~dp0", "%1", "^", "^^", "x^", "!PATH!", "a&b|c<d>e(f)",
+          "it's", "\u2018smart\u2019 \u201alow\u201b", "$HOME `id` $(id) ${x} \\$", "nbsp\u00a0x", "日本語",
+          "emoji \U0001f389", "-", "2>&1", "x 1"]
+PASSED = ["--pipeline=pipelines/p q.yaml", f"--model_dir={MODEL_DIR}",
+          "--params_override=trainer.train_steps=2000; x: '%~dp0' \"q\"", "--num_clones=2", "--noclone_on_cpu",
+          *VALUES, "--wait_timeout=301"]  # ends in a 1, as `echo %*> file` would show
+
+
+# ----- emulations of the shells' own rules ------------------------------------------------------
+
+
+def ps_unquote(text):
+    """PowerShell's tokenizer on a single-quoted string: any of ' ‘ ’ ‚ ‛ ends it unless doubled.
+    Returns (value, rest of the text after the closing quote)."""
+    assert text[0] in PS_SINGLE_QUOTES, text
+    out, i = [], 1
+    while i < len(text):
+        if text[i] in PS_SINGLE_QUOTES:
+            if i + 1 < len(text) and text[i + 1] in PS_SINGLE_QUOTES:
+                out.append(text[i + 1])
+                i += 2
+                continue
+            return "".join(out), text[i + 1:]
+        out.append(text[i])
+        i += 1
+    raise ValueError("unterminated string")
+
+
+def cmd_batch_line(line, env=None):
+    """cmd's processing of one batch-file line, delayed expansion off: phase 1 (`%%` -> `%`,
+    `%NAME%` -> its value), then phase 2 (`"` toggles the quoted state; outside it `^` escapes the
+    next character and an unescaped & | < > is a command separator, reported as an error)."""
+    env = env or {"PATH": "C:\\Windows"}
+    out, i = [], 0
+    while i < len(line):
+        if line[i] == "%":
+            if line[i + 1:i + 2] == "%":
+                out.append("%")
+                i += 2
+                continue
+            end = line.find("%", i + 1)
+            if end > i + 1 and line[i + 1:end] in env:
+                out.append(env[line[i + 1:end]])
+                i = end + 1
+                continue
+            if line[i + 1:i + 2].isdigit() or line[i + 1:i + 2] in ("~", "*"):
+                i += 2  # a batch parameter: empty here
+                continue
+        out.append(line[i])
+        i += 1
+    text, result, quoted, i = "".join(out), [], False, 0
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            quoted = not quoted
+        elif not quoted and c == "^":
+            i += 1
+            c = text[i] if i < len(text) else ""
+        elif not quoted and c in "&|<>":
+            raise ValueError(f"unescaped {c!r} at {i}: cmd would split the command here")
+        result.append(c)
+        i += 1
+    return "".join(result)
+
+
+# ----- quoting functions ----------------------------------------------------------------------
+
+
+def test_bash_quote_round_trip():
+    words = " ".join(scripts.bash_quote(v) for v in VALUES)
+    r = subprocess.run(["bash", "-c", f"printf '%s\\0' {words}"], capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().split("\0")[:-1] == VALUES
+
+
+def test_windows_command_line_round_trip():
+    assert mslex.split(scripts.windows_command_line(VALUES), like_cmd=False) == VALUES
+    assert scripts.windows_arg("plain") == "plain"  # no quotes where none are needed
+    assert scripts.windows_arg("a b\\") == '"a b\\\\"'  # a trailing backslash must not eat the quote
+
+
+def test_cmd_escape_survives_batch_parsing():
+    for v in VALUES:
+        line = scripts.cmd_escape(scripts.windows_arg(v))
+        assert mslex.split(cmd_batch_line(line), like_cmd=False) == [v], (v, line)
+    line = scripts.cmd_args(VALUES)
+    assert mslex.split(cmd_batch_line(line), like_cmd=False) == VALUES
+    # The emulation is strict: plain CRT quoting, as written by hand, does not survive cmd.
+    with pytest.raises(ValueError):
+        cmd_batch_line(scripts.windows_arg('a"b&c'))
+    assert mslex.split(cmd_batch_line(scripts.windows_arg("%PATH%")), like_cmd=False) != ["%PATH%"]
+
+
+def test_ps_quote_round_trip():
+    for v in VALUES:
+        assert ps_unquote(scripts.ps_quote(v)) == (v, ""), v
+    # Doubling only the ASCII quote is not enough: PowerShell also ends strings on ’ and friends.
+    naive = "'" + "it\u2019s".replace("'", "''") + "'"
+    assert ps_unquote(naive) != ("it\u2019s", "")
+
+
+# ----- the generated scripts ------------------------------------------------------------------
+
+
+def win(path):
+    """A Linux path as Wine's Z: drive shows it."""
+    return "Z:" + str(path).replace("/", "\\")
+
+
+def make_tree(base):
+    """Directories with special characters, holding stand-ins: a venv, an interpreter, a workdir."""
+    tree = {"venv": base / f"v {DIR_WEIRD}", "py": base / f"p {DIR_WEIRD}", "work": base / f"w {DIR_WEIRD}",
+            "bin": base / "bin", "run": base / "run"}
+    for d in tree.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return tree
+
+
+def make_cluster(tree):
+    doc = {
+        "strategy": "parameter_server",
+        "ps": ["10.0.0.1:2222"],
+        "worker": ["10.0.0.2:2222", "10.0.0.3:2222", "10.0.0.5:2222"],
+        "master": "10.0.0.4:2222",
+        "evaluator": "10.0.0.6",
+        "hosts": {
+            "10.0.0.1": {"os": "linux", "venv": str(tree["venv"]), "workdir": str(tree["work"])},
+            "10.0.0.2": {"os": "linux", "python": str(tree["py"] / "python"), "workdir": str(tree["work"])},
+            "10.0.0.3": {"os": "linux"},
+            "10.0.0.4": {"os": "windows", "venv": win(tree["venv"]), "workdir": win(tree["work"])},
+            "10.0.0.5": {"os": "windows", "python": win(tree["py"] / "python.exe"), "workdir": win(tree["work"])},
+            "10.0.0.6": {"os": "windows"},
+        },
+    }
+    return cluster_mod.from_document(doc)
+
+
+SH_STAND_IN = """\
+#!/usr/bin/env bash
+printf '%s\\0' "$(pwd)" "${VIRTUAL_ENV-<unset>}" "${PYTHONHOME-<unset>}" "$@" > "$OD_DIST_RECORD"
+exit "${OD_DIST_RECORD_EXIT:-0}"
+"""
+
+
+def install_sh(path):
+    path.write_text(SH_STAND_IN)
+    path.chmod(0o755)
+
+
+def test_sh_scripts_pass_exact_arguments(tmp_path):
+    tree = make_tree(tmp_path)
+    (tree["venv"] / "bin").mkdir()
+    install_sh(tree["venv"] / "bin" / "od-dist")
+    install_sh(tree["py"] / "python")
+    install_sh(tree["bin"] / "od-dist")
+    cluster = make_cluster(tree)
+    out = tmp_path / "out"
+    scripts.write_scripts(cluster, CLUSTER_PATH, PASSED, str(out), "od-dist scripts ...", 300)
+    linux = [l for l in scripts.launches(cluster, CLUSTER_PATH, PASSED) if not l.windows]
+    assert len(linux) == 3
+    record = tmp_path / "record"
+    env = dict(os.environ, PATH=f"{tree['bin']}:{os.environ['PATH']}", OD_DIST_RECORD=str(record),
+               OD_DIST_RECORD_EXIT="7", PYTHONHOME="/bogus")
+    for launch in linux:
+        path = out / f"{launch.stem}.sh"
+        assert os.stat(path).st_mode & stat.S_IXUSR
+        r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        record.unlink(missing_ok=True)
+        r = subprocess.run(["bash", str(path)], env=env, cwd=tree["run"], capture_output=True, timeout=30)
+        assert r.returncode == 7, r.stderr  # od-dist's exit status is the script's
+        cwd, venv, pythonhome, *args = record.read_bytes().decode().split("\0")[:-1]
+        assert args == list(launch.args), launch.stem
+        assert args[args.index("train"):][:4] == ["train", f"--cluster={CLUSTER_PATH}", f"--role={launch.task.role}",
+                                                  f"--index={launch.task.index}"]
+        assert cwd == str(launch.settings.workdir or tree["run"])
+        if launch.settings.venv:
+            assert (venv, pythonhome) == (launch.settings.venv, "<unset>")
+
+
+def test_ps1_scripts(tmp_path):
+    tree = make_tree(tmp_path)
+    cluster = make_cluster(tree)
+    out = tmp_path / "out"
+    scripts.write_scripts(cluster, CLUSTER_PATH, PASSED, str(out), "od-dist scripts ...", 300)
+    windows = [l for l in scripts.launches(cluster, CLUSTER_PATH, PASSED) if l.windows]
+    assert len(windows) == 3
+    for launch in windows:
+        raw = (out / f"{launch.stem}.ps1").read_bytes()
+        assert raw.startswith(b"\xef\xbb\xbf")  # Windows PowerShell 5.1 reads BOM-less files as ANSI
+        text = raw[3:].decode("utf-8")
+        assert "\n" not in text.replace("\r\n", "")
+        values = {}
+        for line in text.split("\r\n"):
+            for prefix in ("$arguments = ", "Set-Location -LiteralPath ", "$env:VIRTUAL_ENV = ",
+                           "$exe = [System.IO.Path]::Combine($PWD.ProviderPath, "):
+                if line.startswith(prefix):
+                    value, rest = ps_unquote(line[len(prefix):])
+                    assert rest in ("", ")"), line
+                    values[prefix.split()[0]] = value
+        assert mslex.split(values["$arguments"], like_cmd=False) == list(launch.args)
+        assert values.get("Set-Location") == launch.settings.workdir
+        assert values.get("$env:VIRTUAL_ENV") == launch.settings.venv
+        if launch.program == "od-dist":
+            assert "Get-Command -Name 'od-dist' -CommandType Application" in text
+        else:
+            assert values["$exe"] == launch.program
+        assert "$start.WorkingDirectory = $PWD.ProviderPath" in text
+
+
+def test_cmd_scripts_survive_batch_parsing(tmp_path):
+    """The fast check of the .cmd files; the real one runs them under Wine (test_cmd_under_wine)."""
+    tree = make_tree(tmp_path)
+    cluster = make_cluster(tree)
+    for launch in scripts.launches(cluster, CLUSTER_PATH, PASSED):
+        if not launch.windows:
+            continue
+        text = scripts.render_cmd(launch)
+        lines = text.split("\r\n")
+        assert lines[0] == "@echo off" and "setlocal EnableExtensions DisableDelayedExpansion" in lines
+        assert lines.index("chcp 65001 >nul 2>&1") < min(i for i, l in enumerate(lines) if not l.isascii())
+        # call would expand % a second time (`(call )` only clears ERRORLEVEL)
+        assert not any(l.lower().startswith("call ") for l in lines)
+        (run,) = [l for l in lines if "train" in l and not l.startswith("rem")]
+        parsed = mslex.split(cmd_batch_line(run), like_cmd=False)
+        assert parsed[0] == launch.program and parsed[1:] == list(launch.args)
+
+
+def test_values_a_script_cannot_carry():
+    cluster = cluster_mod.load(LAN)
+    with pytest.raises(scripts.ScriptError, match="control character"):
+        scripts.launches(cluster, "c.yaml", ["--model_dir=a\nb"])
+    with pytest.raises(scripts.ScriptError):
+        scripts.cmd_path('C:\\a"b')
+
+
+# ----- Wine -----------------------------------------------------------------------------------
+
+STAND_IN_C = r"""
+/* Stand-in for od-dist.exe / python.exe: appends its command line, working directory and
+   VIRTUAL_ENV (UTF-16LE, one per line) to the file named by OD_DIST_RECORD and exits with
+   OD_DIST_RECORD_EXIT. */
+#include <windows.h>
+#include <wchar.h>
+static void put(HANDLE h, const wchar_t *s) {
+    DWORD w;
+    WriteFile(h, s, (DWORD)(wcslen(s) * sizeof(wchar_t)), &w, NULL);
+    WriteFile(h, L"\n", sizeof(wchar_t), &w, NULL);
+}
+int wmain(void) {
+    static wchar_t path[32768], buf[32768];
+    if (!GetEnvironmentVariableW(L"OD_DIST_RECORD", path, 32768)) return 3;
+    HANDLE h = CreateFileW(path, FILE_APPEND_DATA, 0, NULL, OPEN_ALWAYS, FILE_ATTRIBUTE_NORMAL, NULL);
+    if (h == INVALID_HANDLE_VALUE) return 4;
+    put(h, GetCommandLineW());
+    GetCurrentDirectoryW(32768, buf);
+    put(h, buf);
+    if (!GetEnvironmentVariableW(L"VIRTUAL_ENV", buf, 32768)) buf[0] = 0;
+    put(h, buf);
+    CloseHandle(h);
+    if (GetEnvironmentVariableW(L"OD_DIST_RECORD_EXIT", buf, 32768)) return _wtoi(buf);
+    return 0;
+}
+"""
+
+
+class Wine:
+    def __init__(self, base):
+        self.base = base
+        self.stand_in = base / "stand-in.exe"
+        locales = base / "locales"
+        locales.mkdir()
+        # Wine's cmd decodes batch lines with the OEM code page and ignores chcp; a Unicode-only
+        # locale (hi_IN) makes that UTF-8, which is what `chcp 65001` does on Windows 10 and later.
+        self.env = dict(os.environ, WINEDEBUG="-all", WINEPREFIX=str(base / "prefix"), WINEDLLOVERRIDES="mscoree,mshtml=",
+                        LOCPATH=str(locales), LC_ALL="hi_IN.UTF-8")
+        for cmd in (["x86_64-w64-mingw32-gcc", "-municode", "-O1", "-s", "-o", str(self.stand_in), str(base / "s.c")],
+                    ["localedef", "-i", "hi_IN", "-f", "UTF-8", str(locales / "hi_IN.UTF-8")]):
+            if cmd[0] == "x86_64-w64-mingw32-gcc":
+                (base / "s.c").write_text(STAND_IN_C)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                pytest.skip(f"{cmd[0]} failed: {r.stderr.strip()[-300:]}")
+        r = self.run_cmd(["/c", "exit", "0"], timeout=180)  # makes the prefix (several seconds, once)
+        if r.returncode != 0:
+            pytest.skip(f"wine does not run cmd here: {r.stderr[-300:]!r}")
+
+    def run_cmd(self, args, env=None, cwd=None, timeout=120):
+        return subprocess.run(["wine", "cmd", *args], env=dict(self.env, **(env or {})), cwd=cwd,
+                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def close(self):
+        subprocess.run(["wineserver", "-k"], env=self.env, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def wine(tmp_path_factory):
+    missing = [t for t in ("wine", "wineserver", "x86_64-w64-mingw32-gcc", "localedef") if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}: apt-get install -y --no-install-recommends wine wine64 "
+                    "gcc-mingw-w64-x86-64-win32 locales")
+    w = Wine(tmp_path_factory.mktemp("wine"))
+    yield w
+    w.close()
+
+
+def run_cmd_script(wine, script, tree, record, exit_code="0"):
+    record.unlink(missing_ok=True)
+    # /v:on: as on a machine whose registry turns delayed expansion on; the script must turn it off.
+    r = wine.run_cmd(["/v:on", "/c", win(script)], env={"WINEPATH": win(tree["bin"]), "OD_DIST_RECORD": win(record),
+                                        "OD_DIST_RECORD_EXIT": exit_code}, cwd=tree["run"])
+    assert record.exists(), (r.stdout, r.stderr)
+    line, cwd, venv = record.read_bytes().decode("utf-16-le").split("\n")[:3]
+    return r, mslex.split(line, like_cmd=False), cwd, venv
+
+
+@pytest.mark.slow
+def test_cmd_under_wine(wine, tmp_path):
+    tree = make_tree(tmp_path)
+    (tree["venv"] / "Scripts").mkdir()
+    shutil.copy(wine.stand_in, tree["venv"] / "Scripts" / "od-dist.exe")
+    shutil.copy(wine.stand_in, tree["py"] / "python.exe")
+    shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
+    cluster = make_cluster(tree)
+    out = tmp_path / "out"
+    scripts.write_scripts(cluster, CLUSTER_PATH, PASSED, str(out), "od-dist scripts ...", 300)
+    windows = [l for l in scripts.launches(cluster, CLUSTER_PATH, PASSED) if l.windows]
+    assert {bool(l.settings.venv) for l in windows} == {True, False} and any(l.settings.python for l in windows)
+    for launch in windows:
+        r, argv, cwd, venv = run_cmd_script(wine, out / f"{launch.stem}.cmd", tree, tmp_path / "record", "7")
+        assert argv[1:] == list(launch.args), launch.stem
+        assert r.returncode == 7  # od-dist's exit status is the script's
+        assert cwd.rstrip("\\") == (launch.settings.workdir or win(tree["run"]))
+        assert venv == (launch.settings.venv or "")
+
+
+@pytest.mark.slow
+def test_wine_harness_catches_broken_quoting(wine, tmp_path, monkeypatch):
+    """The Wine check is not vacuous: the same script with `%` left single fails it."""
+    tree = make_tree(tmp_path)
+    shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
+    cluster = make_cluster(tree)
+    (launch,) = [l for l in scripts.launches(cluster, CLUSTER_PATH, PASSED) if l.task.role == "evaluator"]
+    real = scripts.cmd_escape
+    monkeypatch.setattr(scripts, "cmd_escape", lambda text: real(text).replace("%%", "%"))
+    (tmp_path / "broken.cmd").write_bytes(scripts.render_cmd(launch).encode())
+    r, argv, _, _ = run_cmd_script(wine, tmp_path / "broken.cmd", tree, tmp_path / "record")
+    assert argv[1:] != list(launch.args)
+
+
+# ----- README, firewall, CLI ------------------------------------------------------------------
+
+
+def rules_of(cluster):
+    return {r.task.name: (r.port, r.sources) for r in scripts.inbound_rules(cluster)}
+
+
+def test_firewall_rules():
+    lan = cluster_mod.load(LAN)
+    assert rules_of(lan) == {
+        "ps:0": (2224, ("192.168.1.108", "192.168.1.109", "192.168.1.111")),
+        "worker:0": (2222, ("192.168.1.108",)),
+        "worker:1": (2222, ("192.168.1.108",)),
+    }  # the master connects out only; the evaluator runs no server
+    mwms = cluster_mod.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.1:2223"],
+                                      "evaluator": "10.0.0.3"})
+    assert rules_of(mwms) == {"master:0": (2222, ("10.0.0.2",)),  # its peer on the same host needs no rule
+                              "worker:0": (2222, ("10.0.0.1",)),
+                              "worker:1": (2223, ("10.0.0.2",))}
+    (ps_rule,) = [r for r in scripts.inbound_rules(lan) if r.task.role == "ps"]
+    win_lines = scripts.firewall_lines(ps_rule, "windows")
+    assert win_lines[0].startswith("New-NetFirewallRule -DisplayName 'od-dist ps 0' -Direction Inbound -Protocol TCP "
+                                   "-LocalPort 2224 -RemoteAddress 192.168.1.108,192.168.1.109,192.168.1.111")
+    assert win_lines[1].startswith('netsh advfirewall firewall add rule name="od-dist ps 0" dir=in')
+    assert "sudo ufw allow proto tcp from 192.168.1.109 to any port 2224" in scripts.firewall_lines(ps_rule, "linux")
+
+
+def od_dist(*args, cwd=ROOT):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=60)
+
+
+def test_cli_writes_scripts_by_os_and_readme(tmp_path):
+    r = od_dist("scripts", f"--cluster={LAN}", "--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=runs/lan",
+                f"--out={tmp_path}", "--wait_timeout=120")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["README.md", "evaluator-0.sh", "master-0.cmd", "master-0.ps1", "ps-0.sh",
+                                            "worker-0.sh", "worker-1.sh"]
+    readme = (tmp_path / "README.md").read_text()
+    assert "Any order" in readme and "(120 s here)" in readme
+    assert "| 192.168.1.108 | windows | master 0 |" in readme
+    assert "New-NetFirewallRule" not in readme  # no Windows host serves a port in this cluster
+    assert "### 192.168.1.116: ps 0, port 2224" in readme
+    assert "No inbound port: master 0 (192.168.1.108), evaluator 0 (192.168.1.120)." in readme
+
+
+def test_checked_in_lan_example_is_current(tmp_path):
+    (tmp_path / "clusters").mkdir()
+    shutil.copy(LAN, tmp_path / "clusters")
+    r = od_dist("scripts", "--cluster=clusters/lan-example.yaml", "--pipeline=pipelines/shapes_retinanet.yaml",
+                "--model_dir=runs/lan", "--out=scripts/lan-example", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    fresh, checked_in = tmp_path / "scripts" / "lan-example", os.path.join(ROOT, "scripts", "lan-example")
+    assert sorted(os.listdir(fresh)) == sorted(os.listdir(checked_in))
+    for name in os.listdir(fresh):
+        with open(os.path.join(checked_in, name), "rb") as f:
+            assert (fresh / name).read_bytes() == f.read(), f"scripts/lan-example/{name} is stale: regenerate it"
+
+
+def test_cli_errors_exit_2(tmp_path):
+    base = [f"--cluster={LAN}", "--pipeline=p", f"--out={tmp_path}"]
+    r = od_dist("scripts", *base, "--model_dir=a\nb")
+    assert r.returncode == 2 and "control character" in r.stderr
+    r = od_dist("scripts", *base)
+    assert r.returncode == 2 and "--model_dir" in r.stderr
+    r = od_dist("scripts", *base, "--model_dir=m", "--role=ps")
+    assert r.returncode == 2 and "--role" in r.stderr
+    r = od_dist("scripts", f"--cluster={LAN}", "--pipeline=p", "--model_dir=m")
+    assert r.returncode == 2 and "--out" in r.stderr
+
+
+# ----- the generic node scripts ---------------------------------------------------------------
+
+
+def test_node_sh(tmp_path):
+    node = os.path.join(ROOT, "scripts", "od-dist-node.sh")
+    assert subprocess.run(["bash", "-n", node], timeout=30).returncode == 0
+    tree = make_tree(tmp_path)
+    (tree["venv"] / "bin").mkdir()
+    install_sh(tree["venv"] / "bin" / "od-dist")
+    install_sh(tree["bin"] / "od-dist")
+    install_sh(tree["py"] / "python")
+    record = tmp_path / "record"
+
+    def run(*args, **env):
+        record.unlink(missing_ok=True)
+        full = dict(os.environ, PATH=f"{tree['bin']}:{os.environ['PATH']}", OD_DIST_RECORD=str(record),
+                    OD_DIST_WORKDIR=str(tree["work"]), **env)
+        for name in ("OD_DIST_VENV", "OD_DIST_PYTHON", "OD_DIST_PIPELINE", "OD_DIST_MODEL_DIR", "OD_DIST_CLUSTER"):
+            if name not in env:
+                full.pop(name, None)
+        r = subprocess.run(["bash", node, *args], env=full, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        cwd, venv, _, *argv = record.read_bytes().decode().split("\0")[:-1]
+        assert cwd == str(tree["work"])
+        return argv, venv
+
+    argv, venv = run("worker", "1", "--wait_timeout=5", MODEL_DIR, OD_DIST_PIPELINE="pipelines/p q.yaml",
+                     OD_DIST_MODEL_DIR=MODEL_DIR, OD_DIST_VENV=str(tree["venv"]))
+    assert argv == ["train", "--cluster=clusters/cluster.yaml", "--role=worker", "--index=1",
+                    "--pipeline=pipelines/p q.yaml", f"--model_dir={MODEL_DIR}", "--wait_timeout=5", MODEL_DIR]
+    assert venv == str(tree["venv"])
+    argv, venv = run("master", OD_DIST_CLUSTER=CLUSTER_PATH)  # od-dist on PATH
+    assert (argv, venv) == (["train", f"--cluster={CLUSTER_PATH}", "--role=master"], "<unset>")
+    argv, _ = run("--num_clones=2", OD_DIST_PYTHON=str(tree["py"] / "python"))  # role from this machine
+    assert argv == ["-m", "od_dist", "train", "--cluster=clusters/cluster.yaml", "--num_clones=2"]
+    (tree["work"] / ".venv" / "bin").mkdir(parents=True)
+    install_sh(tree["work"] / ".venv" / "bin" / "od-dist")
+    _, venv = run("ps", "0")  # the checkout's own .venv
+    assert venv == str(tree["work"] / ".venv")
+
+
+def test_node_ps1_text():
+    with open(os.path.join(ROOT, "scripts", "od-dist-node.ps1"), "rb") as f:
+        raw = f.read()
+    assert raw.isascii() and b"\n" not in raw.replace(b"\r\n", b"")
+    text = raw.decode()
+    # The same C-runtime quoting as windows_arg, and the same hand-over to Process.Start.
+    for needle in ("function ConvertTo-WindowsArgument", "'[\\s\"]'", "'\\' * (2 * $backslashes + 1)",
+                   "$start.WorkingDirectory = $PWD.ProviderPath", "[System.Diagnostics.Process]::Start($start)",
+                   "exit $process.ExitCode"):
+        assert needle in text, needle
