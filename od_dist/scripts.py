@@ -204,7 +204,7 @@ def render_sh(launch: Launch) -> str:
         lines.append(f"cd -- {bash_quote(s.workdir)}")
     if s.venv:  # what the venv's bin/activate does, without its prompt and shell-function side effects
         lines += [f"export VIRTUAL_ENV={bash_quote(s.venv)}",
-                  f'export PATH={bash_quote(launch.venv_bin)}":$PATH"',
+                  'export PATH="$VIRTUAL_ENV/bin:$PATH"',
                   "unset PYTHONHOME"]
     head = list(launch.args[:launch.args.index("train") + 1])  # [-m od_dist] train, then one flag a line
     words = [" ".join(bash_quote(w) for w in [launch.program, *head])]
@@ -415,6 +415,8 @@ def render_readme(cluster: Cluster, cluster_path: str, items: list[Launch], comm
         md.append("No inbound port: " + ", ".join(f"{l.task.role} {l.task.index} ({l.host})" for l in no_inbound)
                   + ".")
         md.append("")
+    md += ["How the scripts quote values for each shell, the generic `od-dist-node.sh` / `od-dist-node.ps1`, "
+           "and Kubernetes: `scripts/README.md` in the od-dist repository.", ""]
     return "\n".join(md)
 
 

@@ -4,7 +4,7 @@
 set -e
 cd -- /opt/od-dist
 export VIRTUAL_ENV=/opt/od-dist/venv
-export PATH=/opt/od-dist/venv/bin":$PATH"
+export PATH="$VIRTUAL_ENV/bin:$PATH"
 unset PYTHONHOME
 exec /opt/od-dist/venv/bin/od-dist train \
   --cluster=clusters/lan-example.yaml \
