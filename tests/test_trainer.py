@@ -1,0 +1,119 @@
+"""The trainer wrapper on one machine with real TensorFlow: train, resume, evaluate.
+
+Tiny runs (a few steps on a few dozen images): they prove the wiring, not the accuracy;
+benchmarks/demo_accuracy.py measures that."""
+
+import glob
+import json
+import os
+import re
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from od_dist import trainer  # noqa: E402
+from od_dist.data import shapes  # noqa: E402
+from od_dist.pipeline import load_pipeline  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+PROGRESS = re.compile(r"^od-dist train \| step (\d+)/(\d+) \(\d+%\) \| loss ([\d.]+) \| "
+                      r"([\d.]+) steps/s \| ([\d.]+) examples/s \| ETA \S+$", re.M)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("shapes"))
+    shapes.write_dataset(out, num_train=48, num_val=16, seed=1)
+    return out
+
+
+def params_for(data_dir, steps, extra=""):
+    override = (f"trainer.train_steps={steps},trainer.steps_per_loop=5,"
+                "trainer.summary_interval=5,trainer.checkpoint_interval=5,"
+                f"task.train_data.input_path={data_dir}/train.tfrecord,"
+                f"task.validation_data.input_path={data_dir}/val.tfrecord")
+    return load_pipeline(DEMO, override + extra, strategy="mirrored")
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+    """A model_dir trained for 10 steps (two loops) under MirroredStrategy."""
+    model_dir = str(tmp_path_factory.mktemp("run"))
+    trainer.train(params_for(data_dir, 10), model_dir, tf.distribute.MirroredStrategy())
+    return model_dir
+
+
+def step_of(model_dir):
+    latest = tf.train.latest_checkpoint(model_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def test_train_writes_checkpoints_params_summaries(data_dir, tmp_path, capsys):
+    model_dir = str(tmp_path / "run")
+    trainer.train(params_for(data_dir, 10), model_dir, tf.distribute.MirroredStrategy())
+    out = capsys.readouterr().out
+    lines = PROGRESS.findall(out)
+    assert [(int(s), int(t)) for s, t, *_ in lines] == [(5, 10), (10, 10)], out[-2000:]
+    for _, _, loss, rate, examples in lines:
+        assert float(loss) > 0 and float(rate) > 0
+        assert float(examples) == pytest.approx(8 * float(rate), rel=0.02, abs=0.1)
+    assert step_of(model_dir) == 10
+    assert os.path.exists(os.path.join(model_dir, "params.yaml"))
+    assert glob.glob(os.path.join(model_dir, "train", "events.out.tfevents.*"))
+    saved = load_pipeline(DEMO)  # params.yaml is Model Garden's own format
+    from official.modeling import hyperparams
+    hyperparams.override_params_dict(saved, os.path.join(model_dir, "params.yaml"), is_strict=True)
+    assert saved.trainer.train_steps == 10
+
+
+def test_resume_continues_from_the_latest_checkpoint(data_dir, trained, capsys):
+    assert step_of(trained) == 10
+    trainer.train(params_for(data_dir, 15), trained, tf.distribute.MirroredStrategy())
+    out = capsys.readouterr().out
+    assert f"restored model from {trained}/ckpt-10" in out or \
+        f"restored from checkpoint: {trained}/ckpt-10" in out, out[-2000:]
+    # One loop of 5 steps, from 10 to 15: nothing trained twice.
+    assert [int(s) for s, *_ in PROGRESS.findall(out)] == [15]
+    assert step_of(trained) == 15
+    # Already at train_steps: returns without training.
+    trainer.train(params_for(data_dir, 15), trained, tf.distribute.MirroredStrategy())
+    assert PROGRESS.findall(capsys.readouterr().out) == []
+
+
+def test_evaluate_latest_returns_and_writes_coco_metrics(data_dir, trained, capsys):
+    step = step_of(trained)
+    metrics = trainer.evaluate_latest(params_for(data_dir, 15), trained)
+    out = capsys.readouterr().out
+    assert re.search(rf"^od-dist eval \| step {step} \| AP [-\d.]+ \| AP50 [-\d.]+", out, re.M), out[-2000:]
+    assert metrics["step"] == step
+    for key in ("AP", "AP50", "AP75", "ARmax100", "validation_loss"):
+        assert isinstance(metrics[key], float)
+    assert -1.0 <= metrics["AP"] <= 1.0 and -1.0 <= metrics["AP50"] <= 1.0
+    with open(os.path.join(trained, "eval_metrics.json")) as f:
+        assert json.load(f) == pytest.approx(metrics)
+    assert os.path.exists(os.path.join(trained, "validation", f"metrics-{step}.json"))
+    assert glob.glob(os.path.join(trained, "validation", "events.out.tfevents.*"))
+
+
+def test_continuous_eval_returns_after_the_final_checkpoint(data_dir, trained):
+    # The run is complete (train_steps reached): one evaluation, then return at once
+    # rather than wait for the timeout.
+    import time
+    params = params_for(data_dir, step_of(trained))
+    start = time.time()
+    metrics = trainer.continuous_eval(params, trained, timeout_s=600)
+    assert metrics["step"] == step_of(trained)
+    assert time.time() - start < 300
+
+
+def test_continuous_eval_times_out_without_checkpoints(data_dir, tmp_path):
+    assert trainer.continuous_eval(params_for(data_dir, 10), str(tmp_path / "empty"), timeout_s=2) is None
+
+
+def test_evaluate_latest_without_checkpoint_is_a_clear_error(data_dir, tmp_path):
+    with pytest.raises(trainer.TrainerError, match="no checkpoint"):
+        trainer.evaluate_latest(params_for(data_dir, 10), str(tmp_path))
