@@ -137,8 +137,9 @@ def _controller_cls():
       del timeout_fn  # Model Garden's waits forever while training is unfinished.
       directory = self._od_model_dir
       output = None
-      for path in tf.train.checkpoints_iterator(directory, timeout=timeout,
-                                                timeout_fn=lambda: True):
+      # No timeout_fn: the iterator then ends when `timeout` passes without a new
+      # checkpoint. (A timeout_fn is also consulted after EVERY checkpoint.)
+      for path in tf.train.checkpoints_iterator(directory, timeout=timeout):
         try:
           self.restore_checkpoint(path)
         except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
@@ -153,6 +154,52 @@ def _controller_cls():
       return output
 
   return OdController
+
+
+def _num_ps_workers(strategy) -> int:
+  """Workers of a ParameterServerStrategy (0 for any other strategy)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    return 0
+  resolver = (getattr(strategy, '_cluster_resolver', None) or  # set by TF 2.20
+              strategy.cluster_resolver)
+  if resolver is None:
+    return int(getattr(strategy, '_num_workers', 1))
+  return resolver.cluster_spec().num_tasks('worker')
+
+
+def _spread_trainer_cls():
+  """Model Garden's Trainer, scheduling each loop on every parameter-server worker.
+
+  Under ParameterServerStrategy, Model Garden schedules a whole loop (steps_per_loop
+  steps) as ONE closure, so one worker trains while the others wait. This subclass
+  splits the loop's steps into one closure per worker; the coordinator still joins
+  at the end of the loop, so global_step, summaries and checkpoints are unchanged.
+  """
+  import orbit  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from official.core import base_trainer  # pylint: disable=g-import-not-at-top
+
+  class SpreadTrainer(base_trainer.Trainer):
+
+    def create_train_loop_fn(self):
+      if not getattr(self, '_is_async', False):
+        return super().create_train_loop_fn()
+      loop_fn = orbit.StandardTrainer.create_train_loop_fn(self)
+      workers = max(1, _num_ps_workers(self.strategy))
+      coordinator = self.coordinator_for_async()
+
+      def spread_loop_fn(iterator, num_steps):
+        total = int(num_steps.numpy() if hasattr(num_steps, 'numpy') else num_steps)
+        base, extra = divmod(total, workers)
+        for i in range(workers):
+          n = base + (1 if i < extra else 0)
+          if n:
+            coordinator.schedule(loop_fn, args=(iterator, tf.constant(n, tf.int32)))
+
+      return spread_loop_fn
+
+  return SpreadTrainer
 
 
 def _write_metrics(model_dir: str, metrics: dict) -> None:
@@ -179,10 +226,18 @@ def _run(params, model_dir: str, strategy, mode: str):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   from official.core import train_lib  # pylint: disable=g-import-not-at-top
+  from official.core import train_utils  # pylint: disable=g-import-not-at-top
   _prepare(params)
   strategy = strategy or tf.distribute.get_strategy()
   with strategy.scope():
     task = task_factory.get_task(params.task, logging_dir=model_dir)
+    trainer_obj = None
+    if mode == 'train' and _num_ps_workers(strategy) > 1:
+      trainer_obj = train_utils.create_trainer(
+          params, task, train=True, evaluate=False,
+          checkpoint_exporter=train_utils.maybe_create_best_ckpt_exporter(
+              params, model_dir),
+          trainer_cls=_spread_trainer_cls())
   controller_cls = functools.partial(
       _controller_cls(), od_model_dir=model_dir,
       od_batch_size=int(params.task.train_data.global_batch_size),
@@ -195,7 +250,7 @@ def _run(params, model_dir: str, strategy, mode: str):
 
   train_lib.run_experiment(
       distribution_strategy=strategy, task=task, mode=mode, params=params,
-      model_dir=model_dir, controller_cls=make_controller)
+      model_dir=model_dir, controller_cls=make_controller, trainer=trainer_obj)
   return holder['controller']
 
 

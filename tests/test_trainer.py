@@ -117,3 +117,36 @@ def test_continuous_eval_times_out_without_checkpoints(data_dir, tmp_path):
 def test_evaluate_latest_without_checkpoint_is_a_clear_error(data_dir, tmp_path):
     with pytest.raises(trainer.TrainerError, match="no checkpoint"):
         trainer.evaluate_latest(params_for(data_dir, 10), str(tmp_path))
+
+
+def test_continuous_eval_follows_a_running_trainer(data_dir, tmp_path):
+    """The evaluator sidecar (its own process) evaluates each checkpoint as the trainer
+    writes it, and returns right after the final one."""
+    import subprocess
+    import sys
+    model_dir = str(tmp_path / "run")
+    os.makedirs(model_dir)
+    override = (f"trainer.train_steps=10,trainer.steps_per_loop=5,trainer.summary_interval=5,"
+                f"trainer.checkpoint_interval=5,task.train_data.input_path={data_dir}/train.tfrecord,"
+                f"task.validation_data.input_path={data_dir}/val.tfrecord")
+    code = ("import json, sys\n"
+            "from od_dist import trainer\n"
+            "from od_dist.pipeline import load_pipeline\n"
+            f"p = load_pipeline({DEMO!r}, {override!r}, 'mirrored')\n"
+            f"m = trainer.continuous_eval(p, {model_dir!r}, timeout_s=240)\n"
+            "print('RESULT ' + json.dumps(m))\n")
+    evaluator = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+    try:
+        trainer.train(params_for(data_dir, 10), model_dir, tf.distribute.MirroredStrategy())
+        out, _ = evaluator.communicate(timeout=280)
+    finally:
+        if evaluator.poll() is None:
+            evaluator.kill()
+            evaluator.wait()
+    assert evaluator.returncode == 0, out[-3000:]
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["step"] == 10
+    steps = [int(s) for s in re.findall(r"^od-dist eval \| step (\d+) \|", out, re.M)]
+    assert steps[-1] == 10 and steps == sorted(set(steps)), out[-3000:]
+    assert os.path.exists(os.path.join(model_dir, "validation", "metrics-10.json"))
