@@ -48,9 +48,9 @@ def run_trainer(config: TrainConfig) -> int:
     cluster, task = config.selected.cluster, config.selected.task
     try:
         dist = strategy.make(cluster, task, config.num_clones, config.clone_on_cpu, config.wait_timeout)
-    except (strategy.PeerTimeout, devices.DeviceError) as e:
+    except (strategy.PeerTimeout, devices.DeviceError, server.ServerError) as e:
         raise RoleError(str(e)) from None
-    print(f"{task.name if task else 'single'}: training with {type(dist).__name__}, "
+    print(f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
           f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}", flush=True)
     trainer.train(params, config.model_dir, dist)
     if config.is_coordinator:

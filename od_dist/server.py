@@ -47,24 +47,27 @@ def is_listening(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def check_port_free(task: Task) -> None:
-    """TensorFlow reports a taken port as a bare 'Could not start gRPC server' (or crashes), so
-    try the bind first and name the port."""
+def bind_port(task: Task) -> socket.socket:
+    """Binds this task's port on every interface, as TensorFlow's server will, and returns the
+    listening socket. TensorFlow reports a taken port as a bare 'Could not start gRPC server' (or
+    crashes), so this names the port and the fix instead."""
     family = socket.AF_INET6 if ":" in task.address.host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # TensorFlow's server binds every interface; SO_REUSEADDR matches its own bind so a port
-        # in TIME_WAIT after a previous run is not reported as taken.
-        if os.name != "nt":
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", task.address.port))
-        except OSError as e:
-            if e.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1), errno.EACCES):
-                raise ServerError(
-                    f"{task.name}: port {task.address.port} is already in use on this machine "
-                    f"({e.strerror}); stop the program using it, or give {task.key} another port "
-                    "in the cluster file") from None
-            raise
+    s = socket.socket(family, socket.SOCK_STREAM)
+    # SO_REUSEADDR as gRPC sets it, so a port in TIME_WAIT after a previous run is not "taken".
+    if os.name != "nt":
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", task.address.port))
+        s.listen()
+    except OSError as e:
+        s.close()
+        if e.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1), errno.EACCES):
+            raise ServerError(
+                f"{task.name}: port {task.address.port} is already in use on this machine "
+                f"({e.strerror}); stop the program using it, or give {task.key} another port "
+                "in the cluster file") from None
+        raise
+    return s
 
 
 def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> int:
@@ -72,7 +75,7 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     unreachable for wait_timeout seconds (1)."""
     import tensorflow as tf
 
-    check_port_free(task)
+    bind_port(task).close()
     marker = stop_marker(task)
     if os.path.exists(marker):
         os.remove(marker)  # left by an earlier run: not a stop request for this one

@@ -7,16 +7,17 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
+import contextlib
+import faulthandler
 import time
 
 from od_dist import devices
 from od_dist.cluster import PARAMETER_SERVER, Cluster, Task
-from od_dist.server import is_listening
+from od_dist.server import bind_port, is_listening
 
 PROGRESS_EVERY_S = 10.0
+TF_NAMES = {"mirrored": "MirroredStrategy", "parameter_server": "ParameterServerStrategy",
+            "multi_worker_mirrored": "MultiWorkerMirroredStrategy"}
 
 
 class PeerTimeout(RuntimeError):
@@ -47,24 +48,28 @@ def wait_for_peers(peers, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-class _Watchdog:
-    """MultiWorkerMirroredStrategy blocks inside TensorFlow until every peer has joined, with no
-    timeout of its own: past the deadline, name the peers that are not listening and exit."""
+@contextlib.contextmanager
+def hang_guard(timeout_s: float, what: str):
+    """TensorFlow's cluster set-up runs in C++ holding the GIL and has no timeout of its own, so
+    no Python thread or signal handler can interrupt it. faulthandler's watchdog is a C thread:
+    past the deadline it prints where we were stuck and exits 1."""
+    print(f"{what} (giving up after {timeout_s:.0f} s)", flush=True)
+    faulthandler.dump_traceback_later(timeout_s, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
-    def __init__(self, peers, timeout_s: float):
-        self._done = threading.Event()
-        self._peers, self._timeout_s = peers, timeout_s
-        threading.Thread(target=self._watch, daemon=True).start()
 
-    def _watch(self):
-        if self._done.wait(self._timeout_s):
-            return
-        missing = [t for t in self._peers if not is_listening(t.address.host, t.address.port)] or self._peers
-        print(f"od-dist train: {_missing_message(missing, self._timeout_s)}", file=sys.stderr, flush=True)
-        os._exit(1)  # the main thread is stuck in TensorFlow's C++ and cannot be interrupted
-
-    def cancel(self):
-        self._done.set()
+def wait_for_all_reduce_peers(task: Task, peers, timeout_s: float) -> None:
+    """Under multi_worker_mirrored a trainer's port opens only once its strategy is being built,
+    and building it blocks until every peer is there. So each trainer first listens on its own
+    port as a beacon, waits for every peer's beacon (or server), then hands the port over."""
+    beacon = bind_port(task)
+    try:
+        wait_for_peers(peers, timeout_s)
+    finally:
+        beacon.close()
 
 
 def _resolver(cluster: Cluster, task: Task, num_gpus: int):
@@ -100,12 +105,11 @@ def make(cluster: Cluster | None, task: Task | None, num_clones: int, clone_on_c
     peers = [t for t in cluster.server_tasks() if t != task]
     if cluster.strategy == PARAMETER_SERVER:
         wait_for_peers(peers, wait_timeout)
-        num_gpus = _worker_gpus(cluster, _resolver(cluster, task, 0))
-        return tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster, task, num_gpus))
+        with hang_guard(wait_timeout, f"{task.name}: every peer is up; connecting to the cluster"):
+            num_gpus = _worker_gpus(cluster, _resolver(cluster, task, 0))
+            return tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster, task, num_gpus))
     names = devices.configure(num_clones, clone_on_cpu)
     num_gpus = len(names) if names[0].startswith("/gpu") else 0
-    watchdog = _Watchdog(peers, wait_timeout)
-    try:
+    wait_for_all_reduce_peers(task, peers, wait_timeout)
+    with hang_guard(wait_timeout, f"{task.name}: every peer is up; joining the all-reduce group"):
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver(cluster, task, num_gpus))
-    finally:
-        watchdog.cancel()

@@ -1,0 +1,204 @@
+"""Real distributed jobs on loopback: real TensorFlow servers, the real Model Garden trainer, a
+tiny shapes dataset made here, a handful of steps. Each job runs as the user would run it."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+# A few steps, a checkpoint every loop: enough to prove the wiring, not to learn.
+TINY = ("trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
+        "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
+        "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shapes")
+    run("data", "shapes", f"--out={out}", "--num_train=48", "--num_val=8", check=True)
+    return str(out)
+
+
+def run(*args, cwd=ROOT, timeout=300, check=False):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    r = subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, cwd=cwd,
+                       env=env, timeout=timeout)
+    if check:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def write_cluster(tmp_path, ps=1, workers=2, strategy=None):
+    ports = iter(free_ports(1 + workers + ps))
+    lines = [f"strategy: {strategy}"] if strategy else []
+    lines.append(f"master: 127.0.0.1:{next(ports)}")
+    lines.append("worker: [" + ", ".join(f"127.0.0.1:{next(ports)}" for _ in range(workers)) + "]")
+    if ps:
+        lines.append("ps: [" + ", ".join(f"127.0.0.1:{next(ports)}" for _ in range(ps)) + "]")
+    path = tmp_path / "cluster.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def tiny(data_dir, steps=10):
+    return "--params_override=" + TINY.format(steps=steps, data=data_dir)
+
+
+def checkpoint_step(model_dir):
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(model_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def od_dist_processes():
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
+            and "od_dist" in " ".join(p.info["cmdline"]) and p.pid != os.getpid()]
+
+
+def test_parameter_server_job_then_eval(tmp_path, data_dir):
+    """1 ps + 2 workers + master via launch; the servers stop by themselves; eval prints AP."""
+    cluster = write_cluster(tmp_path)
+    model_dir = str(tmp_path / "model")
+    r = run("launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}",
+            tiny(data_dir), "--wait_timeout=120", cwd=str(tmp_path))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "ParameterServerStrategy" in out
+    assert checkpoint_step(model_dir) == 10
+    assert re.search(r"\[master:0\] od-dist train \| step 10/10 .* steps/s .* examples/s .* ETA", out), out[-3000:]
+    for name in ("ps:0", "worker:0", "worker:1"):
+        assert f"[{name}] {name} serving on 127.0.0.1:" in out
+        assert f"[{name}] {name}: the master finished training; stopping" in out
+    assert sorted(os.listdir(os.path.join(model_dir, "logs"))) == [
+        "master-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".od-dist-stop")]  # markers cleaned up
+
+    r = run("eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), cwd=str(tmp_path))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert re.search(r"step 10: AP \d\.\d{3}\s+AP50 \d\.\d{3}", r.stdout), r.stdout[-2000:]
+
+
+def test_multi_worker_mirrored_master_and_worker(tmp_path, data_dir):
+    cluster = write_cluster(tmp_path, ps=0, workers=1)
+    model_dir = str(tmp_path / "model")
+    r = run("launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}",
+            tiny(data_dir), "--wait_timeout=120", cwd=str(tmp_path))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "[master:0] master:0: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in out
+    assert "[worker:0] worker:0: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in out
+    assert checkpoint_step(model_dir) == 10
+
+
+def test_single_machine_two_cpu_clones_and_resume(tmp_path, data_dir):
+    model_dir = str(tmp_path / "model")
+    args = [f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", "--num_clones=2", "--clone_on_cpu"]
+    r = run("train", *args, tiny(data_dir, steps=5), cwd=str(tmp_path))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "single: training with MirroredStrategy, 2 replica(s) in sync" in r.stdout
+    assert checkpoint_step(model_dir) == 5
+    # The same command with more steps resumes from step 5 rather than starting over.
+    r = run("train", *args, tiny(data_dir, steps=10), cwd=str(tmp_path))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "step 5/10" not in r.stdout and "step 10/10" in r.stdout
+    assert re.search(r"train \| step:\s+5 \| training until step 10", r.stdout + r.stderr)
+    assert checkpoint_step(model_dir) == 10
+
+
+def test_master_names_the_peer_that_never_starts(tmp_path, data_dir):
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    start = time.monotonic()
+    r = run("train", f"--cluster={cluster}", "--role=master", f"--pipeline={PIPELINE}",
+            f"--model_dir={tmp_path / 'model'}", tiny(data_dir), "--wait_timeout=3", cwd=str(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"timed out after 3 s waiting for ps:0 at 127\.0\.0\.1:\d+, worker:0 at 127\.0\.0\.1:\d+",
+                     r.stderr), r.stderr
+    assert "Traceback" not in r.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_multi_worker_peer_that_never_starts(tmp_path, data_dir):
+    cluster = write_cluster(tmp_path, ps=0, workers=1)
+    r = run("train", f"--cluster={cluster}", "--role=master", f"--pipeline={PIPELINE}",
+            f"--model_dir={tmp_path / 'model'}", tiny(data_dir), "--wait_timeout=5", cwd=str(tmp_path))
+    assert r.returncode == 1
+    assert re.search(r"timed out after 5 s waiting for worker:0 at 127\.0\.0\.1:\d+", r.stderr), r.stderr
+
+
+def test_port_already_taken(tmp_path):
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    port = int(open(cluster).read().split("ps: [127.0.0.1:")[1].split("]")[0])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        r = run("train", f"--cluster={cluster}", "--role=ps", cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"ps:0: port {port} is already in use" in r.stderr and "ps[0]" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_server_stops_on_sigterm_and_when_master_never_comes(tmp_path):
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    proc = subprocess.Popen([sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env)
+    line = ""
+    while "serving on" not in line:
+        line = proc.stdout.readline()
+        assert line, "ps exited before serving"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    # No master ever comes: the server gives up after --wait_timeout instead of waiting forever.
+    r = run("train", f"--cluster={cluster}", "--role=ps", "--wait_timeout=2", cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 1
+    assert "has not been reachable for 2 s" in r.stderr
+
+
+def test_launch_stops_everything_when_a_task_dies(tmp_path, data_dir):
+    cluster = write_cluster(tmp_path)
+    model_dir = str(tmp_path / "model")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "od_dist", "launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
+         f"--model_dir={model_dir}", tiny(data_dir, steps=100000), "--wait_timeout=120"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env)
+    lines = []
+    try:
+        while not any("[worker:1] worker:1 serving on" in line for line in lines):
+            line = launcher.stdout.readline()
+            assert line, "".join(lines[-50:])
+            lines.append(line)
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        assert len(children) == 4
+        victim = next(c for c in children if "--role=worker" in c.cmdline() and "--index=1" in c.cmdline())
+        victim.kill()
+        rest, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    out = "".join(lines) + rest
+    assert launcher.returncode == 1, out[-3000:]
+    assert "od-dist launch: worker:1 failed (exit -9); stopping the others" in out
+    gone = psutil.wait_procs(children, timeout=30)[1]
+    assert not gone, f"left running: {gone}"
