@@ -300,13 +300,16 @@ def render_ps1(launch: Launch) -> str:
 
 def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
     """The tasks that open connections to `task`'s port. Under parameter_server the master connects
-    to every ps and worker and the workers reach the ps; under multi_worker_mirrored every trainer
-    talks to every other. The evaluator runs no server: nothing connects to it."""
+    to every ps and worker and the workers reach the ps, and every ps and worker checks that the
+    master's port is still open (od-dist's servers stop once the master stays gone past
+    --wait_timeout); under multi_worker_mirrored every trainer talks to every other. The evaluator
+    runs no server: nothing connects to it."""
     masters, workers = cluster.tasks_of("master"), cluster.tasks_of("worker")
     if task.role == "evaluator" or task.address.port is None:
         return ()
     if cluster.strategy == PARAMETER_SERVER:
-        return {"ps": masters + workers, "worker": masters}.get(task.role, ())
+        servers = cluster.tasks_of("ps") + workers
+        return {"ps": masters + workers, "worker": masters, "master": servers}.get(task.role, ())
     return tuple(t for t in masters + workers if t != task)
 
 
@@ -387,7 +390,9 @@ def render_readme(cluster: Cluster, cluster_path: str, items: list[Launch], comm
            "## Firewall: inbound TCP, from these peers only", ""]
     if cluster.strategy == PARAMETER_SERVER:
         md.append("Under parameter_server the master connects to every ps and worker, and the workers "
-                  "reach the ps; the master itself needs no inbound port.")
+                  "reach the ps. Every ps and worker also checks that the master's port is open: a server "
+                  "whose master stays unreachable for --wait_timeout seconds stops, so open the master's "
+                  "port to them too.")
     else:
         md.append("Under multi_worker_mirrored every trainer (master and workers) talks to every other.")
     md += ["The evaluator runs no server and needs no inbound port. Outbound connections must be "

@@ -28,6 +28,7 @@ from od_dist.cluster import Cluster, Task
 
 POLL_S = 0.5
 MASTER_PROBE_S = 5.0
+MASTER_EXIT_WAIT_S = 30.0
 
 
 class ServerError(RuntimeError):
@@ -108,6 +109,7 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
         while not stop.wait(POLL_S):
             if os.path.exists(marker):
                 print(f"{task.name}: the master finished training; stopping", flush=True)
+                _wait_for_master_exit(master, wait_timeout)
                 return 0
             now = time.monotonic()
             if master is not None and now >= next_probe:
@@ -124,6 +126,14 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     finally:
         if os.path.exists(marker):
             os.remove(marker)
+
+
+def _wait_for_master_exit(master, limit_s: float) -> None:
+    """Let the master exit first: if its servers vanish under it, TensorFlow prints a burst of
+    harmless but alarming 'connection refused' errors as the master releases remote functions."""
+    deadline = time.monotonic() + min(limit_s, MASTER_EXIT_WAIT_S)
+    while master is not None and time.monotonic() < deadline and is_listening(master.host, master.port):
+        time.sleep(POLL_S)
 
 
 def send_stop(tasks, timeout_s: float = 30.0) -> list[str]:

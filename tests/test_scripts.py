@@ -396,7 +396,9 @@ def test_firewall_rules():
         "ps:0": (2224, ("192.168.1.108", "192.168.1.109", "192.168.1.111")),
         "worker:0": (2222, ("192.168.1.108",)),
         "worker:1": (2222, ("192.168.1.108",)),
-    }  # the master connects out only; the evaluator runs no server
+        # the servers probe the master's port to stop when it is gone for good
+        "master:0": (2223, ("192.168.1.116", "192.168.1.109", "192.168.1.111")),
+    }  # the evaluator runs no server
     mwms = cluster_mod.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.1:2223"],
                                       "evaluator": "10.0.0.3"})
     assert rules_of(mwms) == {"master:0": (2222, ("10.0.0.2",)),  # its peer on the same host needs no rule
@@ -425,9 +427,12 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     assert "Any order" in readme and "(120 s here)" in readme
     assert "| 192.168.1.108 | windows | master 0 |" in readme
-    assert "New-NetFirewallRule" not in readme  # no Windows host serves a port in this cluster
+    # The Windows master's port is open to the servers, which probe it; nothing else on Windows.
+    assert readme.count("New-NetFirewallRule") == 1
+    assert ("New-NetFirewallRule -DisplayName 'od-dist master 0' -Direction Inbound -Protocol TCP -LocalPort 2223 "
+            "-RemoteAddress 192.168.1.116,192.168.1.109,192.168.1.111 -Action Allow") in readme
     assert "### 192.168.1.116: ps 0, port 2224" in readme
-    assert "No inbound port: master 0 (192.168.1.108), evaluator 0 (192.168.1.120)." in readme
+    assert "No inbound port: evaluator 0 (192.168.1.120)." in readme
 
 
 def test_checked_in_lan_example_is_current(tmp_path):
