@@ -181,6 +181,10 @@ def cmd_train(fv) -> int:
     from od_dist import config
 
     selected = select_task(fv, allow_none=True)
+    # From here on the task is known. A TF_CONFIG left in the environment would be read by parts of
+    # TensorFlow on their own, and an orchestrator's lists the evaluator, which hangs a
+    # parameter-server coordinator; every strategy here is built from the validated cluster instead.
+    os.environ.pop("TF_CONFIG", None)
     cfg = config.train_config(selected, fv.pipeline, fv.model_dir, fv.num_clones, fv.clone_on_cpu,
                               fv.params_override, fv.wait_timeout)
     from od_dist import roles
