@@ -63,6 +63,21 @@ def _controller_cls():
   """Builds the Controller subclass lazily (orbit imports TensorFlow)."""
   import orbit  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  from orbit import controller as orbit_controller  # pylint: disable=g-import-not-at-top
+
+  # orbit prints every loop's whole output dict; the od-dist progress line says it in one line,
+  # so those go to the absl INFO log only (orbit 2.20's module-level _log; its other messages,
+  # checkpoint saves and restores, still print).
+  printing_log = orbit_controller._log  # pylint: disable=protected-access
+  if not getattr(printing_log, 'od_dist', False):
+    def quiet_train_log(message: str):
+      if message.startswith('train | step:') and '| output:' in message:
+        logging.info(message)
+      else:
+        printing_log(message)
+    quiet_train_log.od_dist = True
+    orbit_controller._log = quiet_train_log  # pylint: disable=protected-access
 
   class OdController(orbit.Controller):
     """orbit.Controller plus progress lines, eval JSON, and a bounded continuous eval."""

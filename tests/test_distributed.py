@@ -1,6 +1,7 @@
 """Real distributed jobs on loopback: real TensorFlow servers, the real Model Garden trainer, a
 tiny shapes dataset made here, a handful of steps. Each job runs as the user would run it."""
 
+import json
 import os
 import re
 import signal
@@ -48,9 +49,11 @@ def free_ports(n):
     return ports
 
 
-def write_cluster(tmp_path, ps=1, workers=2, strategy=None):
+def write_cluster(tmp_path, ps=1, workers=2, strategy=None, evaluator=False):
     ports = iter(free_ports(1 + workers + ps))
     lines = [f"strategy: {strategy}"] if strategy else []
+    if evaluator:
+        lines.append("evaluator: 127.0.0.1")
     lines.append(f"master: 127.0.0.1:{next(ports)}")
     lines.append("worker: [" + ", ".join(f"127.0.0.1:{next(ports)}" for _ in range(workers)) + "]")
     if ps:
@@ -77,8 +80,9 @@ def od_dist_processes():
 
 
 def test_parameter_server_job_then_eval(tmp_path, data_dir):
-    """1 ps + 2 workers + master via launch; the servers stop by themselves; eval prints AP."""
-    cluster = write_cluster(tmp_path)
+    """1 ps + 2 workers + master + evaluator via launch; the servers stop by themselves, the
+    evaluator after the final checkpoint; eval prints AP."""
+    cluster = write_cluster(tmp_path, evaluator=True)
     model_dir = str(tmp_path / "model")
     r = run("launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}",
             tiny(data_dir), "--wait_timeout=120", cwd=str(tmp_path))
@@ -91,7 +95,9 @@ def test_parameter_server_job_then_eval(tmp_path, data_dir):
         assert f"[{name}] {name} serving on 127.0.0.1:" in out
         assert f"[{name}] {name}: the master finished training; stopping" in out
     assert sorted(os.listdir(os.path.join(model_dir, "logs"))) == [
-        "master-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+        "evaluator-0.log", "master-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+    assert re.search(r"\[evaluator:0\] od-dist eval \| step 10 \| AP \d\.\d{3} \| AP50 \d\.\d{3}", out), out[-3000:]
+    assert json.load(open(os.path.join(model_dir, "eval_metrics.json")))["step"] == 10
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".od-dist-stop")]  # markers cleaned up
 
     r = run("eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), cwd=str(tmp_path))
