@@ -243,20 +243,19 @@ def cmd_launch(fv) -> int:
                          "(or use 'od-dist train' for one task)")
     if not fv.cluster:
         raise UsageError("--cluster: '': required; pass --cluster clusters/local.yaml")
-    selected = config.select(fv.cluster, None, None, fv.allow_public_addresses, require_task=False)
-    cluster = selected.cluster
-    tasks = launch.local_tasks(cluster, hostinfo.this_machine().is_local)
+    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses)
+    tasks = cluster.tasks_on(hostinfo.this_machine().is_local)  # servers first: trainers find them up
     if not tasks:
         raise UsageError(f"--cluster: '{fv.cluster}': no task of this cluster is on this machine; "
                          "run launch on the machines the file lists")
     # Check the flags every task will get now, rather than have each child fail on its own.
     for task in tasks:
-        one = config.TaskConfig(cluster, task, selected.source, selected.machine_note)
+        one = config.TaskConfig(cluster, task, fv.cluster, "")
         config.train_config(one, fv.pipeline, fv.model_dir, fv.num_clones, fv.clone_on_cpu,
                             fv.params_override, fv.wait_timeout)
     if not fv.model_dir:
         raise UsageError("--model_dir: '': required (logs go to <model_dir>/logs); pass --model_dir=...")
-    return launch.run(fv.cluster, tasks, passed_on_args(fv), fv.model_dir)
+    return launch.run(fv.cluster, list(tasks), passed_on_args(fv), fv.model_dir)
 
 
 def define_shapes_flags(fv: flags.FlagValues) -> None:

@@ -87,6 +87,10 @@ class Cluster:
         """Every task, in the order a launcher would start them (servers first)."""
         return sum((self.tasks_of(r) for r in ("ps", "worker", "master", "evaluator")), ())
 
+    def tasks_on(self, is_local) -> tuple[Task, ...]:
+        """The tasks whose host `is_local` says is this machine (all of a loopback cluster)."""
+        return self.tasks() if self.loopback_only() else tuple(t for t in self.tasks() if is_local(t.address.host))
+
     def task(self, role: str, index: int = 0) -> Task:
         return self.tasks_of(role)[index]
 
@@ -176,6 +180,9 @@ def from_tf_config(text: str) -> tuple[Cluster, str, int]:
         if role is None:
             raise InvalidCluster([validate.problem(f"TF_CONFIG cluster.{job}", job, "unknown task type",
                                                    "use chief, worker, ps or evaluator")], source)
+        if role in doc:
+            raise InvalidCluster([validate.problem(f"TF_CONFIG cluster.{job}", job, "chief and master are the same "
+                                                   "task type and both are given", "keep only one")], source)
         if role in ("master", "evaluator"):
             if not isinstance(entries, list) or len(entries) != 1:
                 raise InvalidCluster([validate.problem(f"TF_CONFIG cluster.{job}", entries,
@@ -183,7 +190,10 @@ def from_tf_config(text: str) -> tuple[Cluster, str, int]:
             entries = entries[0]
         doc[role] = entries
     task = config.get("task") or {}
-    role = FROM_TF_JOB.get(task.get("type"))
+    if not isinstance(task, dict):
+        task = {"type": None}
+    kind = task.get("type")
+    role = FROM_TF_JOB.get(kind) if isinstance(kind, str) else None
     index = task.get("index", 0)
     if role is None or isinstance(index, bool) or not isinstance(index, int):
         raise InvalidCluster([validate.problem("TF_CONFIG task", task, "no valid task type and index",

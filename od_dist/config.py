@@ -18,6 +18,15 @@ class TaskConfig:
     machine_note: str  # how this machine was matched, for the summary
 
 
+def load_cluster(path: str, allow_public: bool) -> Cluster:
+    """A cluster file, validated, with the public-address rule applied."""
+    cluster = cluster_mod.load(path)
+    problems = validate.check_public(cluster, allow_public)
+    if problems:
+        raise InvalidCluster(problems, path)
+    return cluster
+
+
 def select(cluster_path: str | None, role: str | None, index: int | None, allow_public: bool,
            require_task: bool = True, allow_none: bool = False, machine=None) -> TaskConfig:
     """Loads the cluster from --cluster (else TF_CONFIG) and picks this process's task.
@@ -31,7 +40,7 @@ def select(cluster_path: str | None, role: str | None, index: int | None, allow_
     tf_config = os.environ.get("TF_CONFIG", "").strip()
     if cluster_path:
         source = cluster_path
-        cluster = cluster_mod.load(cluster_path)
+        cluster = load_cluster(cluster_path, allow_public)
     elif tf_config:
         # An orchestrator (Kubernetes TFJob) names the task itself; its pod addresses are service
         # names, not this machine's own, so there is no host check.
@@ -41,16 +50,16 @@ def select(cluster_path: str | None, role: str | None, index: int | None, allow_
             raise InvalidCluster([validate.problem(
                 "--role", f"{role} {index if index is not None else 0}",
                 f"TF_CONFIG says this task is {tf_role} {tf_index}", "leave --role/--index out, or unset TF_CONFIG")])
-        return _checked(cluster, cluster.task(tf_role, tf_index), source, "named by TF_CONFIG", allow_public)
+        problems = validate.check_public(cluster, allow_public)
+        if problems:
+            raise InvalidCluster(problems, source)
+        return TaskConfig(cluster, cluster.task(tf_role, tf_index), source, "named by TF_CONFIG")
     elif allow_none:
         return TaskConfig(None, None, "", "one machine, no cluster")
     else:
         raise InvalidCluster([validate.problem("--cluster", "", "no cluster file given and TF_CONFIG is not set",
                                                "pass --cluster clusters/local.yaml (or set TF_CONFIG)")])
 
-    problems = validate.check_public(cluster, allow_public)
-    if problems:
-        raise InvalidCluster(problems, source)
     if machine is None and not cluster.loopback_only():
         from od_dist import hostinfo
 
@@ -72,13 +81,6 @@ def select(cluster_path: str | None, role: str | None, index: int | None, allow_
     note = ("loopback-only cluster: every task runs on this machine" if cluster.loopback_only()
             else f"an address of this machine ({machine.describe()})")
     return TaskConfig(cluster, cluster.task(role, index), source, note)
-
-
-def _checked(cluster, task, source, note, allow_public) -> TaskConfig:
-    problems = validate.check_public(cluster, allow_public)
-    if problems:
-        raise InvalidCluster(problems, source)
-    return TaskConfig(cluster, task, source, note)
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import concurrent.futures
+import functools
 import ipaddress
 import socket
+import threading
 from dataclasses import dataclass
 
 import psutil
@@ -38,14 +39,17 @@ def _normalize(ip: str) -> str:
     return str(ipaddress.ip_address(ip.split("%", 1)[0]))  # drop an IPv6 zone such as %eth0
 
 
+@functools.lru_cache(maxsize=None)
 def _resolve(name: str) -> frozenset[str]:
-    """A name's addresses, or none when resolving fails or takes too long (no hang on bad DNS)."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(socket.getaddrinfo, name, None)
-    pool.shutdown(wait=False)
+    """A name's addresses, or none when resolving fails or takes too long: the lookup runs in a
+    daemon thread, so a slow DNS server delays neither the answer nor the exit."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(socket.getaddrinfo(name, None)), daemon=True)
+    thread.start()
+    thread.join(RESOLVE_TIMEOUT_S)
     try:
-        return frozenset(_normalize(info[4][0]) for info in future.result(timeout=RESOLVE_TIMEOUT_S))
-    except (OSError, concurrent.futures.TimeoutError, ValueError):
+        return frozenset(_normalize(info[4][0]) for info in result[0]) if result else frozenset()
+    except ValueError:
         return frozenset()
 
 

@@ -31,20 +31,22 @@ class Child:
     reader: threading.Thread
 
 
-def local_tasks(cluster: Cluster, is_local) -> list[Task]:
-    """The tasks of this machine, servers first so trainers find them up."""
-    if cluster.loopback_only():
-        return list(cluster.tasks())
-    return [t for t in cluster.tasks() if is_local(t.address.host)]
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: the kernel sends SIGTERM when the launcher dies."""
+def _die_with_parent_hook():
+    """A pre-exec hook: the kernel sends the child SIGTERM when the launcher dies. libc is loaded
+    here, in the parent (loading a library in a forked child of a threaded parent can deadlock),
+    and the child exits at once if the launcher died before the hook ran."""
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except OSError:
-        pass
+        return None
+    parent = os.getpid()
+
+    def hook():
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
 
 
 def _pump(stream, prefix: str, log_path: str, lock: threading.Lock) -> None:
@@ -65,7 +67,7 @@ def _start(task: Task, argv: list[str], log_dir: str, lock: threading.Lock) -> C
     if os.name == "nt":
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP
     elif sys.platform.startswith("linux"):
-        kwargs["preexec_fn"] = _die_with_parent
+        kwargs["preexec_fn"] = _die_with_parent_hook()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             text=True, encoding="utf-8", errors="replace", bufsize=1, env=env, **kwargs)
     log_path = os.path.join(log_dir, f"{task.role}-{task.index}.log")

@@ -37,7 +37,7 @@ class ServerError(RuntimeError):
 
 def stop_marker(task: Task) -> str:
     """Relative on purpose: it resolves in the server's own working directory, on its own machine."""
-    return f".od-dist-stop-{task.tf_job}-{task.index}"
+    return f".od-dist-stop-{task.tf_job}-{task.index}-{task.address.port}"  # port: two jobs, one folder
 
 
 def is_listening(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -137,25 +137,24 @@ def _wait_for_master_exit(master, limit_s: float) -> None:
 
 
 def send_stop(tasks, timeout_s: float = 30.0) -> list[str]:
-    """From the connected master: write each server's stop marker through that server. Returns
-    the names of tasks that could not be told (already gone), so the caller can report them."""
+    """From the connected master: write each server's stop marker through that server, all at
+    once. Returns the names of tasks that could not be told (already gone)."""
     import tensorflow as tf
 
-    failed = []
-    for task in tasks:
-        done = threading.Event()
+    told = set()
 
-        def write(task=task):
-            try:
-                with tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"):
-                    tf.io.write_file(stop_marker(task), "done")
-                done.set()
-            except Exception as e:  # noqa: BLE001 - a gone server is reported, not fatal
-                logging.warning("could not tell %s to stop: %s", task.name, e)
+    def write(task):
+        try:
+            with tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"):
+                tf.io.write_file(stop_marker(task), "done")
+            told.add(task.name)
+        except Exception as e:  # noqa: BLE001 - a gone server is reported, not fatal
+            logging.warning("could not tell %s to stop: %s", task.name, e)
 
-        thread = threading.Thread(target=write, daemon=True)
+    threads = [threading.Thread(target=write, args=(t,), daemon=True) for t in tasks]
+    for thread in threads:
         thread.start()
-        thread.join(timeout_s)
-        if not done.is_set():
-            failed.append(task.name)
-    return failed
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in tasks if t.name not in told]

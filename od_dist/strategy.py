@@ -31,12 +31,12 @@ def _missing_message(missing, timeout_s: float) -> str:
 
 
 def wait_for_peers(peers, timeout_s: float) -> None:
-    """Polls each peer's port until all answer; raises PeerTimeout naming those that never did."""
+    """Polls every peer's port until all answer in the same pass (a peer seen once may have gone
+    since); raises PeerTimeout naming those that did not."""
     deadline = time.monotonic() + timeout_s
-    missing = list(peers)
     next_report = time.monotonic() + PROGRESS_EVERY_S
     while True:
-        missing = [t for t in missing if not is_listening(t.address.host, t.address.port)]
+        missing = [t for t in peers if not is_listening(t.address.host, t.address.port)]
         if not missing:
             return
         now = time.monotonic()
@@ -61,10 +61,12 @@ def hang_guard(timeout_s: float, what: str):
         faulthandler.cancel_dump_traceback_later()
 
 
-def wait_for_all_reduce_peers(task: Task, peers, timeout_s: float) -> None:
-    """Under multi_worker_mirrored a trainer's port opens only once its strategy is being built,
-    and building it blocks until every peer is there. So each trainer first listens on its own
-    port as a beacon, waits for every peer's beacon (or server), then hands the port over."""
+def wait_with_beacon(task: Task, peers, timeout_s: float) -> None:
+    """Listens on this task's own port while waiting for the peers, then hands the port over to
+    TensorFlow. Under multi_worker_mirrored a trainer's port opens only once its strategy is being
+    built, which blocks until every peer is there, so trainers find each other by these beacons.
+    Under parameter_server the servers watch the master's port: the beacon tells them the master
+    is alive while it waits for a late peer."""
     beacon = bind_port(task)
     try:
         wait_for_peers(peers, timeout_s)
@@ -104,12 +106,12 @@ def make(cluster: Cluster | None, task: Task | None, num_clones: int, clone_on_c
         return tf.distribute.MirroredStrategy(devices.configure(num_clones, clone_on_cpu))
     peers = [t for t in cluster.server_tasks() if t != task]
     if cluster.strategy == PARAMETER_SERVER:
-        wait_for_peers(peers, wait_timeout)
+        wait_with_beacon(task, peers, wait_timeout)
         with hang_guard(wait_timeout, f"{task.name}: every peer is up; connecting to the cluster"):
             num_gpus = _worker_gpus(cluster, _resolver(cluster, task, 0))
             return tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster, task, num_gpus))
     names = devices.configure(num_clones, clone_on_cpu)
     num_gpus = len(names) if names[0].startswith("/gpu") else 0
-    wait_for_all_reduce_peers(task, peers, wait_timeout)
+    wait_with_beacon(task, peers, wait_timeout)
     with hang_guard(wait_timeout, f"{task.name}: every peer is up; joining the all-reduce group"):
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver(cluster, task, num_gpus))

@@ -55,7 +55,11 @@ def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
             raise AddressError("unexpected text after ']'", "write it as [addr]:port")
         port_text = rest[1:] if rest else None
     elif text.count(":") > 1:
-        raise AddressError("an IPv6 address must be in brackets", f"write it as [{text.rsplit(':', 1)[0]}]:{text.rsplit(':', 1)[1]}")
+        head, tail = text.rsplit(":", 1)
+        fix = f"write it as [{head}]:{tail}"
+        if not _is_ipv6(head) and _is_ipv6(text):  # e.g. fe80::1: no port was given
+            fix = f"write it as [{text}]:PORT"
+        raise AddressError("an IPv6 address must be in brackets", fix)
     else:
         host, sep, port_text = text.partition(":")
         if not sep:
@@ -65,7 +69,7 @@ def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
         if need_port:
             raise AddressError("no port", "write it as host:port, e.g. 10.0.0.5:2222")
         return host, None
-    if not port_text.isdigit():
+    if not (port_text.isascii() and port_text.isdigit()):
         raise AddressError(f"port '{port_text}' is not a number", "write it as host:port, e.g. 10.0.0.5:2222")
     port = int(port_text)
     if not 1 <= port <= 65535:
@@ -73,10 +77,18 @@ def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
     return host, port
 
 
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+        return True
+    except ValueError:
+        return False
+
+
 def _check_host(host: str) -> str:
     if not host:
         raise AddressError("no host", "write it as host:port, e.g. 10.0.0.5:2222")
-    if all(part.isdigit() for part in host.split(".")):
+    if all(part.isascii() and part.isdigit() for part in host.split(".")):
         try:
             return str(ipaddress.IPv4Address(host))
         except ValueError:
@@ -174,6 +186,8 @@ def check_addresses(doc: dict) -> list[str]:
             continue
         if port is None:
             continue
+        if host == "localhost":
+            host = "127.0.0.1"  # the same port twice, however it is written
         if (host, port) in seen:
             out.append(problem(key, value, f"the same address as {seen[host, port]}",
                                "give every task its own host:port"))
@@ -267,13 +281,37 @@ def check_hosts(doc: dict) -> list[str]:
     return out
 
 
+def check_loopback_mix(doc: dict) -> list[str]:
+    """A loopback entry means "this machine" to every machine, so it cannot share a cluster with
+    addresses of other machines."""
+    hosts = {}
+    for _, key, value in address_entries(doc):
+        try:
+            hosts[key] = parse_address(str(value).strip(), need_port=False)[0]
+        except AddressError:
+            pass
+    loop = [k for k, h in hosts.items() if is_loopback(h)]
+    if loop and len(loop) < len(hosts):
+        other = next(k for k, h in hosts.items() if not is_loopback(h))
+        return [problem(loop[0], doc_value(doc, loop[0]), f"a loopback address in a cluster that also lists "
+                        f"other machines ({other}); other machines would reach themselves",
+                        "use this machine's network address, or make every entry loopback")]
+    return []
+
+
+def doc_value(doc: dict, key: str):
+    role, _, rest = key.partition("[")
+    value = doc.get(role)
+    return value[int(rest[:-1])] if rest and isinstance(value, list) else value
+
+
 def check_document(doc) -> list[str]:
     """Every rule that needs only the document. Later rules assume the shape is right."""
     shape = check_shape(doc)
     if shape:
         return shape
-    return (check_keys(doc) + check_addresses(doc) + check_strategy(doc) + check_num_clones(doc)
-            + check_hosts(doc))
+    return (check_keys(doc) + check_addresses(doc) + check_loopback_mix(doc) + check_strategy(doc)
+            + check_num_clones(doc) + check_hosts(doc))
 
 
 # ----- rules on a built cluster ---------------------------------------------------------------
@@ -325,7 +363,7 @@ def check_this_machine(cluster, role: str, index: int, is_local) -> list[str]:
     task = cluster.task(role, index)
     if cluster.loopback_only() or is_local(task.address.host):
         return []
-    mine = [t for t in cluster.tasks() if is_local(t.address.host)]
+    mine = cluster.tasks_on(is_local)
     if len(mine) == 1:
         hint = (f"this machine is {mine[0].role} index {mine[0].index}, not {index}: "
                 f"run with --role {mine[0].role} --index {mine[0].index}")
@@ -341,7 +379,7 @@ def infer_task(cluster, is_local) -> tuple[object | None, list[str]]:
     if cluster.loopback_only():
         return None, [problem("--role", "", "every task of this loopback cluster runs on this machine",
                               "pass --role and --index, or run 'od-dist launch' to start them all")]
-    mine = [t for t in cluster.tasks() if is_local(t.address.host)]
+    mine = cluster.tasks_on(is_local)
     if len(mine) == 1:
         return mine[0], []
     if not mine:

@@ -87,11 +87,12 @@ def test_invalid_file_exits_2_with_every_problem(tmp_path):
 
 
 def test_public_address_flag(tmp_path):
-    path = write(tmp_path, "master: 127.0.0.1:2222\nworker: [127.0.0.1:2223]\nps: [8.8.8.8:2222]\n")
+    ip = own_private_ip()
+    path = write(tmp_path, f"master: {ip}:2222\nworker: [{ip}:2223]\nps: [8.8.8.8:2222]\n")
     r = od_dist("validate", "--cluster", path, "--role", "master")
     assert r.returncode == 2 and "--allow_public_addresses" in r.stderr
     r = od_dist("validate", "--cluster", path, "--role", "master", "--allow_public_addresses")
-    # Accepted; the host check still runs (the master at 127.0.0.1 is this machine).
+    # Accepted; the host check still runs (the master is this machine).
     assert r.returncode == 0, r.stderr
 
 
@@ -157,3 +158,17 @@ def test_tf_config_accepted_by_tensorflow_resolver(monkeypatch):
         spec = resolver.cluster_spec().as_dict()
         assert spec == c.cluster_spec()
         assert spec["chief"] == ["127.0.0.1:2230"] and len(spec["worker"]) == 2 and "evaluator" not in spec
+
+
+def test_launch_picks_every_task_of_this_machine_in_a_lan_cluster(tmp_path):
+    ip = own_private_ip()
+    path = write(tmp_path, f"master: {ip}:2222\nworker: [{ip}:2223]\nps: [{ip}:2224]\n")
+    # Several tasks are this machine: launch takes them all (train would need --role) and then
+    # checks the flags each will get, before starting anything.
+    r = od_dist("launch", "--cluster", path, "--model_dir", str(tmp_path / "m"))
+    assert r.returncode == 2
+    assert "--pipeline: '': required for the master role" in r.stderr
+    assert "several entries" not in r.stderr
+    r = od_dist("launch", "--cluster", "clusters/lan-example.yaml", "--pipeline", "pipelines/shapes_retinanet.yaml",
+                "--model_dir", str(tmp_path / "m"))
+    assert r.returncode == 2 and "no task of this cluster is on this machine" in r.stderr

@@ -215,3 +215,36 @@ def test_loopback_cluster_skips_host_check():
     assert c.loopback_only()
     assert validate.check_this_machine(c, "worker", 1, FakeMachine().is_local) == []
     assert not load_text(PS_OK).loopback_only()
+
+
+MORE_RULES = [
+    ("loopback only with loopback", PS_OK.replace("10.0.0.", "127.0.0."),
+     PS_OK.replace("10.0.0.4", "127.0.0.1"), ["ps[0]", "a loopback address in a cluster that also lists other machines"]),
+    ("localhost is 127.0.0.1", PS_OK.replace("10.0.0.", "127.0.0."),
+     PS_OK.replace("10.0.0.", "127.0.0.").replace("127.0.0.4", "localhost").replace("127.0.0.3:2222", "127.0.0.1:2222")
+     .replace("127.0.0.2", "127.0.0.1").replace("127.0.0.1:2222]", "127.0.0.1:2223]"),
+     ["same address as"]),
+    ("ports are ASCII digits", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4:2\u00b2"), ["ps[0]", "not a number"]),
+    ("IPv6 without port hint", PS_OK + "evaluator: '[fe80::1]'\n", PS_OK + "evaluator: 'fe80::1'\n",
+     ["must be in brackets", "[fe80::1]:PORT"]),
+]
+
+
+@pytest.mark.parametrize("rule,good,bad,fragments", MORE_RULES, ids=[r[0] for r in MORE_RULES])
+def test_more_rules(rule, good, bad, fragments):
+    test_rule(rule, good, bad, fragments)
+
+
+def test_tf_config_shapes_give_clear_errors():
+    import json
+
+    base = {"cluster": {"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}, "task": {"type": "worker", "index": 0}}
+    for bad, fragment in [
+        (dict(base, task="chief"), "no valid task type"),
+        (dict(base, task={"type": ["chief"]}), "no valid task type"),
+        (dict(base, cluster=dict(base["cluster"], master=["d:1"])), "chief and master are the same"),
+    ]:
+        with pytest.raises(InvalidCluster, match=fragment):
+            cluster_mod.from_tf_config(json.dumps(bad))
+    cluster, role, index = cluster_mod.from_tf_config(json.dumps(base))
+    assert (role, index, cluster.strategy) == ("worker", 0, "parameter_server")
