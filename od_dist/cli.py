@@ -152,11 +152,15 @@ def cmd_tf_config(fv) -> int:
 
 def _run_role(run, *args) -> int:
     """Runs a TensorFlow-side call, turning its user-facing errors into exit 1 with one line."""
+    from od_dist.pipeline import PipelineError
     from od_dist.roles import RoleError
     from od_dist.trainer import TrainerError
 
     try:
         return run(*args)
+    except PipelineError as e:
+        print(f"od-dist: {e}", file=sys.stderr)
+        return EXIT_INVALID
     except (RoleError, TrainerError) as e:
         print(f"od-dist: {e}", file=sys.stderr)
         return EXIT_FAILURE
@@ -211,6 +215,9 @@ def cmd_eval(fv) -> int:
     for name in ("pipeline", "model_dir"):
         if not fv[name].value:
             raise UsageError(f"--{name}: '': required; pass --{name}=...")
+    if not os.path.isfile(fv.pipeline):
+        raise UsageError(f"--pipeline: '{fv.pipeline}': no such file; pass a pipeline YAML, "
+                         "e.g. pipelines/shapes_retinanet.yaml")
     from od_dist import roles
 
     def evaluate():
@@ -442,13 +449,17 @@ def main(argv: list[str]) -> int:
         return cmd.run(fv)
     except InvalidCluster as e:
         where = f" ({e.source})" if e.source else ""
-        print(f"od-dist {name}: invalid cluster{where}:", file=sys.stderr)
+        print(f"od-dist {name}: invalid input{where}:", file=sys.stderr)
         for p in e.problems:
             print(f"  {p}", file=sys.stderr)
         return EXIT_INVALID
     except UsageError as e:
         print(f"od-dist {name}: {e}", file=sys.stderr)
         return EXIT_INVALID
+    except OSError as e:  # e.g. an --out or --model_dir that cannot be written
+        where = f" '{e.filename}'" if e.filename else ""
+        print(f"od-dist {name}: cannot use{where}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         print(f"od-dist {name}: interrupted", file=sys.stderr)
         return 130

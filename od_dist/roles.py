@@ -12,17 +12,18 @@ from __future__ import annotations
 from od_dist.config import TrainConfig
 
 
+EVAL_POLL_S = 30
+
+
 class RoleError(RuntimeError):
     """A role that failed at run time; the message is for the user (exit 1)."""
 
 
 def load_params(path: str, params_override: str | None, strategy_name: str):
+    """The pipeline as a Model Garden config; raises pipeline.PipelineError (invalid input)."""
     from od_dist import pipeline
 
-    try:
-        return pipeline.load_pipeline(path, params_override, strategy_name)
-    except pipeline.PipelineError as e:
-        raise RoleError(str(e)) from None
+    return pipeline.load_pipeline(path, params_override, strategy_name)
 
 
 def _params(config: TrainConfig):
@@ -63,13 +64,27 @@ def run_trainer(config: TrainConfig) -> int:
 
 
 def run_evaluator(config: TrainConfig) -> int:
+    """Evaluates each new checkpoint until the final one. Checkpoints may be far apart, so it
+    waits as long as the master is alive (its port open within --wait_timeout), not a fixed time."""
+    import time
+
     from od_dist import trainer
+    from od_dist.server import is_listening
 
     params = _params(config)
-    metrics = trainer.continuous_eval(params, config.model_dir, timeout_s=config.wait_timeout)
+    master = config.selected.cluster.master if config.selected.cluster else None
+    last_seen = [time.monotonic()]
+
+    def keep_waiting() -> bool:
+        if master is not None and is_listening(master.host, master.port):
+            last_seen[0] = time.monotonic()
+        return time.monotonic() - last_seen[0] < config.wait_timeout
+
+    metrics = trainer.continuous_eval(params, config.model_dir, timeout_s=min(EVAL_POLL_S, config.wait_timeout),
+                                      keep_waiting=keep_waiting)
     if metrics is None:
-        raise RoleError(f"evaluator: no new checkpoint in {config.model_dir} for {config.wait_timeout} s; "
-                        "is the master training into the same --model_dir?")
+        raise RoleError(f"evaluator: no checkpoint appeared in {config.model_dir} while the master was reachable "
+                        f"(or within {config.wait_timeout} s); is the master training into the same --model_dir?")
     return 0
 
 

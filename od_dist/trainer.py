@@ -83,7 +83,8 @@ def _controller_cls():
     """orbit.Controller plus progress lines, eval JSON, and a bounded continuous eval."""
 
     def __init__(self, *args, od_model_dir: str, od_batch_size: int,
-                 od_train_steps: int, **kwargs):
+                 od_train_steps: int, od_keep_waiting=None, **kwargs):
+      self._od_keep_waiting = od_keep_waiting
       self._od_model_dir = od_model_dir
       self._od_batch = od_batch_size
       self._od_train_steps = od_train_steps
@@ -154,7 +155,9 @@ def _controller_cls():
       output = None
       # No timeout_fn: the iterator then ends when `timeout` passes without a new
       # checkpoint. (A timeout_fn is also consulted after EVERY checkpoint.)
-      for path in tf.train.checkpoints_iterator(directory, timeout=timeout):
+      keep_waiting = self._od_keep_waiting
+      stop_fn = (lambda: not keep_waiting()) if keep_waiting else None
+      for path in tf.train.checkpoints_iterator(directory, timeout=timeout, timeout_fn=stop_fn):
         try:
           self.restore_checkpoint(path)
         except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
@@ -237,7 +240,7 @@ def _prepare(params) -> None:
     performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
 
 
-def _run(params, model_dir: str, strategy, mode: str):
+def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   from official.core import train_lib  # pylint: disable=g-import-not-at-top
@@ -256,7 +259,8 @@ def _run(params, model_dir: str, strategy, mode: str):
   controller_cls = functools.partial(
       _controller_cls(), od_model_dir=model_dir,
       od_batch_size=int(params.task.train_data.global_batch_size),
-      od_train_steps=int(params.trainer.train_steps))
+      od_train_steps=int(params.trainer.train_steps),
+      od_keep_waiting=keep_waiting)
   holder = {}
 
   def make_controller(**kwargs):
@@ -316,17 +320,20 @@ def evaluate_latest(params, model_dir: str) -> dict:
   return controller.last_eval
 
 
-def continuous_eval(params, model_dir: str, timeout_s: float) -> Optional[dict]:
+def continuous_eval(params, model_dir: str, timeout_s: float,
+                    keep_waiting=None) -> Optional[dict]:
   """Evaluator sidecar: evaluates each new checkpoint in ``model_dir``.
 
   Returns the metrics of the last evaluation right after the checkpoint at
   ``trainer.train_steps`` is evaluated, or when no new checkpoint appeared for
-  ``timeout_s`` seconds (None if none was ever evaluated).
+  ``timeout_s`` seconds (None if none was ever evaluated). With ``keep_waiting``
+  (a callable), it is asked every ``timeout_s`` seconds without a new checkpoint,
+  and evaluation goes on waiting while it returns True.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.io.gfile.makedirs(model_dir)
   params = _eval_params(params)
   params.override({'trainer': {'continuous_eval_timeout': int(math.ceil(timeout_s))}},
                   is_strict=True)
-  controller = _run(params, model_dir, None, 'continuous_eval')
+  controller = _run(params, model_dir, None, 'continuous_eval', keep_waiting)
   return controller.last_eval

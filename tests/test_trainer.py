@@ -150,3 +150,17 @@ def test_continuous_eval_follows_a_running_trainer(data_dir, tmp_path):
     steps = [int(s) for s in re.findall(r"^od-dist eval \| step (\d+) \|", out, re.M)]
     assert steps[-1] == 10 and steps == sorted(set(steps)), out[-3000:]
     assert os.path.exists(os.path.join(model_dir, "validation", "metrics-10.json"))
+
+
+def test_continuous_eval_waits_while_asked(tmp_path, data_dir):
+  """With keep_waiting, an evaluator outlasts gaps between checkpoints while the master lives."""
+  asked = []
+
+  def keep_waiting():
+    asked.append(1)
+    return len(asked) < 3
+
+  empty = str(tmp_path / 'empty')
+  assert trainer.continuous_eval(params_for(data_dir, 10), empty, timeout_s=1,
+                                 keep_waiting=keep_waiting) is None
+  assert len(asked) == 3
