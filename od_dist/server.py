@@ -88,9 +88,6 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     except (tf.errors.UnknownError, tf.errors.InternalError) as e:
         raise ServerError(f"{task.name}: could not start the TensorFlow server on {task.address} "
                           f"({e.message.strip()}); is the port free?") from None
-    threading.Thread(target=server.join, name=f"{task.name}-join", daemon=True).start()
-    print(f"{task.name} serving on {task.address}", flush=True)
-
     stop = threading.Event()
     received = []
 
@@ -101,6 +98,9 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     for name in ("SIGINT", "SIGTERM", "SIGBREAK"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), on_signal)
+    # Only now say "ready": a Ctrl+C/SIGTERM sent in answer to that line must find the handlers.
+    threading.Thread(target=server.join, name=f"{task.name}-join", daemon=True).start()
+    print(f"{task.name} serving on {task.address}", flush=True)
 
     master = cluster.master
     last_seen = time.monotonic()
