@@ -15,7 +15,7 @@ from typing import Callable
 
 from absl import flags
 
-from od_dist.cluster import InvalidCluster
+from od_dist.cluster.spec import InvalidCluster
 
 EXIT_OK, EXIT_FAILURE, EXIT_INVALID = 0, 1, 2
 
@@ -98,7 +98,7 @@ def passed_on_args(fv: flags.FlagValues) -> list[str]:
 
 
 def select_task(fv: flags.FlagValues, require_task: bool = True, allow_none: bool = False):
-    from od_dist import config
+    from od_dist.job import config
 
     return config.select(fv.cluster, fv.role, fv.index, fv.allow_public_addresses,
                          require_task=require_task, allow_none=allow_none)
@@ -140,7 +140,7 @@ Example:
   export TF_CONFIG=$(od-dist tf-config --cluster clusters/local.yaml --role worker --index 1)
 """, define_task_flags)
 def cmd_tf_config(fv) -> int:
-    from od_dist.cluster import tf_config_json
+    from od_dist.cluster.spec import tf_config_json
 
     selected = select_task(fv)
     print(tf_config_json(selected.cluster, selected.task.role, selected.task.index))
@@ -152,9 +152,9 @@ def cmd_tf_config(fv) -> int:
 
 def _run_role(run, *args) -> int:
     """Runs a TensorFlow-side call, turning its user-facing errors into exit 1 with one line."""
-    from od_dist.pipeline import PipelineError
-    from od_dist.roles import RoleError
-    from od_dist.trainer import TrainerError
+    from od_dist.model.pipeline import PipelineError
+    from od_dist.job.roles import RoleError
+    from od_dist.job.trainer import TrainerError
 
     try:
         return run(*args)
@@ -182,7 +182,7 @@ Examples:
   od-dist train --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/one --num_clones 2 --clone_on_cpu
 """, define_train_flags)
 def cmd_train(fv) -> int:
-    from od_dist import config
+    from od_dist.job import config
 
     selected = select_task(fv, allow_none=True)
     # From here on the task is known. A TF_CONFIG left in the environment would be read by parts of
@@ -191,7 +191,7 @@ def cmd_train(fv) -> int:
     os.environ.pop("TF_CONFIG", None)
     cfg = config.train_config(selected, fv.pipeline, fv.model_dir, fv.num_clones, fv.clone_on_cpu,
                               fv.params_override, fv.wait_timeout)
-    from od_dist import roles
+    from od_dist.job import roles
 
     return _run_role(roles.run, cfg)
 
@@ -218,10 +218,10 @@ def cmd_eval(fv) -> int:
     if not os.path.isfile(fv.pipeline):
         raise UsageError(f"--pipeline: '{fv.pipeline}': no such file; pass a pipeline YAML, "
                          "e.g. pipelines/shapes_retinanet.yaml")
-    from od_dist import roles
+    from od_dist.job import roles
 
     def evaluate():
-        from od_dist import trainer
+        from od_dist.job import trainer
 
         metrics = trainer.evaluate_latest(roles.load_params(fv.pipeline, fv.params_override, "mirrored"),
                                           fv.model_dir)
@@ -243,7 +243,8 @@ Example:
   od-dist launch --cluster clusters/local.yaml --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
 """, define_train_flags)
 def cmd_launch(fv) -> int:
-    from od_dist import config, hostinfo, launch
+    from od_dist.job import config, launch
+    from od_dist.cluster import hostinfo
 
     if fv.role is not None or fv.index is not None:
         raise UsageError("--role/--index: launch starts every task of this machine; leave them out "
@@ -297,8 +298,8 @@ def cmd_data_shapes(fv) -> int:
 
 def _render_input(fv, what: str):
     """The cluster and the passed-on train flags for a renderer; checks what every task will need."""
-    from od_dist import cluster as cluster_mod
-    from od_dist import validate
+    from od_dist.cluster import spec as cluster_mod
+    from od_dist.cluster import validate
 
     if fv.role is not None or fv.index is not None:
         raise UsageError(f"--role/--index: {what} covers every task of the cluster; leave them out")
@@ -331,7 +332,7 @@ Example:
       --model_dir runs/lan --out scripts/lan-example
 """, define_scripts_flags)
 def cmd_scripts(fv) -> int:
-    from od_dist import scripts
+    from od_dist.render import scripts
 
     cluster, passed_on = _render_input(fv, "scripts")
     if not fv.out:
@@ -371,7 +372,7 @@ Example:
       --model_dir runs/lan --image registry.example/od-dist:latest --out tfjob.yaml
 """, define_k8s_flags)
 def cmd_k8s(fv) -> int:
-    from od_dist import k8s
+    from od_dist.render import k8s
 
     cluster, passed_on = _render_input(fv, "k8s")
     if not fv.image:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from od_dist import hostinfo
+from od_dist.cluster import hostinfo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -148,7 +148,7 @@ def test_validate_imports_no_tensorflow():
 
 def test_tf_config_accepted_by_tensorflow_resolver(monkeypatch):
     tf = pytest.importorskip("tensorflow")
-    from od_dist import cluster as cluster_mod
+    from od_dist.cluster import spec as cluster_mod
 
     c = cluster_mod.load(os.path.join(ROOT, "clusters", "local.yaml"))
     for task in c.tasks():

@@ -11,8 +11,8 @@ import sys
 import pytest
 import yaml
 
-from od_dist import cluster as cluster_mod
-from od_dist import k8s
+from od_dist.cluster import spec as cluster_mod
+from od_dist.render import k8s
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("official.vision")
 
-from od_dist.pipeline import PipelineError, known_experiments, load_pipeline  # noqa: E402
+from od_dist.model.pipeline import PipelineError, known_experiments, load_pipeline  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")

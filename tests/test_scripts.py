@@ -21,9 +21,9 @@ import sys
 import mslex
 import pytest
 
-from od_dist import cluster as cluster_mod
-from od_dist import scripts
-from od_dist.scripts import PS_SINGLE_QUOTES
+from od_dist.cluster import spec as cluster_mod
+from od_dist.render import scripts
+from od_dist.render.scripts import PS_SINGLE_QUOTES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")

@@ -12,9 +12,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from od_dist import trainer  # noqa: E402
+from od_dist.job import trainer  # noqa: E402
 from od_dist.data import shapes  # noqa: E402
-from od_dist.pipeline import load_pipeline  # noqa: E402
+from od_dist.model.pipeline import load_pipeline  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +131,7 @@ def test_continuous_eval_follows_a_running_trainer(data_dir, tmp_path):
                 f"task.validation_data.input_path={data_dir}/val.tfrecord")
     code = ("import json, sys\n"
             "from od_dist import trainer\n"
-            "from od_dist.pipeline import load_pipeline\n"
+            "from od_dist.model.pipeline import load_pipeline\n"
             f"p = load_pipeline({DEMO!r}, {override!r}, 'mirrored')\n"
             f"m = trainer.continuous_eval(p, {model_dir!r}, timeout_s=240)\n"
             "print('RESULT ' + json.dumps(m))\n")
@@ -153,14 +153,14 @@ def test_continuous_eval_follows_a_running_trainer(data_dir, tmp_path):
 
 
 def test_continuous_eval_waits_while_asked(tmp_path, data_dir):
-  """With keep_waiting, an evaluator outlasts gaps between checkpoints while the master lives."""
-  asked = []
+    """With keep_waiting, an evaluator outlasts gaps between checkpoints while the master lives."""
+    asked = []
 
-  def keep_waiting():
-    asked.append(1)
-    return len(asked) < 3
+    def keep_waiting():
+        asked.append(1)
+        return len(asked) < 3
 
-  empty = str(tmp_path / 'empty')
-  assert trainer.continuous_eval(params_for(data_dir, 10), empty, timeout_s=1,
-                                 keep_waiting=keep_waiting) is None
-  assert len(asked) == 3
+    empty = str(tmp_path / 'empty')
+    assert trainer.continuous_eval(params_for(data_dir, 10), empty, timeout_s=1,
+                                   keep_waiting=keep_waiting) is None
+    assert len(asked) == 3

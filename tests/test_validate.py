@@ -5,9 +5,9 @@ import textwrap
 
 import pytest
 
-from od_dist import cluster as cluster_mod
-from od_dist import safe_yaml, validate
-from od_dist.cluster import InvalidCluster
+from od_dist.cluster import spec as cluster_mod
+from od_dist.cluster import safe_yaml, validate
+from od_dist.cluster.spec import InvalidCluster
 
 PS_OK = """
 master: 10.0.0.1:2222

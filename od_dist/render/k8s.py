@@ -14,8 +14,8 @@ import re
 
 import yaml
 
-from od_dist.cluster import Cluster
-from od_dist.validate import PARAMETER_SERVER
+from od_dist.cluster.spec import Cluster
+from od_dist.cluster.validate import PARAMETER_SERVER
 
 CONTAINER = "tensorflow"  # the operator finds the TF container and its port by these names
 PORT_NAME = "tfjob-port"

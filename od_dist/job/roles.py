@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from od_dist.config import TrainConfig
+from od_dist.job.config import TrainConfig
 
 
 EVAL_POLL_S = 30
@@ -21,7 +21,7 @@ class RoleError(RuntimeError):
 
 def load_params(path: str, params_override: str | None, strategy_name: str):
     """The pipeline as a Model Garden config; raises pipeline.PipelineError (invalid input)."""
-    from od_dist import pipeline
+    from od_dist.model import pipeline
 
     return pipeline.load_pipeline(path, params_override, strategy_name)
 
@@ -31,7 +31,7 @@ def _params(config: TrainConfig):
 
 
 def run_server(config: TrainConfig) -> int:
-    from od_dist import devices, server
+    from od_dist.job import devices, server
 
     selected = config.selected
     try:
@@ -43,7 +43,7 @@ def run_server(config: TrainConfig) -> int:
 
 def run_trainer(config: TrainConfig) -> int:
     """The master, an all-reduce worker, or a single machine."""
-    from od_dist import devices, server, strategy, trainer
+    from od_dist.job import devices, server, strategy, trainer
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
     cluster, task = config.selected.cluster, config.selected.task
@@ -68,8 +68,8 @@ def run_evaluator(config: TrainConfig) -> int:
     waits as long as the master is alive (its port open within --wait_timeout), not a fixed time."""
     import time
 
-    from od_dist import trainer
-    from od_dist.server import is_listening
+    from od_dist.job import trainer
+    from od_dist.job.server import is_listening
 
     params = _params(config)
     master = config.selected.cluster.master if config.selected.cluster else None

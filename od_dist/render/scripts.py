@@ -31,8 +31,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from od_dist.cluster import Cluster, HostSettings, Task
-from od_dist.validate import PARAMETER_SERVER
+from od_dist.cluster.spec import Cluster, HostSettings, Task
+from od_dist.cluster.validate import PARAMETER_SERVER
 
 CMD_LINE_LIMIT = 8191  # cmd's maximum line length
 _BASH_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from od_dist.cluster import Task
+from od_dist.cluster.spec import Task
 
 SERVER_GRACE_S = 60.0  # servers stop by themselves within this after the master is done
 TERMINATE_GRACE_S = 10.0

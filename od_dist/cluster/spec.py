@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from od_dist import safe_yaml, validate
-from od_dist.validate import MULTI_WORKER_MIRRORED, PARAMETER_SERVER  # noqa: F401 (re-exported)
+from od_dist.cluster import safe_yaml, validate
+from od_dist.cluster.validate import MULTI_WORKER_MIRRORED, PARAMETER_SERVER  # noqa: F401 (re-exported)
 
 TF_JOB = {"master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
 FROM_TF_JOB = {"chief": "master", "master": "master", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}

@@ -11,9 +11,9 @@ import contextlib
 import faulthandler
 import time
 
-from od_dist import devices
-from od_dist.cluster import PARAMETER_SERVER, Cluster, Task
-from od_dist.server import bind_port, is_listening
+from od_dist.job import devices
+from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
+from od_dist.job.server import bind_port, is_listening
 
 PROGRESS_EVERY_S = 10.0
 TF_NAMES = {"mirrored": "MirroredStrategy", "parameter_server": "ParameterServerStrategy",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from od_dist import cluster as cluster_mod
-from od_dist import validate
-from od_dist.cluster import Cluster, InvalidCluster, Task
+from od_dist.cluster import spec as cluster_mod
+from od_dist.cluster import validate
+from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def select(cluster_path: str | None, role: str | None, index: int | None, allow_
                                                "pass --cluster clusters/local.yaml (or set TF_CONFIG)")])
 
     if machine is None and not cluster.loopback_only():
-        from od_dist import hostinfo
+        from od_dist.cluster import hostinfo
 
         machine = hostinfo.this_machine()
     is_local = machine.is_local if machine else (lambda host: validate.is_loopback(host))

@@ -24,7 +24,7 @@ import time
 
 from absl import logging
 
-from od_dist.cluster import Cluster, Task
+from od_dist.cluster.spec import Cluster, Task
 
 POLL_S = 0.5
 MASTER_PROBE_S = 5.0

@@ -1,0 +1,339 @@
+"""Runs the Model Garden detection trainer: train, evaluate once, evaluate continuously.
+
+All three go through ``official.core.train_lib.run_experiment`` (modes 'train', 'eval',
+'continuous_eval'); od-dist adds only an ``orbit.Controller`` subclass that
+
+- prints one progress line per loop: step, loss, steps/sec, examples/sec, ETA;
+- after each evaluation prints the COCO metrics and writes them as JSON
+  (``<model_dir>/eval_metrics.json``, latest, and ``<model_dir>/validation/metrics-STEP.json``);
+  Model Garden writes the TensorBoard summaries (``<model_dir>/train``, ``<model_dir>/validation``);
+- stops continuous evaluation right after the final checkpoint is evaluated.
+
+Checkpoints live in ``model_dir``; a run resumes from the latest one there (Model Garden's
+``CheckpointManager.restore_or_initialize``).
+
+Evaluation (``evaluate_latest``, ``continuous_eval``) always runs in this process with the
+default strategy and Python-side COCO metrics, whatever strategy trained the model: under
+``parameter_server`` the coordinator cannot compute COCO metrics itself, so that is the
+evaluator sidecar's job.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import time
+from typing import Any, Optional
+
+_PREFIX = 'od-dist'
+
+
+class TrainerError(RuntimeError):
+    """A run that cannot proceed; the message is one line, for the user."""
+
+
+def _format_eta(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return '?'
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    if h:
+        return f'{h}h{m:02d}m'
+    if m:
+        return f'{m}m{s:02d}s'
+    return f'{s}s'
+
+
+def _scalar(value) -> Optional[float]:
+    try:
+        import orbit  # pylint: disable=g-import-not-at-top
+        return float(orbit.utils.get_value(value))
+    except (TypeError, ValueError):
+        return None
+
+
+COCO_KEYS = ('AP', 'AP50', 'AP75', 'APs', 'APm', 'APl',
+             'ARmax1', 'ARmax10', 'ARmax100', 'ARs', 'ARm', 'ARl')
+
+
+def _controller_cls():
+    """Builds the Controller subclass lazily (orbit imports TensorFlow)."""
+    import orbit  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    from orbit import controller as orbit_controller  # pylint: disable=g-import-not-at-top
+
+    # orbit prints every loop's whole output dict; the od-dist progress line says it in one line,
+    # so those go to the absl INFO log only (orbit 2.20's module-level _log; its other messages,
+    # checkpoint saves and restores, still print).
+    printing_log = orbit_controller._log  # pylint: disable=protected-access
+    if not getattr(printing_log, 'od_dist', False):
+        def quiet_train_log(message: str):
+            if message.startswith('train | step:') and '| output:' in message:
+                logging.info(message)
+            else:
+                printing_log(message)
+        quiet_train_log.od_dist = True
+        orbit_controller._log = quiet_train_log  # pylint: disable=protected-access
+
+    class OdController(orbit.Controller):
+        """orbit.Controller plus progress lines, eval JSON, and a bounded continuous eval."""
+
+        def __init__(self, *args, od_model_dir: str, od_batch_size: int,
+                     od_train_steps: int, od_keep_waiting=None, **kwargs):
+            self._od_keep_waiting = od_keep_waiting
+            self._od_model_dir = od_model_dir
+            self._od_batch = od_batch_size
+            self._od_train_steps = od_train_steps
+            self._od_last_train_output: dict = {}
+            self.last_eval: Optional[dict] = None
+            super().__init__(*args, **kwargs)
+            if self.trainer is not None:
+                self.train_actions = tuple(self.train_actions) + (self._od_capture,)
+
+        def restore_checkpoint(self, checkpoint_path=None):
+            # Under multi_worker_mirrored, Model Garden points a non-chief worker's
+            # CheckpointManager at a temporary directory; resume it from model_dir
+            # (a shared filesystem) so every worker starts from the same step.
+            manager = self.checkpoint_manager
+            if (checkpoint_path is None and manager is not None and
+                os.path.abspath(manager.directory) != os.path.abspath(self._od_model_dir)):
+                checkpoint_path = tf.train.latest_checkpoint(self._od_model_dir)
+            if self.trainer is None and manager is not None:
+                # Evaluation only: the optimizer's slots are not needed; say so, rather
+                # than let TensorFlow warn about each unrestored one at exit.
+                checkpoint_path = checkpoint_path or manager.latest_checkpoint
+                if checkpoint_path:
+                    with self.strategy.scope():
+                        manager.checkpoint.restore(checkpoint_path).expect_partial()
+                    print(f'{_PREFIX} eval | restored {checkpoint_path}', flush=True)
+                    return checkpoint_path
+            return super().restore_checkpoint(checkpoint_path)
+
+        def _od_capture(self, output):
+            self._od_last_train_output = output or {}
+
+        def _train_n_steps(self, num_steps: int):
+            step0 = int(self.global_step.numpy())
+            t0 = time.time()
+            super()._train_n_steps(num_steps)
+            elapsed = max(time.time() - t0, 1e-9)
+            step = int(self.global_step.numpy())
+            rate = (step - step0) / elapsed
+            out = self._od_last_train_output
+            loss = _scalar(out.get('total_loss', out.get('training_loss')))
+            target = self._od_train_steps
+            pct = 100.0 * step / target if target else 0.0
+            eta = (target - step) / rate if rate > 0 else float('inf')
+            loss_s = f'{loss:.4f}' if loss is not None else '?'
+            print(f'{_PREFIX} train | step {step}/{target} ({pct:.0f}%) | loss {loss_s} | '
+                  f'{rate:.2f} steps/s | {rate * self._od_batch:.1f} examples/s | '
+                  f'ETA {_format_eta(eta)}', flush=True)
+
+        def evaluate(self, steps: int = -1):
+            output = super().evaluate(steps)
+            step = int(self.global_step.numpy())
+            metrics: dict[str, Any] = {'step': step}
+            for k, v in (output or {}).items():
+                f = _scalar(v)
+                if f is not None:
+                    metrics[k] = f
+            _write_metrics(self._od_model_dir, metrics)
+            shown = ' | '.join(f'{k} {metrics[k]:.3f}' for k in ('AP', 'AP50', 'AP75')
+                               if k in metrics)
+            print(f'{_PREFIX} eval | step {step} | {shown}', flush=True)
+            self.last_eval = metrics
+            return output
+
+        def evaluate_continuously(self, steps=-1, timeout=None, timeout_fn=None):
+            """Evaluates each new checkpoint; returns after the final one (or on timeout)."""
+            del timeout_fn  # Model Garden's waits forever while training is unfinished.
+            directory = self._od_model_dir
+            output = None
+            # No timeout_fn: the iterator then ends when `timeout` passes without a new
+            # checkpoint. (A timeout_fn is also consulted after EVERY checkpoint.)
+            keep_waiting = self._od_keep_waiting
+            stop_fn = (lambda: not keep_waiting()) if keep_waiting else None
+            for path in tf.train.checkpoints_iterator(directory, timeout=timeout, timeout_fn=stop_fn):
+                try:
+                    self.restore_checkpoint(path)
+                except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
+                    # Rotated away (max_to_keep) before we read it: wait for the next one.
+                    print(f'{_PREFIX} eval | skipping {path}: {type(e).__name__}', flush=True)
+                    continue
+                output = self.evaluate(steps)
+                if int(self.global_step.numpy()) >= self._od_train_steps:
+                    return output
+            print(f'{_PREFIX} eval | no new checkpoint in {directory} for {timeout} s; '
+                  'stopping', flush=True)
+            return output
+
+    return OdController
+
+
+def _num_ps_workers(strategy) -> int:
+    """Workers of a ParameterServerStrategy (0 for any other strategy)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return 0
+    resolver = (getattr(strategy, '_cluster_resolver', None) or  # set by TF 2.20
+                strategy.cluster_resolver)
+    if resolver is None:
+        return int(getattr(strategy, '_num_workers', 1))
+    return resolver.cluster_spec().num_tasks('worker')
+
+
+def _spread_trainer_cls():
+    """Model Garden's Trainer, scheduling each loop on every parameter-server worker.
+
+    Under ParameterServerStrategy, Model Garden schedules a whole loop (steps_per_loop
+    steps) as ONE closure, so one worker trains while the others wait. This subclass
+    splits the loop's steps into one closure per worker; the coordinator still joins
+    at the end of the loop, so global_step, summaries and checkpoints are unchanged.
+    """
+    import orbit  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from official.core import base_trainer  # pylint: disable=g-import-not-at-top
+
+    class SpreadTrainer(base_trainer.Trainer):
+
+        def create_train_loop_fn(self):
+            if not getattr(self, '_is_async', False):
+                return super().create_train_loop_fn()
+            loop_fn = orbit.StandardTrainer.create_train_loop_fn(self)
+            workers = max(1, _num_ps_workers(self.strategy))
+            coordinator = self.coordinator_for_async()
+
+            def spread_loop_fn(iterator, num_steps):
+                total = int(num_steps.numpy() if hasattr(num_steps, 'numpy') else num_steps)
+                base, extra = divmod(total, workers)
+                for i in range(workers):
+                    n = base + (1 if i < extra else 0)
+                    if n:
+                        coordinator.schedule(loop_fn, args=(iterator, tf.constant(n, tf.int32)))
+
+            return spread_loop_fn
+
+    return SpreadTrainer
+
+
+def _write_metrics(model_dir: str, metrics: dict) -> None:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    text = json.dumps(metrics, indent=2, sort_keys=True) + '\n'
+    vdir = os.path.join(model_dir, 'validation')
+    tf.io.gfile.makedirs(vdir)
+    for path in (os.path.join(vdir, f"metrics-{metrics['step']}.json"),
+                 os.path.join(model_dir, 'eval_metrics.json')):
+        tmp = path + '.tmp'
+        with tf.io.gfile.GFile(tmp, 'w') as f:
+            f.write(text)
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def _prepare(params) -> None:
+    import official.vision  # pylint: disable=g-import-not-at-top,unused-import  # registers tasks
+    from official.modeling import performance  # pylint: disable=g-import-not-at-top
+    if params.runtime.mixed_precision_dtype:
+        performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
+
+
+def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from official.core import task_factory  # pylint: disable=g-import-not-at-top
+    from official.core import train_lib  # pylint: disable=g-import-not-at-top
+    from official.core import train_utils  # pylint: disable=g-import-not-at-top
+    _prepare(params)
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        task = task_factory.get_task(params.task, logging_dir=model_dir)
+        trainer_obj = None
+        if mode == 'train' and _num_ps_workers(strategy) > 1:
+            trainer_obj = train_utils.create_trainer(
+                params, task, train=True, evaluate=False,
+                checkpoint_exporter=train_utils.maybe_create_best_ckpt_exporter(
+                    params, model_dir),
+                trainer_cls=_spread_trainer_cls())
+    controller_cls = functools.partial(
+        _controller_cls(), od_model_dir=model_dir,
+        od_batch_size=int(params.task.train_data.global_batch_size),
+        od_train_steps=int(params.trainer.train_steps),
+        od_keep_waiting=keep_waiting)
+    holder = {}
+
+    def make_controller(**kwargs):
+        holder['controller'] = controller_cls(**kwargs)
+        return holder['controller']
+
+    train_lib.run_experiment(
+        distribution_strategy=strategy, task=task, mode=mode, params=params,
+        model_dir=model_dir, controller_cls=make_controller, trainer=trainer_obj)
+    return holder['controller']
+
+
+def train(params, model_dir: str, strategy) -> None:
+    """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``.
+
+    Resumes from the latest checkpoint in ``model_dir``; returns at once if that
+    checkpoint is already at ``trainer.train_steps``. Saves ``params.yaml`` there as
+    Model Garden does (on the chief only).
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from official.core import train_utils  # pylint: disable=g-import-not-at-top
+    strategy = strategy or tf.distribute.get_strategy()
+    tf.io.gfile.makedirs(model_dir)
+    if strategy.extended.should_checkpoint:
+        train_utils.serialize_config(params, model_dir)
+    start = time.time()
+    controller = _run(params, model_dir, strategy, 'train')
+    step = int(controller.global_step.numpy())
+    print(f'{_PREFIX} train | done at step {step} in {time.time() - start:.1f} s; '
+          f'checkpoints in {model_dir}', flush=True)
+
+
+def _eval_params(params):
+    """A copy for in-process evaluation: plain loop, whole validation split allowed."""
+    params = params.replace()
+    params.override({'trainer': {'eval_tf_while_loop': False},
+                     'runtime': {'distribution_strategy': 'mirrored'}}, is_strict=True)
+    return params
+
+
+def evaluate_latest(params, model_dir: str) -> dict:
+    """Evaluates the latest checkpoint in ``model_dir`` once on the validation split.
+
+    Returns the metrics (``step``, COCO ``AP``, ``AP50``, ``AP75``, ``APs`` ... ``ARl``,
+    validation losses) as floats, and writes them to ``<model_dir>/eval_metrics.json``,
+    ``<model_dir>/validation/metrics-STEP.json`` and TensorBoard (``validation/``).
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    latest = tf.train.latest_checkpoint(model_dir)
+    if not latest:
+        raise TrainerError(
+            f"model_dir '{model_dir}': no checkpoint to evaluate; train first "
+            '(or pass the model_dir the trainer writes)')
+    controller = _run(_eval_params(params), model_dir, None, 'eval')
+    if controller.last_eval is None:
+        raise TrainerError(f"model_dir '{model_dir}': evaluation produced no metrics")
+    return controller.last_eval
+
+
+def continuous_eval(params, model_dir: str, timeout_s: float,
+                    keep_waiting=None) -> Optional[dict]:
+    """Evaluator sidecar: evaluates each new checkpoint in ``model_dir``.
+
+    Returns the metrics of the last evaluation right after the checkpoint at
+    ``trainer.train_steps`` is evaluated, or when no new checkpoint appeared for
+    ``timeout_s`` seconds (None if none was ever evaluated). With ``keep_waiting``
+    (a callable), it is asked every ``timeout_s`` seconds without a new checkpoint,
+    and evaluation goes on waiting while it returns True.
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.io.gfile.makedirs(model_dir)
+    params = _eval_params(params)
+    params.override({'trainer': {'continuous_eval_timeout': int(math.ceil(timeout_s))}},
+                    is_strict=True)
+    controller = _run(params, model_dir, None, 'continuous_eval', keep_waiting)
+    return controller.last_eval

@@ -1,0 +1,1 @@
+"""The detector: pipeline files to Model Garden experiment configs."""

@@ -1,0 +1,1 @@
+"""What is written for machines: per-machine launch scripts and the Kubernetes TFJob."""
