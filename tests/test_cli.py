@@ -172,3 +172,12 @@ def test_launch_picks_every_task_of_this_machine_in_a_lan_cluster(tmp_path):
     r = od_dist("launch", "--cluster", "clusters/lan-example.yaml", "--pipeline", "pipelines/shapes_retinanet.yaml",
                 "--model_dir", str(tmp_path / "m"))
     assert r.returncode == 2 and "no task of this cluster is on this machine" in r.stderr
+
+
+def test_role_without_a_cluster_is_an_error(tmp_path):
+    """Without --cluster and TF_CONFIG, a role would silently train alone into the job's model_dir."""
+    for role in (["--role", "worker", "--index", "1"], ["--role", "master"]):
+        r = od_dist("train", *role, "--pipeline=pipelines/shapes_retinanet.yaml", f"--model_dir={tmp_path}/m")
+        assert r.returncode == 2, r.stderr
+        assert "--role" in r.stderr and "without --cluster" in r.stderr and "pass --cluster" in r.stderr
+        assert not os.path.exists(tmp_path / "m")

@@ -181,6 +181,30 @@ def test_server_stops_on_sigterm_and_when_master_never_comes(tmp_path):
     assert "has not been reachable for 2 s" in r.stderr
 
 
+def test_ps_starts_whatever_num_clones_says(tmp_path):
+    """A ps holds variables and runs no replicas: num_clones 2 (file and flag, as one launch line
+    passes it to every machine) must not make a CPU-only ps ask for 2 GPUs."""
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    with open(cluster, "a") as f:
+        f.write("num_clones: 2\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    for extra in ([], ["--num_clones=2"]):
+        proc = subprocess.Popen([sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps",
+                                 *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=str(tmp_path), env=env)
+        try:
+            lines = []
+            while not lines or "serving on" not in lines[-1]:
+                lines.append(proc.stdout.readline())
+                assert lines[-1], "ps exited before serving:\n" + "".join(lines)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def test_launch_stops_everything_when_a_task_dies(tmp_path, data_dir):
     cluster = write_cluster(tmp_path)
     model_dir = str(tmp_path / "model")

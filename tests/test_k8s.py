@@ -99,8 +99,12 @@ def test_manifest_structure():
         (container,) = pod["containers"]
         assert container["name"] == "tensorflow" and container["image"] == "registry.example/od-dist:1"
         assert container["command"] == ["od-dist"]
+        # --num_clones reaches the workers, the only replicas under parameter_server; the ps, the
+        # coordinator and the evaluator run none and do not get it.
+        clones = ["--num_clones=2"] if rt == "Worker" else []
         assert container["args"] == ["train", "--pipeline=pipelines/shapes_retinanet.yaml",
-                                     "--model_dir=/mnt/od-dist/runs/lan", "--num_clones=2", "--wait_timeout=600"]
+                                     "--model_dir=/mnt/od-dist/runs/lan", "--wait_timeout=600", *clones]
+        assert ("resources" in container) == (rt == "Worker")
         assert not any(a.startswith(("--cluster", "--role", "--index")) for a in container["args"])
         assert container["volumeMounts"] == [{"name": "model-dir", "mountPath": "/mnt/od-dist"}]
         assert pod["volumes"] == [{"name": "model-dir",
@@ -162,3 +166,28 @@ def test_errors_exit_2():
     assert r.returncode == 2 and "--role" in r.stderr
     r = od_dist("k8s", f"--cluster={LAN}", "--pipeline=p", "--model_dir=/x", "--image=i")
     assert r.returncode == 2 and "not on the volume" in r.stderr
+
+
+def pod_args(job):
+    return {rt: s["template"]["spec"]["containers"][0]["args"] for rt, s in job["spec"]["tfReplicaSpecs"].items()}
+
+
+def test_file_num_clones_reaches_every_trainer_pod(tmp_path):
+    """The pods read TF_CONFIG, not the cluster file: its num_clones must be in their args."""
+    (tmp_path / "ps.yaml").write_text(open(LAN).read().replace("num_clones: 1", "num_clones: 2"))
+    job = yaml.safe_load(render(str(tmp_path / "ps.yaml")))
+    args = pod_args(job)
+    assert "--num_clones=2" in args["Worker"]
+    for rt in ("PS", "Chief", "Evaluator"):  # no replicas there
+        assert not any(a.startswith("--num_clones") for a in args[rt]), rt
+    worker = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"] == {"limits": {"nvidia.com/gpu": 2}}
+    # multi_worker_mirrored: the chief trains too; per-host num_clones count.
+    (tmp_path / "m.yaml").write_text(MWMS + "num_clones: 2\nhosts: {10.1.0.1: {num_clones: 4}}\n")
+    args = pod_args(yaml.safe_load(render(str(tmp_path / "m.yaml"))))
+    assert "--num_clones=4" in args["Chief"] and "--num_clones=2" in args["Worker"]
+    assert not any(a.startswith("--num_clones") for a in args["Evaluator"])
+    # Worker pods share one template: workers with different num_clones cannot be rendered.
+    (tmp_path / "d.yaml").write_text(MWMS + "hosts: {10.1.0.2: {num_clones: 2}}\n")
+    r = od_dist("k8s", f"--cluster={tmp_path / 'd.yaml'}", "--pipeline=p", "--model_dir=m", "--image=i")
+    assert r.returncode == 2 and "same num_clones" in r.stderr and "worker:0=2, worker:1=1" in r.stderr

@@ -435,6 +435,14 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     assert "No inbound port: evaluator 0 (192.168.1.120)." in readme
 
 
+def test_num_clones_only_for_the_roles_that_run_replicas():
+    lan = cluster_mod.load(LAN)
+    args = {l.task.name: l.args for l in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])}
+    assert "--num_clones=2" in args["worker:0"] and "--num_clones=2" in args["worker:1"]
+    for name in ("ps:0", "master:0", "evaluator:0"):  # parameter_server: no replicas there
+        assert "--num_clones=2" not in args[name] and "--wait_timeout=9" in args[name], name
+
+
 def test_checked_in_lan_example_is_current(tmp_path):
     (tmp_path / "clusters").mkdir()
     shutil.copy(LAN, tmp_path / "clusters")

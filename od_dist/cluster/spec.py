@@ -118,6 +118,12 @@ class Cluster:
     def clones_for(self, host: str) -> int:
         return self.host_settings(host).num_clones or self.num_clones
 
+    def runs_replicas(self, role: str) -> bool:
+        """Whether this role's processes run --num_clones replicas: the workers, and the master under
+        multi_worker_mirrored. A ps holds variables, the parameter_server master coordinates and the
+        evaluator evaluates on its own: they start whatever num_clones says."""
+        return role == "worker" or (role == "master" and self.strategy != PARAMETER_SERVER)
+
     def loopback_only(self) -> bool:
         return all(validate.is_loopback(t.address.host) for t in self.tasks())
 

@@ -54,8 +54,15 @@ def select(cluster_path: str | None, role: str | None, index: int | None, allow_
         if problems:
             raise InvalidCluster(problems, source)
         return TaskConfig(cluster, cluster.task(tf_role, tf_index), source, "named by TF_CONFIG")
-    elif allow_none:
+    elif allow_none and role is None:
         return TaskConfig(None, None, "", "one machine, no cluster")
+    elif allow_none:
+        # Without a cluster this process would train alone, into a model_dir that may be the real
+        # job's: a role given means a cluster was meant.
+        raise InvalidCluster([validate.problem(
+            "--role", role if index is None else f"{role} {index}",
+            "given without --cluster, and TF_CONFIG is not set: there is no cluster to take this role in",
+            "pass --cluster FILE (the job's cluster file), or leave --role/--index out to train on one machine")])
     else:
         raise InvalidCluster([validate.problem("--cluster", "", "no cluster file given and TF_CONFIG is not set",
                                                "pass --cluster clusters/local.yaml (or set TF_CONFIG)")])

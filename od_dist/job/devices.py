@@ -7,6 +7,26 @@ class DeviceError(RuntimeError):
     """This machine cannot give the replicas asked for; the message is for the user."""
 
 
+def apply_policy() -> str:
+    """The device policy of every od-dist process that imports TensorFlow (servers, trainers, the
+    evaluator, `od-dist eval`), applied before TensorFlow initializes its devices: memory growth on
+    every visible GPU, so processes that share a GPU machine (a worker and the evaluator, several
+    tasks under `launch`) each take what they use instead of the first one taking it all.
+    Returns what was done, also written to the log."""
+    import tensorflow as tf
+    from absl import logging
+
+    gpus = tf.config.get_visible_devices("GPU")
+    try:
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        done = f"memory growth on for {len(gpus)} GPU(s)" if gpus else "no GPU visible"
+    except RuntimeError:  # devices already initialized (a second call in one process): keep them
+        done = "devices were already initialized; left as they are"
+    logging.info("od-dist device policy: %s", done)
+    return done
+
+
 def configure(num_clones: int, clone_on_cpu: bool) -> list[str]:
     """Sets up this process's devices (before TensorFlow initializes them) and returns the
     device names for the replicas: N logical CPUs with clone_on_cpu, else the first N GPUs with
@@ -14,6 +34,7 @@ def configure(num_clones: int, clone_on_cpu: bool) -> list[str]:
     import tensorflow as tf
 
     if clone_on_cpu:
+        apply_policy()  # GPUs the process may still see get the same policy
         cpu = tf.config.list_physical_devices("CPU")[0]
         if num_clones > 1:
             tf.config.set_logical_device_configuration(
@@ -21,6 +42,7 @@ def configure(num_clones: int, clone_on_cpu: bool) -> list[str]:
         return [f"/cpu:{i}" for i in range(num_clones)]
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
+        apply_policy()
         if num_clones > 1:
             raise DeviceError(f"--num_clones={num_clones} asks for {num_clones} GPUs but this machine has none; "
                               "add --clone_on_cpu to run the replicas on logical CPU devices")
@@ -29,6 +51,5 @@ def configure(num_clones: int, clone_on_cpu: bool) -> list[str]:
         raise DeviceError(f"--num_clones={num_clones} asks for {num_clones} GPUs but this machine has "
                           f"{len(gpus)}; lower --num_clones")
     tf.config.set_visible_devices(gpus[:num_clones], "GPU")
-    for gpu in gpus[:num_clones]:
-        tf.config.experimental.set_memory_growth(gpu, True)
+    apply_policy()
     return [f"/gpu:{i}" for i in range(num_clones)]

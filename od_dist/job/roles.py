@@ -34,9 +34,16 @@ def run_server(config: TrainConfig) -> int:
     from od_dist.job import devices, server
 
     selected = config.selected
+
+    def set_up_devices():
+        # Workers under parameter_server run the replicas (--num_clones GPUs each); a ps only holds
+        # variables and runs none, so it starts whatever num_clones says (a CPU-only ps machine).
+        if selected.cluster.runs_replicas(config.role):
+            return devices.configure(config.num_clones, config.clone_on_cpu)
+        return devices.apply_policy()
+
     try:
-        return server.serve(selected.cluster, selected.task, config.wait_timeout,
-                            devices=lambda: devices.configure(config.num_clones, config.clone_on_cpu))
+        return server.serve(selected.cluster, selected.task, config.wait_timeout, devices=set_up_devices)
     except (server.ServerError, devices.DeviceError) as e:
         raise RoleError(str(e)) from None
 

@@ -91,23 +91,45 @@ def replica_ports(cluster: Cluster) -> dict[str, int]:
     return ports
 
 
+def replica_clones(cluster: Cluster, role: str, train_args: list[str]) -> int | None:
+    """--num_clones for a replica type's pods. The pods get their cluster from TF_CONFIG, not from
+    the file, so the file's num_clones (and hosts.*.num_clones) must be written into their args.
+    Only the roles that run replicas get it (Cluster.runs_replicas). Every pod of a type shares one template: one value per type."""
+    if not cluster.runs_replicas(role):
+        return None
+    given = [a.split("=", 1)[1] for a in train_args if a.startswith("--num_clones=")]
+    if given:
+        return int(given[-1])
+    counts = {t.name: cluster.clones_for(t.address.host) for t in cluster.tasks_of(role)}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{name}={n}" for name, n in counts.items())
+        raise K8sError(f"hosts.*.num_clones: '{shown}': every {role} pod of a TFJob has the same template; "
+                       f"give every {role} host the same num_clones, or pass --num_clones")
+    return next(iter(counts.values()))
+
+
 def manifest(cluster: Cluster, image: str, train_args: list[str], name: str, namespace: str | None,
              pvc: str | None, mount_path: str) -> dict:
     """The TFJob as a dict. `train_args` are the `od-dist train` flags, model_dir already as seen in
     the pods; `pvc` None means no volume."""
     ports = replica_ports(cluster)
     specs = {}
+    shared = [a for a in train_args if not a.startswith("--num_clones=")]
     for replica_type, role in REPLICA_TYPES:
         count = len(cluster.tasks_of(role))
         if not count:
             continue
+        clones = replica_clones(cluster, role, train_args)
         container = {
             "name": CONTAINER,
             "image": image,
             "command": ["od-dist"],
-            "args": ["train", *train_args],
+            "args": ["train", *shared] + ([f"--num_clones={clones}"] if clones else []),
             "ports": [{"name": PORT_NAME, "containerPort": ports[role]}],
         }
+        if clones and clones > 1 and "--clone_on_cpu" not in train_args:
+            # --num_clones N means the first N GPUs: ask the scheduler for them.
+            container["resources"] = {"limits": {"nvidia.com/gpu": clones}}
         pod = {"containers": [container]}
         if pvc:
             container["volumeMounts"] = [{"name": "model-dir", "mountPath": mount_path}]

@@ -178,7 +178,8 @@ def launches(cluster: Cluster, cluster_path: str, passed_on: list[str]) -> list[
         host = task.address.host
         settings = cluster.host_settings(host)
         prefix = ["-m", "od_dist"] if settings.python else []
-        args = tuple(prefix + train_args(cluster_path, task, passed_on))
+        flags = [a for a in passed_on if cluster.runs_replicas(task.role) or not a.startswith("--num_clones=")]
+        args = tuple(prefix + train_args(cluster_path, task, flags))
         for i, a in enumerate(args):
             _check(a, f"argument {i + 1} of {task.name}")
         for name in ("python", "venv", "workdir"):
