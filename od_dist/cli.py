@@ -257,12 +257,20 @@ def cmd_launch(fv) -> int:
         raise UsageError(f"--cluster: '{fv.cluster}': no task of this cluster is on this machine; "
                          "run launch on the machines the file lists")
     # Check the flags every task will get now, rather than have each child fail on its own.
-    for task in tasks:
-        one = config.TaskConfig(cluster, task, fv.cluster, "")
-        config.train_config(one, fv.pipeline, fv.model_dir, fv.num_clones, fv.clone_on_cpu,
-                            fv.params_override, fv.wait_timeout)
+    configs = [config.train_config(config.TaskConfig(cluster, task, fv.cluster, ""), fv.pipeline, fv.model_dir,
+                                   fv.num_clones, fv.clone_on_cpu, fv.params_override, fv.wait_timeout)
+               for task in tasks]
     if not fv.model_dir:
         raise UsageError("--model_dir: '': required (logs go to <model_dir>/logs); pass --model_dir=...")
+    if any(not c.is_server for c in configs):
+        # As `train` does, but once and before any task starts: a bad pipeline is exit 2, not a
+        # job whose servers start and whose master then fails.
+        code, problem = launch.check_pipeline(fv.pipeline, fv.params_override, cluster.strategy)
+        if code == EXIT_INVALID:
+            raise UsageError(problem)
+        if code:
+            print(f"od-dist launch: {problem}", file=sys.stderr)
+            return EXIT_FAILURE
     return launch.run(fv.cluster, list(tasks), passed_on_args(fv), fv.model_dir)
 
 

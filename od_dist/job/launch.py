@@ -50,14 +50,58 @@ def _die_with_parent_hook():
 
 
 def _pump(stream, prefix: str, log_path: str, lock: threading.Lock) -> None:
-    with open(log_path, "w", encoding="utf-8", errors="replace") as log:
-        for line in iter(stream.readline, ""):
-            log.write(line)
-            log.flush()
-            with lock:
-                sys.stdout.write(f"{prefix} {line}")
-                sys.stdout.flush()
+    """Copies a child's output to its log and the console until the child closes it. Never stops
+    early: a child whose pipe is not drained blocks, and the launcher would wait for it forever.
+    A log that cannot be written (full disk) or a console that went away (`launch | head`) is
+    dropped with one note; the other keeps getting every line. A resumed run appends to the log."""
+    log = None
+    try:
+        log = open(log_path, "a", encoding="utf-8", errors="replace")
+        log.write(f"----- {time.strftime('%Y-%m-%d %H:%M:%S')} {prefix[1:-1]} started -----\n")
+    except OSError as e:
+        log = _drop_log(log, log_path, e)
+    for line in iter(stream.readline, ""):
+        if log is not None:
+            try:
+                log.write(line)
+                log.flush()
+            except (OSError, ValueError) as e:
+                log = _drop_log(log, log_path, e)
+        with lock:
+            _write_console(f"{prefix} {line}")
     stream.close()
+    if log is not None:
+        try:
+            log.close()
+        except OSError:
+            pass
+
+
+def _drop_log(log, log_path: str, error: Exception) -> None:
+    _say(f"cannot write {log_path} ({getattr(error, 'strerror', None) or error}); "
+         "its lines go to the console only from here")
+    if log is not None:
+        try:
+            log.close()
+        except (OSError, ValueError):
+            pass
+    return None
+
+
+def _write_console(text: str) -> None:
+    """Writes to the launcher's stdout. When nobody reads it any more (`od-dist launch | head`
+    exited: EPIPE), stdout is pointed at the null device, so every later write, the launcher's own
+    included, succeeds silently and the job goes on, logging to its files."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
 
 
 def _start(task: Task, argv: list[str], log_dir: str, lock: threading.Lock) -> Child:
@@ -96,7 +140,7 @@ def _stop(children: list[Child]) -> None:
 
 
 def _say(message: str) -> None:
-    print(f"od-dist launch: {message}", flush=True)
+    _write_console(f"od-dist launch: {message}\n")
 
 
 def run(cluster_path: str, tasks: list[Task], train_args: list[str], model_dir: str) -> int:
@@ -150,3 +194,29 @@ def _supervise(children: list[Child], interrupted: list) -> int:
                      "the master finished; stopping them")
                 return 1
         time.sleep(0.2)
+
+
+_CHECK_PIPELINE = """
+import sys
+from od_dist.model import pipeline
+try:
+    pipeline.load_pipeline(sys.argv[1], sys.argv[2] or None, sys.argv[3])
+except pipeline.PipelineError as e:
+    print(e, file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def check_pipeline(path: str, params_override: str | None, strategy: str) -> tuple[int, str]:
+    """Loads the pipeline as the trainers will, before any task starts: (0, '') when it is good,
+    (2, the one-line problem) when it is not, (1, what went wrong) when the check itself failed.
+    It runs in a short-lived child so TensorFlow stays out of the launcher, which forks every task."""
+    r = subprocess.run([sys.executable, "-c", _CHECK_PIPELINE, path, params_override or "", strategy],
+                       capture_output=True, text=True, encoding="utf-8", errors="replace",
+                       stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    if r.returncode == 0:
+        return 0, ""
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    if r.returncode == 2:
+        return 2, lines[-1] if lines else "invalid pipeline"
+    return 1, f"could not check the pipeline (exit {r.returncode}): {lines[-1] if lines else 'no output'}"

@@ -1,0 +1,86 @@
+"""`od-dist launch` itself: copying the tasks' output, checking input before any task starts.
+Real child processes; the TensorFlow jobs are in test_distributed.py and test_faults.py."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from od_dist.job import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINES = 20000  # ~1.3 MB: far more than a pipe holds, so a child nobody drains would block
+
+
+def chatty_child():
+    return subprocess.Popen([sys.executable, "-c", f"for i in range({LINES}): print('line', i, 'x' * 50)"],
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+
+
+def pump(child, log_path):
+    thread = threading.Thread(target=launch._pump, args=(child.stdout, "[worker:1]", str(log_path),
+                                                          threading.Lock()), daemon=True)
+    thread.start()
+    try:
+        assert child.wait(timeout=60) == 0
+    finally:
+        child.kill()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_output_keeps_draining_when_the_console_is_gone(tmp_path, monkeypatch):
+    """`od-dist launch ... | head`: the console pipe closes (EPIPE); the child must not block and
+    the log still gets every line."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    console = open(write_end, "w")
+    monkeypatch.setattr(sys, "stdout", console)
+    log = tmp_path / "worker-1.log"
+    pump(chatty_child(), log)
+    lines = log.read_text().splitlines()
+    assert lines[-1] == f"line {LINES - 1} " + "x" * 50 and len(lines) == LINES + 1
+    monkeypatch.undo()
+    console.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a disk that is always full)")
+def test_output_keeps_draining_when_the_log_cannot_be_written(tmp_path, monkeypatch):
+    console_path = tmp_path / "console.txt"
+    with open(console_path, "w") as console:
+        monkeypatch.setattr(sys, "stdout", console)
+        pump(chatty_child(), "/dev/full")
+        monkeypatch.undo()
+    text = console_path.read_text()
+    assert "od-dist launch: cannot write /dev/full (No space left on device)" in text
+    assert text.count("[worker:1] line ") == LINES and f"[worker:1] line {LINES - 1} " in text
+
+
+def test_a_resumed_run_appends_to_its_log(tmp_path):
+    log = tmp_path / "worker-1.log"
+    for word in ("first", "second"):
+        child = subprocess.Popen([sys.executable, "-c", f"print('{word} run')"], stdout=subprocess.PIPE,
+                                 text=True, bufsize=1)
+        pump(child, log)
+    lines = log.read_text().splitlines()
+    assert [l for l in lines if not l.startswith("-----")] == ["first run", "second run"]
+    assert lines[0].startswith("----- ") and lines[0].endswith(" worker:1 started -----")
+
+
+@pytest.mark.slow
+def test_launch_with_a_bad_pipeline_starts_nothing(tmp_path):
+    pipeline = tmp_path / "bad.yaml"
+    pipeline.write_text("experiment: retinanet_resnetfpn_coco\ntrainer: {train_stepz: 10}\n")
+    model_dir = tmp_path / "model"
+    cluster = tmp_path / "cluster.yaml"  # ports nobody uses: nothing may start anyway
+    cluster.write_text("master: 127.0.0.1:1\nworker: [127.0.0.1:2]\nps: [127.0.0.1:3]\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    r = subprocess.run([sys.executable, "-m", "od_dist", "launch", f"--cluster={cluster}",
+                        f"--pipeline={pipeline}", f"--model_dir={model_dir}"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=180)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "trainer.train_stepz" in r.stderr and "did you mean 'train_steps'" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "started" not in r.stdout and not (model_dir / "logs").exists()
