@@ -147,6 +147,39 @@ def cmd_tf_config(fv) -> int:
     return EXIT_OK
 
 
+def define_doctor_flags(fv: flags.FlagValues) -> None:
+    define_task_flags(fv)
+    flags.DEFINE_float("connect_timeout", 3.0, "Seconds to wait for each peer's port to answer.", lower_bound=0.1,
+                       flag_values=fv)
+
+
+@command("doctor", "Check what would stop a job on this machine: entry, peers, ports, versions, GPUs.", """
+Run it on any machine of the cluster before starting the job. One line per check, each `ok`,
+`warn` or `FIX` with what to do: this machine's entry in the file (--role/--index, or found by
+its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
+refused" = nothing listening yet, fine before the job starts; no answer = a firewall drops it),
+this machine's ports free, the od-dist / TensorFlow / Model Garden versions installed here, and the
+GPUs here (nvidia-smi) against num_clones. Does not import TensorFlow. Exit 0 when nothing needs
+fixing, 1 otherwise, 2 for an invalid cluster file.
+
+Example:
+  od-dist doctor --cluster clusters/lan-example.yaml
+""", define_doctor_flags)
+def cmd_doctor(fv) -> int:
+    from od_dist.job import doctor
+
+    if not fv.cluster:
+        raise UsageError("--cluster: '': required; pass --cluster clusters/lan.yaml")
+    checks, head = doctor.run(fv.cluster, fv.role, fv.index, fv.allow_public_addresses, fv.connect_timeout)
+    print(f"od-dist doctor: {head}")
+    for check in checks:
+        print(f"  {check}")
+    fixes = sum(c.status == doctor.FIX for c in checks)
+    print(f"od-dist doctor: {fixes} to fix (the FIX lines above)" if fixes else
+          f"od-dist doctor: nothing to fix ({len(checks)} checks)", flush=True)
+    return EXIT_FAILURE if fixes else EXIT_OK
+
+
 # ----- train / eval / launch / data -----------------------------------------------------------
 
 

@@ -41,6 +41,10 @@ def _ip(*args, check=True, timeout=30):
     return r
 
 
+def firewall_tool() -> str | None:
+    return shutil.which("nft") or shutil.which("iptables")
+
+
 def unavailable() -> str | None:
     """Why the harness cannot run here, or None."""
     if sys.platform != "linux":
@@ -122,6 +126,31 @@ class Machine:
 
     def od_dist(self, *args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
         return self.run([sys.executable, "-m", "od_dist", *args], timeout=timeout, **kwargs)
+
+    def listen(self, port: int) -> subprocess.Popen:
+        """A program listening on `port` on every interface of this machine, until killed."""
+        code = ("import socket, sys, time; s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[1]))); "
+                "s.listen(); print('ready', flush=True); time.sleep(3600)")
+        proc = self.popen([sys.executable, "-c", code, str(port)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready", f"could not listen on {self.ip}:{port}"
+        return proc
+
+    def drop_tcp(self, port: int) -> None:
+        """A firewall on this machine that silently drops incoming TCP to `port` (nft or iptables)."""
+        if shutil.which("nft"):
+            for rule in (["add", "table", "inet", "odtest"],
+                         ["add", "chain", "inet", "odtest", "input", "{ type filter hook input priority 0; }"],
+                         ["add", "rule", "inet", "odtest", "input", "tcp", "dport", str(port), "drop"]):
+                subprocess.run(self.command(["nft", *rule]), check=True, capture_output=True, timeout=30)
+        else:
+            subprocess.run(self.command(["iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(port), "-j", "DROP"]),
+                           check=True, capture_output=True, timeout=30)
+
+    def clear_firewall(self) -> None:
+        if shutil.which("nft"):
+            subprocess.run(self.command(["nft", "delete", "table", "inet", "odtest"]), capture_output=True, timeout=30)
+        else:
+            subprocess.run(self.command(["iptables", "-F", "INPUT"]), capture_output=True, timeout=30)
 
     def cut_off(self) -> None:
         """Pulls this machine's cable: its link goes down, packets to it go nowhere."""

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+import netns
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 PORT = 2222  # every machine has its own address, so every task can use the same port, as on a LAN
@@ -102,3 +104,244 @@ def test_a_missing_ps_is_refused_on_every_machine(tmp_path, machines):
                 r = machine.od_dist(command, f"--cluster={cluster}", *args, *more)
                 assert r.returncode == 2, r.stdout + r.stderr
                 assert "ps: '': parameter_server needs at least one ps; add 'ps: [host:port]'" in r.stderr
+
+
+# ----- od-dist doctor on the simulated machines (no TensorFlow: fast) ----------------------------
+
+
+def doctor_lines(r):
+    return [line.strip() for line in r.stdout.splitlines()]
+
+
+def test_doctor_tells_listening_not_yet_listening_and_firewalled_peers_apart(tmp_path, machines):
+    if not netns.firewall_tool():
+        pytest.skip("neither nft nor iptables is installed (apt-get install nftables)")
+    net = machines(4)
+    cluster = ps_cluster(tmp_path, net)  # master 0, workers 1 and 2, ps 3; doctor runs on worker 0
+    master_up = net[0].listen(PORT)  # the master is up; worker 1 is not started yet
+    net[3].drop_tcp(PORT)  # the ps machine's firewall drops the port
+    try:
+        r = net[1].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=2")
+        lines = doctor_lines(r)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"ok    this machine: worker:0 at {net[1].ip}:{PORT} (found by its addresses)" in lines
+        assert f"ok    master:0 at {net[0].ip}:{PORT}: listening (its task is up)" in lines
+        assert any(line.startswith(f"warn  worker:1 at {net[2].ip}:{PORT}: connection refused: the machine answers "
+                                   "and nothing listens on the port yet") for line in lines), r.stdout
+        assert any(line.startswith(f"FIX   ps:0 at {net[3].ip}:{PORT}: no answer within 2 s: a firewall drops TCP "
+                                   f"port {PORT} on {net[3].ip}") for line in lines), r.stdout
+        assert f"ok    port {PORT} here: free for worker:0" in lines
+        assert any(line.startswith("ok    versions: od-dist ") and "TensorFlow 2.20" in line for line in lines)
+        assert any(line.startswith("ok    GPUs: ") for line in lines)
+        assert lines[-1] == "od-dist doctor: 1 to fix (the FIX lines above)"
+
+        net[3].clear_firewall()  # fixed: now the ps machine only has nothing listening yet
+        r = net[1].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=2")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert any(line.startswith(f"warn  ps:0 at {net[3].ip}:{PORT}: connection refused") for line in doctor_lines(r))
+        assert doctor_lines(r)[-1].startswith("od-dist doctor: nothing to fix")
+    finally:
+        master_up.kill()
+        master_up.wait(timeout=30)
+
+
+def test_doctor_names_what_is_wrong_on_this_machine(tmp_path, machines):
+    net = machines(4)
+    cluster = ps_cluster(tmp_path, net)
+    # This machine's own port is taken by another program.
+    taken = net[3].listen(PORT)
+    try:
+        r = net[3].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=1")
+    finally:
+        taken.kill()
+        taken.wait(timeout=30)
+    assert r.returncode == 1
+    assert any(line.startswith(f"FIX   port {PORT} here: in use") and "ps:0 cannot start" in line
+               for line in doctor_lines(r)), r.stdout
+    # Started as the wrong task: the fix names the right one.
+    r = net[1].od_dist("doctor", f"--cluster={cluster}", "--role=worker", "--index=1", "--connect_timeout=1")
+    assert r.returncode == 1
+    assert (f"FIX   this machine: worker[1]: '{net[2].ip}:{PORT}': not an address of this machine; this machine "
+            "is worker index 0, not 1: run with --role worker --index 0") in doctor_lines(r)
+    # A peer written by a name nobody resolves (each machine knows node1..node4 only).
+    ghost = write_cluster(tmp_path, f"master: node1:{PORT}\nworker: [node2:{PORT}, ghost.invalid:{PORT}]\n"
+                          f"ps: [node4:{PORT}]\n", "ghost.yaml")
+    r = net[1].od_dist("doctor", f"--cluster={ghost}", "--connect_timeout=1")
+    assert r.returncode == 1
+    lines = doctor_lines(r)
+    assert f"ok    name node1: resolves to {net[0].ip} (master:0)" in lines, r.stdout
+    assert any(line.startswith("FIX   name ghost.invalid: does not resolve from this machine (worker:1)")
+               for line in lines), r.stdout
+    # A machine that is in no entry, and an invalid file.
+    stranger = machines(1)[0]
+    r = stranger.od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=1")
+    assert r.returncode == 1
+    assert any(line.startswith("FIX   this machine: no entry of the cluster file is an address of this machine")
+               for line in doctor_lines(r)), r.stdout
+    bad = write_cluster(tmp_path, f"master: {net[0].ip}:{PORT}\nworker: [{net[1].ip}:{PORT}]\n"
+                        "strategy: parameter_server\n", "bad.yaml")
+    r = net[1].od_dist("doctor", f"--cluster={bad}")
+    assert r.returncode == 2 and "ps: '': parameter_server needs at least one ps" in r.stderr
+
+
+# ----- real jobs, each machine started by its own generated script (slow) ----------------------
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shapes")
+    r = subprocess.run([sys.executable, "-m", "od_dist", "data", "shapes", f"--out={out}", "--num_train=48",
+                        "--num_val=8"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return str(out)
+
+
+def job_cluster(tmp_path, net, roles):
+    """A cluster file for `roles` ({machine index: 'master' | 'worker' | 'ps'}), whose hosts run
+    this test's interpreter from a working directory of their own (the namespaces share the file
+    system, as machines with the same install would)."""
+    by_role = {r: [f"{net[i].ip}:{PORT}" for i, rr in sorted(roles.items()) if rr == r] for r in ("master", "worker", "ps")}
+    lines = [f"master: {by_role['master'][0]}", f"worker: [{', '.join(by_role['worker'])}]"]
+    if by_role["ps"]:
+        lines.append(f"ps: [{', '.join(by_role['ps'])}]")
+    lines.append("hosts:")
+    for i in sorted(roles):
+        workdir = tmp_path / net[i].hostname
+        workdir.mkdir()
+        lines.append(f"  {net[i].ip}: {{python: '{sys.executable}', workdir: '{workdir}'}}")
+    return write_cluster(tmp_path, "\n".join(lines) + "\n")
+
+
+def write_scripts(tmp_path, cluster, data_dir, steps, wait_timeout):
+    out = tmp_path / "scripts"
+    model_dir = tmp_path / "model"
+    r = subprocess.run([sys.executable, "-m", "od_dist", "scripts", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
+                        f"--model_dir={model_dir}", "--params_override=" + TINY.format(steps=steps, data=data_dir),
+                        f"--wait_timeout={wait_timeout}", f"--out={out}"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return out, model_dir
+
+
+class Job:
+    """One script per machine, each started inside its machine; output to one log per task."""
+
+    def __init__(self, tmp_path, net, roles, scripts):
+        self.procs, self.logs = {}, {}
+        counters = {}
+        for i, role in sorted(roles.items(), key=lambda kv: kv[1] == "master"):  # servers first: any order works
+            index = counters.get(role, 0)
+            counters[role] = index + 1
+            name = f"{role}:{index}"
+            self.logs[name] = tmp_path / f"{role}-{index}.log"
+            with open(self.logs[name], "w") as log:
+                self.procs[name] = net[i].popen(["bash", str(scripts / f"{role}-{index}.sh")], stdout=log,
+                                                stderr=subprocess.STDOUT)
+
+    def output(self, name):
+        return self.logs[name].read_text(errors="replace")
+
+    def all_output(self):
+        return "\n".join(f"----- {n}\n{self.output(n)[-3000:]}" for n in self.procs)
+
+    def wait(self, names, timeout):
+        """Waits for the named tasks to end, at most `timeout` seconds; returns {name: rc or None}."""
+        deadline = time.monotonic() + timeout
+        for name in names:
+            try:
+                self.procs[name].wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return {n: self.procs[n].poll() for n in names}
+
+    def wait_for_line(self, name, pattern, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if re.search(pattern, self.output(name)):
+                return True
+            if self.procs[name].poll() is not None:
+                return False
+            time.sleep(0.5)
+        return False
+
+    def kill(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def checkpoint_step(model_dir):
+    """The step of the latest checkpoint, from TensorFlow's `checkpoint` state file."""
+    path = os.path.join(model_dir, "checkpoint")
+    if not os.path.exists(path):
+        return None
+    m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', open(path).read(), re.M)
+    return int(m.group(1)) if m else None
+
+
+@pytest.mark.slow
+def test_parameter_server_job_on_four_machines(tmp_path, machines, data_dir):
+    net = machines(4)
+    roles = {0: "master", 1: "worker", 2: "worker", 3: "ps"}
+    cluster = job_cluster(tmp_path, net, roles)
+    scripts, model_dir = write_scripts(tmp_path, cluster, data_dir, steps=10, wait_timeout=120)
+    job = Job(tmp_path, net, roles, scripts)
+    try:
+        codes = job.wait(list(job.procs), timeout=300)
+    finally:
+        job.kill()
+    out = job.all_output()
+    assert codes == {name: 0 for name in job.procs}, out
+    assert re.search(r"od-dist train \| step 10/10 .* steps/s", job.output("master:0")), out
+    for name, machine in (("ps:0", net[3]), ("worker:0", net[1]), ("worker:1", net[2])):
+        assert f"{name} serving on {machine.ip}:{PORT}" in job.output(name), out
+        assert f"{name}: the master finished training; stopping" in job.output(name), out
+    assert checkpoint_step(model_dir) == 10
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_pair_on_two_machines(tmp_path, machines, data_dir):
+    net = machines(2)
+    roles = {0: "master", 1: "worker"}
+    cluster = job_cluster(tmp_path, net, roles)
+    scripts, model_dir = write_scripts(tmp_path, cluster, data_dir, steps=10, wait_timeout=120)
+    job = Job(tmp_path, net, roles, scripts)
+    try:
+        codes = job.wait(list(job.procs), timeout=300)
+    finally:
+        job.kill()
+    out = job.all_output()
+    assert codes == {"master:0": 0, "worker:0": 0}, out
+    for name in ("master:0", "worker:0"):
+        assert f"{name}: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in job.output(name), out
+    assert re.search(r"od-dist train \| step 10/10 ", job.output("master:0")), out
+    assert checkpoint_step(model_dir) == 10
+
+
+@pytest.mark.slow
+def test_a_machine_cut_off_mid_run_ends_the_others_within_the_bound(tmp_path, machines, data_dir):
+    """The master's machine loses its link mid-run: the ps and the workers must not wait forever;
+    each ends within --wait_timeout (plus a probe) with a message naming the lost master."""
+    net = machines(4)
+    roles = {0: "master", 1: "worker", 2: "worker", 3: "ps"}
+    cluster = job_cluster(tmp_path, net, roles)
+    wait_timeout = 45
+    scripts, _ = write_scripts(tmp_path, cluster, data_dir, steps=100000, wait_timeout=wait_timeout)
+    job = Job(tmp_path, net, roles, scripts)
+    survivors = ["ps:0", "worker:0", "worker:1"]
+    bound = wait_timeout + 30
+    try:
+        assert job.wait_for_line("master:0", r"od-dist train \| step \d+/100000", timeout=300), job.all_output()
+        net[0].cut_off()
+        cut = time.monotonic()
+        codes = job.wait(survivors, timeout=bound)
+        took = time.monotonic() - cut
+    finally:
+        job.kill()
+    out = job.all_output()
+    assert None not in codes.values(), f"still running {bound} s after the master's machine was cut off: {codes}\n{out}"
+    print(f"the others ended {took:.0f} s after the cut: {codes}")
+    for name in survivors:
+        assert codes[name] != 0, out
+        assert re.search(rf"master\S* at {re.escape(net[0].ip)}:{PORT}", job.output(name)), out

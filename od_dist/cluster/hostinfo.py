@@ -53,6 +53,11 @@ def _resolve(name: str) -> frozenset[str]:
         return frozenset()
 
 
+def resolve(name: str) -> frozenset[str]:
+    """A host name's addresses (normalized), or none when it does not resolve within a few seconds."""
+    return _resolve(name.lower())
+
+
 def this_machine() -> ThisMachine:
     ips = set()
     for addresses in psutil.net_if_addrs().values():

@@ -1,0 +1,283 @@
+"""`od-dist doctor`: what would stop a job on this machine, checked before anything starts.
+
+One line per check, each `ok`, `warn` (worth a look, not a blocker) or `FIX` (with what to do):
+this machine's entry in the cluster file, every peer's host name resolving, every peer's port
+reachable from here, this machine's own ports free, the installed versions, GPUs vs num_clones.
+
+A peer's port is probed with a plain TCP connect; the answer tells the cases apart:
+  connected            something listens there (its task is up)                -> ok
+  connection refused   the machine answered, nothing listens yet (or a firewall
+                       REJECTs): fine before the job starts                    -> warn
+  no answer (timeout)  a firewall DROPs the packets, or the machine is off      -> FIX
+  no route to host     the machine is off or on another network                 -> FIX
+
+Fast on purpose: no TensorFlow import (seconds); versions come from the installed packages'
+metadata and GPUs from the NVIDIA driver (`nvidia-smi -L`, else /proc/driver/nvidia/gpus).
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.metadata
+import ipaddress
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from od_dist.cluster import hostinfo, validate
+from od_dist.cluster.spec import Cluster, InvalidCluster, Task
+from od_dist.cluster.validate import PARAMETER_SERVER
+
+OK, WARN, FIX = "ok", "warn", "FIX"
+CONNECT_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str  # OK, WARN or FIX
+    what: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.status:<5} {self.what}: {self.detail}"
+
+
+# ----- this machine's entry ----------------------------------------------------------------------
+
+
+def check_entry(cluster: Cluster, role: str | None, index: int | None, machine) -> tuple[list[Check], tuple]:
+    """(the entry check, the tasks that live on this machine)."""
+    mine = cluster.tasks_on(machine.is_local)
+    if role is not None:
+        role, index = validate.normalize_role(role), index or 0
+        problems = validate.check_task(cluster, role, index)
+        if problems:
+            raise InvalidCluster(problems)
+        problems = validate.check_this_machine(cluster, role, index, machine.is_local)
+        if problems:
+            return [Check(FIX, "this machine", problems[0])], mine
+        task = cluster.task(role, index)
+        return [Check(OK, "this machine", f"{task.name} at {task.address}")], (task,)
+    if cluster.loopback_only():
+        return [Check(OK, "this machine", "a loopback-only cluster: every task runs here "
+                      "(od-dist launch starts them all)")], mine
+    if not mine:
+        return [Check(FIX, "this machine", f"no entry of the cluster file is an address of this machine "
+                      f"({machine.describe()}); run doctor on a machine the file lists, or fix its addresses")], mine
+    if len(mine) == 1:
+        return [Check(OK, "this machine", f"{mine[0].name} at {mine[0].address} (found by its addresses)")], mine
+    names = ", ".join(t.name for t in mine)
+    return [Check(OK, "this machine", f"runs {names}: start each with --role/--index, or all with od-dist launch")], mine
+
+
+# ----- peers ----------------------------------------------------------------------------------------
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def check_names(peers) -> tuple[list[Check], set[str]]:
+    """(a line per peer host name, the names that do not resolve). IP addresses need no lookup."""
+    checks, unresolved = [], set()
+    for host in sorted({t.address.host for t in peers if not _is_ip(t.address.host)}):
+        users = ", ".join(t.name for t in peers if t.address.host == host)
+        addresses = hostinfo.resolve(host)
+        if addresses:
+            checks.append(Check(OK, f"name {host}", f"resolves to {', '.join(sorted(addresses))} ({users})"))
+        else:
+            unresolved.add(host)
+            checks.append(Check(FIX, f"name {host}", f"does not resolve from this machine ({users}): add it to "
+                                "DNS or to the hosts file, or write its IP address in the cluster file"))
+    return checks, unresolved
+
+
+def probe(host: str, port: int, timeout: float) -> tuple[str, str]:
+    """(status, what happened) for a TCP connect to host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return OK, "listening (its task is up)"
+    except ConnectionRefusedError:
+        return WARN, ("connection refused: the machine answers and nothing listens on the port yet (fine "
+                      "before its task starts), or a firewall rejects it")
+    except socket.timeout:
+        return FIX, (f"no answer within {timeout:g} s: a firewall drops TCP port {port} on {host}, or the machine "
+                     f"is off; open port {port} there to this machine (the README written by od-dist scripts "
+                     "lists every port and peer)")
+    except OSError as e:
+        if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN):
+            return FIX, f"no route to host ({e.strerror}): the machine is off or on another network; check its address"
+        return FIX, f"cannot connect ({e.strerror or e}); check the address and the network"
+
+
+def check_peers(peers, timeout: float) -> list[Check]:
+    """Every peer's port, probed in parallel so that N silent peers cost one timeout, not N."""
+    results: dict[Task, tuple[str, str]] = {}
+
+    def one(task):
+        results[task] = probe(task.address.host, task.address.port, timeout)
+
+    threads = [threading.Thread(target=one, args=(t,), daemon=True) for t in peers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 5)
+    checks = []
+    for t in peers:
+        status, detail = results.get(t, (FIX, "the probe did not return"))
+        checks.append(Check(status, f"{t.name} at {t.address}", detail))
+    return checks
+
+
+# ----- this machine ---------------------------------------------------------------------------------
+
+
+def _port_owner(port: int) -> str:
+    try:
+        import psutil
+
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return f" by {psutil.Process(c.pid).name()} (pid {c.pid})"
+    except Exception:  # noqa: BLE001 - the owner is a nicety; permissions vary
+        pass
+    return ""
+
+
+def check_ports_here(mine) -> list[Check]:
+    """Binds each of this machine's ports as the task will (every interface)."""
+    checks = []
+    for task in mine:
+        if task.role == "evaluator" or task.address.port is None:
+            continue  # runs no server
+        port = task.address.port
+        family = socket.AF_INET6 if ":" in task.address.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            if os.name != "nt":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is free
+            try:
+                s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+                checks.append(Check(OK, f"port {port} here", f"free for {task.name}"))
+            except OSError as e:
+                checks.append(Check(FIX, f"port {port} here", f"in use{_port_owner(port)} ({e.strerror}); "
+                                    f"{task.name} cannot start: stop that program, or give {task.key} another port"))
+    return checks
+
+
+def _version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def check_versions() -> list[Check]:
+    """What this machine has installed, from package metadata (importing TensorFlow takes seconds)."""
+    from od_dist import __version__
+
+    found = {
+        "od-dist": _version("od-dist") or __version__,
+        "Python": platform.python_version(),
+        "TensorFlow": _version("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel"),
+        "Model Garden (tf-models-official)": _version("tf-models-official"),
+        "numpy": _version("numpy"),
+    }
+    checks = []
+    tf_version, mg_version, np_version = (found["TensorFlow"], found["Model Garden (tf-models-official)"],
+                                          found["numpy"])
+    if tf_version is None or _major_minor(tf_version) != (2, 20):
+        checks.append(Check(FIX, "TensorFlow", f"{tf_version or 'not installed'}; od-dist needs 2.20: "
+                            "pip install 'tensorflow~=2.20.0' (or reinstall od-dist)"))
+    if mg_version is None or _major_minor(mg_version) != (2, 20):
+        checks.append(Check(FIX, "Model Garden", f"tf-models-official {mg_version or 'not installed'}; od-dist "
+                            "needs 2.20.0: pip install tf-models-official==2.20.0"))
+    if np_version is not None and _major_minor(np_version) >= (2, 4):
+        checks.append(Check(FIX, "numpy", f"{np_version}: Model Garden 2.20's COCO evaluation fails with "
+                            "numpy 2.4; pip install 'numpy<2.4'"))
+    shown = ", ".join(f"{k} {v or 'missing'}" for k, v in found.items())
+    checks.insert(0, Check(OK if not checks else WARN, "versions", shown + " (every machine should show the same)"))
+    return checks
+
+
+def count_gpus() -> tuple[int, str]:
+    """(NVIDIA GPUs on this machine, how they were counted), from the driver, without TensorFlow."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=15)
+            if r.returncode == 0:
+                return sum(line.startswith("GPU ") for line in r.stdout.splitlines()), "nvidia-smi -L"
+            return 0, f"nvidia-smi -L failed: {(r.stderr or r.stdout).strip()[:200]}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return 0, f"nvidia-smi -L failed: {e}"
+    proc = "/proc/driver/nvidia/gpus"
+    if os.path.isdir(proc):
+        return len(os.listdir(proc)), proc
+    return 0, "no NVIDIA driver found: no nvidia-smi, no /proc/driver/nvidia"
+
+
+def trains_here(cluster: Cluster, task: Task) -> bool:
+    """Roles whose process holds replicas: the workers under parameter_server (the ps holds
+    variables, the master coordinates), the master and workers under multi_worker_mirrored."""
+    if task.role in ("ps", "evaluator"):
+        return False
+    return task.role == "worker" or cluster.strategy != PARAMETER_SERVER
+
+
+def check_gpus(cluster: Cluster, mine, counted=None) -> list[Check]:
+    trainers = [t for t in mine if trains_here(cluster, t)]
+    gpus, how = counted or count_gpus()
+    if not trainers:
+        return [Check(OK, "GPUs", f"{gpus} here ({how}); none needed: no task here holds replicas")]
+    need = max(cluster.clones_for(t.address.host) for t in trainers)
+    names = ", ".join(t.name for t in trainers)
+    if need > gpus:
+        if gpus == 0 and need == 1:
+            return [Check(OK, "GPUs", f"none here ({how}); {names} will train on the CPU (num_clones 1)")]
+        return [Check(FIX, "GPUs", f"num_clones {need} for {names} needs {need} GPUs, found {gpus} ({how}): lower "
+                      "num_clones (hosts.<host>.num_clones in the cluster file, or --num_clones) or add GPUs")]
+    return [Check(OK, "GPUs", f"{gpus} here ({how}) for num_clones {need} ({names}); TensorFlow's own CUDA "
+                  "libraries are not checked (that needs importing TensorFlow)")]
+
+
+# ----- all of it ------------------------------------------------------------------------------------
+
+
+def run(cluster_path: str, role: str | None, index: int | None, allow_public: bool,
+        connect_timeout: float = CONNECT_TIMEOUT_S, machine=None) -> tuple[list[Check], str]:
+    """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2)."""
+    from od_dist.job import config
+
+    cluster = config.load_cluster(cluster_path, allow_public)
+    if index is not None and role is None:
+        raise InvalidCluster([validate.problem("--index", index, "given without --role", "add --role")])
+    machine = machine or hostinfo.this_machine()
+    head = (f"{cluster_path}: valid, strategy {cluster.strategy}, {len(cluster.tasks())} tasks, "
+            f"num_clones {cluster.num_clones}")
+    checks, mine = check_entry(cluster, role, index, machine)
+    peers = [t for t in cluster.server_tasks() if t not in mine]
+    name_checks, unresolved = check_names(peers)
+    checks += name_checks
+    checks += check_peers([t for t in peers if t.address.host not in unresolved], connect_timeout)
+    checks += check_ports_here(mine)
+    checks += check_versions()
+    checks += check_gpus(cluster, mine)
+    return checks, head

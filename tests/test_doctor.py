@@ -1,0 +1,115 @@
+"""`od-dist doctor` on loopback (any user; the simulated machines in test_multihost.py cover
+peers on other machines, names and firewalls)."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from od_dist.cluster import spec as cluster_mod
+from od_dist.job import doctor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def od_dist(*args):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=60)
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def loopback_cluster(tmp_path, ports, extra=""):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"master: 127.0.0.1:{ports[0]}\nworker: [127.0.0.1:{ports[1]}]\nps: [127.0.0.1:{ports[2]}]\n"
+                    + extra)
+    return str(path)
+
+
+def test_loopback_cluster_all_ok_fast_and_without_tensorflow(tmp_path):
+    ports = free_ports(3)
+    cluster = loopback_cluster(tmp_path, ports)
+    start = time.monotonic()
+    r = od_dist("doctor", f"--cluster={cluster}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert time.monotonic() - start < 20
+    lines = [line.strip() for line in r.stdout.splitlines()]
+    assert lines[0] == f"od-dist doctor: {cluster}: valid, strategy parameter_server, 3 tasks, num_clones 1"
+    assert "ok    this machine: a loopback-only cluster: every task runs here (od-dist launch starts them all)" in lines
+    for port, name in zip(ports, ("master:0", "worker:0", "ps:0")):
+        assert f"ok    port {port} here: free for {name}" in lines
+    assert lines[-1].startswith("od-dist doctor: nothing to fix")
+    code = ("import sys; from od_dist import cli; rc = cli.main(['od-dist', 'doctor', '--cluster', sys.argv[1]]); "
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'official', 'keras', 'tf_keras')]; "
+            "print('HEAVY', heavy); sys.exit(rc or bool(heavy))")
+    r = subprocess.run([sys.executable, "-c", code, cluster], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and "HEAVY []" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_port_in_use_here_is_a_fix(tmp_path):
+    ports = free_ports(3)
+    cluster = loopback_cluster(tmp_path, ports)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[1]))
+        taken.listen()
+        r = od_dist("doctor", f"--cluster={cluster}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert any(line.strip().startswith(f"FIX   port {ports[1]} here: in use") and "worker:0 cannot start: stop that "
+               "program, or give worker[0] another port" in line for line in r.stdout.splitlines()), r.stdout
+    assert r.stdout.splitlines()[-1] == "od-dist doctor: 1 to fix (the FIX lines above)"
+
+
+def test_invalid_input_exits_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("master: 127.0.0.1:1\nworkers: [127.0.0.1:2]\n")
+    r = od_dist("doctor", f"--cluster={bad}")
+    assert r.returncode == 2 and "workers: 'workers': unknown key; did you mean 'worker'?" in r.stderr
+    r = od_dist("doctor")
+    assert r.returncode == 2 and "--cluster: '': required" in r.stderr
+    cluster = loopback_cluster(tmp_path, free_ports(3))
+    r = od_dist("doctor", f"--cluster={cluster}", "--role=worker", "--index=3")
+    assert r.returncode == 2 and "--index: '3': worker has indexes 0 to 0" in r.stderr
+
+
+def test_probe_tells_listening_from_refused():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert doctor.probe("127.0.0.1", server.getsockname()[1], 2)[0] == doctor.OK
+    port = free_ports(1)[0]
+    status, detail = doctor.probe("127.0.0.1", port, 2)
+    assert status == doctor.WARN and detail.startswith("connection refused")
+
+
+def test_gpus_against_num_clones():
+    ps = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.2:1"], "ps": ["10.0.0.3:1"],
+                                    "hosts": {"10.0.0.2": {"num_clones": 2}}})
+    mw = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.2:1"], "num_clones": 2})
+
+    def status(cluster, role, counted):
+        return doctor.check_gpus(cluster, [cluster.task(role)], counted)[0]
+
+    assert status(ps, "worker", (1, "nvidia-smi -L")).status == doctor.FIX
+    assert "needs 2 GPUs, found 1 (nvidia-smi -L)" in status(ps, "worker", (1, "nvidia-smi -L")).detail
+    assert status(ps, "worker", (2, "nvidia-smi -L")).status == doctor.OK
+    # Under parameter_server the ps and the master (coordinator) hold no replicas.
+    assert "none needed" in status(ps, "master", (0, "x")).detail and status(ps, "ps", (0, "x")).status == doctor.OK
+    # Under multi_worker_mirrored the master trains too.
+    assert status(mw, "master", (0, "no NVIDIA driver")).status == doctor.FIX
+    one = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.2:1"]})
+    assert "will train on the CPU" in status(one, "worker", (0, "no NVIDIA driver")).detail
+
+
+def test_count_gpus_says_how():
+    gpus, how = doctor.count_gpus()
+    assert gpus >= 0 and how
