@@ -224,19 +224,24 @@ def write_scripts(tmp_path, cluster, data_dir, steps, wait_timeout):
 
 
 class Job:
-    """One script per machine, each started inside its machine; output to one log per task."""
+    """Tasks started inside their machines ({name: (machine, argv)}); output to one log per task."""
 
-    def __init__(self, tmp_path, net, roles, scripts):
+    def __init__(self, tmp_path, commands, cwd=None):
         self.procs, self.logs = {}, {}
-        counters = {}
+        for name, (machine, argv) in commands.items():
+            self.logs[name] = tmp_path / f"{name.replace(':', '-')}.log"
+            with open(self.logs[name], "w") as log:
+                self.procs[name] = machine.popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
+
+    @classmethod
+    def from_scripts(cls, tmp_path, net, roles, scripts):
+        """Each machine runs the .sh that `od-dist scripts` wrote for its task."""
+        commands, counters = {}, {}
         for i, role in sorted(roles.items(), key=lambda kv: kv[1] == "master"):  # servers first: any order works
             index = counters.get(role, 0)
             counters[role] = index + 1
-            name = f"{role}:{index}"
-            self.logs[name] = tmp_path / f"{role}-{index}.log"
-            with open(self.logs[name], "w") as log:
-                self.procs[name] = net[i].popen(["bash", str(scripts / f"{role}-{index}.sh")], stdout=log,
-                                                stderr=subprocess.STDOUT)
+            commands[f"{role}:{index}"] = (net[i], ["bash", str(scripts / f"{role}-{index}.sh")])
+        return cls(tmp_path, commands)
 
     def output(self, name):
         return self.logs[name].read_text(errors="replace")
@@ -286,7 +291,7 @@ def test_parameter_server_job_on_four_machines(tmp_path, machines, data_dir):
     roles = {0: "master", 1: "worker", 2: "worker", 3: "ps"}
     cluster = job_cluster(tmp_path, net, roles)
     scripts, model_dir = write_scripts(tmp_path, cluster, data_dir, steps=10, wait_timeout=120)
-    job = Job(tmp_path, net, roles, scripts)
+    job = Job.from_scripts(tmp_path, net, roles, scripts)
     try:
         codes = job.wait(list(job.procs), timeout=300)
     finally:
@@ -306,7 +311,7 @@ def test_multi_worker_mirrored_pair_on_two_machines(tmp_path, machines, data_dir
     roles = {0: "master", 1: "worker"}
     cluster = job_cluster(tmp_path, net, roles)
     scripts, model_dir = write_scripts(tmp_path, cluster, data_dir, steps=10, wait_timeout=120)
-    job = Job(tmp_path, net, roles, scripts)
+    job = Job.from_scripts(tmp_path, net, roles, scripts)
     try:
         codes = job.wait(list(job.procs), timeout=300)
     finally:
@@ -328,9 +333,9 @@ def test_a_machine_cut_off_mid_run_ends_the_others_within_the_bound(tmp_path, ma
     cluster = job_cluster(tmp_path, net, roles)
     wait_timeout = 45
     scripts, _ = write_scripts(tmp_path, cluster, data_dir, steps=100000, wait_timeout=wait_timeout)
-    job = Job(tmp_path, net, roles, scripts)
+    job = Job.from_scripts(tmp_path, net, roles, scripts)
     survivors = ["ps:0", "worker:0", "worker:1"]
-    bound = wait_timeout + 30
+    bound = wait_timeout + 45  # a probe every 5 s, and slack for a loaded machine
     try:
         assert job.wait_for_line("master:0", r"od-dist train \| step \d+/100000", timeout=300), job.all_output()
         net[0].cut_off()
@@ -345,3 +350,28 @@ def test_a_machine_cut_off_mid_run_ends_the_others_within_the_bound(tmp_path, ma
     for name in survivors:
         assert codes[name] != 0, out
         assert re.search(rf"master\S* at {re.escape(net[0].ip)}:{PORT}", job.output(name)), out
+
+
+@pytest.mark.slow
+def test_train_without_role_runs_each_machines_own_task(tmp_path, machines, data_dir):
+    """`od-dist train` with no --role on each machine: the servers come up as their own entry (the
+    ready line names task and address), and the master, alone, waits for the three others."""
+    net = machines(4)
+    cluster = ps_cluster(tmp_path, net)
+    train = [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
+             f"--model_dir={tmp_path / 'model'}", "--params_override=" + TINY.format(steps=10, data=data_dir)]
+    r = net[0].run(train + ["--wait_timeout=3"], timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"timed out after 3 s waiting for ps:0 at {net[3].ip}:{PORT}, worker:0 at {net[1].ip}:{PORT}, "
+            f"worker:1 at {net[2].ip}:{PORT}") in r.stderr, r.stderr[-3000:]
+    expected = {"ps:0": net[3], "worker:0": net[1], "worker:1": net[2]}
+    job = Job(tmp_path, {name: (m, train + ["--wait_timeout=300"]) for name, m in expected.items()}, cwd=str(tmp_path))
+    try:
+        for name, machine in expected.items():
+            assert job.wait_for_line(name, r"serving on", timeout=240), job.all_output()
+            assert f"{name} serving on {machine.ip}:{PORT}\n" in job.output(name), job.all_output()
+        for proc in job.procs.values():
+            proc.terminate()
+        assert job.wait(list(job.procs), timeout=60) == {name: 0 for name in expected}, job.all_output()
+    finally:
+        job.kill()
