@@ -79,15 +79,39 @@ def define_train_flags(fv: flags.FlagValues) -> None:
                          flag_values=fv)
 
 
+# launch's default: enough for the occasional lost process of a long run (an OOM kill, a preempted
+# or rebooted task) while a task that dies at every start stops the job after 2 + 4 + 8 s of
+# backoff instead of looping. `train` defaults to 0: see its help.
+LAUNCH_MAX_RESTARTS = 3
+
+
+def define_restart_flags(fv: flags.FlagValues, max_restarts: int) -> None:
+    """The supervisor's flags (launch; train, whose default 0 runs the task in-process)."""
+    flags.DEFINE_integer("max_restarts", max_restarts, "Restarts after a task is lost (a retryable exit: "
+                         "lost peer, signal), by TensorFlow's rules: a parameter_server worker or an "
+                         "evaluator alone, anything else every task together from the last checkpoint; "
+                         "2 s backoff, doubling. Permanent errors (exit 1, 2) are never retried.",
+                         lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("grace_period", 120, "Seconds the trainers get to save a checkpoint and exit after "
+                         "Ctrl+C/SIGTERM before they are killed; make it longer than one "
+                         "trainer.steps_per_loop loop plus a save.", lower_bound=1, flag_values=fv)
+
+
+def restart_args(fv: flags.FlagValues) -> list[str]:
+    """--max_restarts (always, so a generated script says what it does) and --grace_period if set."""
+    return [f"--max_restarts={fv.max_restarts}"] + ([f"--grace_period={fv.grace_period}"]
+                                                    if fv["grace_period"].present else [])
+
+
 # The train flags that `launch`, `scripts` and `k8s` pass on to every task (role/index are per task).
 PASS_ON_FLAGS = ("pipeline", "model_dir", "num_clones", "clone_on_cpu", "params_override", "wait_timeout",
                  "allow_public_addresses")
 
 
-def passed_on_args(fv: flags.FlagValues) -> list[str]:
+def passed_on_args(fv: flags.FlagValues, names=PASS_ON_FLAGS) -> list[str]:
     """The train flags the user set, as `--name=value` arguments, to hand to each task's `train`."""
     args = []
-    for name in PASS_ON_FLAGS:
+    for name in names:
         flag = fv[name]
         if flag.present:
             if isinstance(flag.value, bool):
@@ -213,7 +237,11 @@ Examples:
   od-dist train --cluster clusters/lan-example.yaml --role master \\
       --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/lan
   od-dist train --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/one --num_clones 2 --clone_on_cpu
-""", define_train_flags)
+With --max_restarts N the task runs as a child that is restarted (up to N times, 2 s backoff,
+doubling) when it is lost (a retryable exit: lost peer, signal), so a job whose machines each run
+their generated script heals itself; the default 0 runs it in this process, as an orchestrator
+(Kubernetes) that restarts pods itself expects.
+""", lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0)))
 def cmd_train(fv) -> int:
     from od_dist.job import config
 
@@ -221,9 +249,18 @@ def cmd_train(fv) -> int:
     # From here on the task is known. A TF_CONFIG left in the environment would be read by parts of
     # TensorFlow on their own, and an orchestrator's lists the evaluator, which hangs a
     # parameter-server coordinator; every strategy here is built from the validated cluster instead.
-    os.environ.pop("TF_CONFIG", None)
+    tf_config = os.environ.pop("TF_CONFIG", None)
     cfg = config.train_config(selected, fv.pipeline, fv.model_dir, fv.num_clones, fv.clone_on_cpu,
                               fv.params_override, fv.wait_timeout)
+    if fv.max_restarts:
+        from od_dist.cluster.spec import Address, Task
+        from od_dist.job import launch
+
+        task = selected.task or Task("single", 0, Address("localhost", None))
+        argv = [sys.executable, "-m", "od_dist", "train",
+                *passed_on_args(fv, ("cluster", "role", "index") + PASS_ON_FLAGS), "--max_restarts=0"]
+        return launch.run_task(task, cfg.strategy_name, argv, fv.max_restarts, fv.grace_period,
+                               tf_config if selected.source == "TF_CONFIG" else None)
     from od_dist.job import roles
 
     return _run_role(roles.run, cfg)
@@ -269,12 +306,16 @@ def cmd_eval(fv) -> int:
 Starts the tasks of the cluster that run on this machine (all of them for a loopback cluster such
 as clusters/local.yaml) as child processes with the given train flags. Their lines are prefixed
 ([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log. Exits 0 when the master has
-finished and the others have stopped; if any task fails, stops the rest and exits 1 naming it.
-Ctrl+C stops them all. No task outlives the launcher.
+finished and the others have stopped. A lost task (a retryable exit: lost peer, signal) is
+restarted by TensorFlow's rules, up to --max_restarts times: a parameter_server worker or the
+evaluator alone, a ps, the master or any multi_worker_mirrored trainer with every task, from the
+last checkpoint. A permanent error (exit 1, 2) stops every task at once, exit 1 (2) naming it.
+Ctrl+C (SIGTERM) asks the trainers to save and stop, then stops the rest: exit 130 (143); a second
+Ctrl+C stops everything at once. No task outlives the launcher.
 
 Example:
   od-dist launch --cluster clusters/local.yaml --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
-""", define_train_flags)
+""", lambda fv: (define_train_flags(fv), define_restart_flags(fv, LAUNCH_MAX_RESTARTS)))
 def cmd_launch(fv) -> int:
     from od_dist.job import config, launch
     from od_dist.cluster import hostinfo
@@ -304,7 +345,8 @@ def cmd_launch(fv) -> int:
         if code:
             print(f"od-dist launch: {problem}", file=sys.stderr)
             return EXIT_FAILURE
-    return launch.run(fv.cluster, list(tasks), passed_on_args(fv), fv.model_dir)
+    return launch.run(fv.cluster, cluster.strategy, list(tasks), passed_on_args(fv), fv.model_dir,
+                      fv.max_restarts, fv.grace_period)
 
 
 def define_shapes_flags(fv: flags.FlagValues) -> None:
@@ -356,6 +398,7 @@ def _render_input(fv, what: str):
 
 def define_scripts_flags(fv: flags.FlagValues) -> None:
     define_train_flags(fv)
+    define_restart_flags(fv, LAUNCH_MAX_RESTARTS)  # written into every script: each machine heals itself
     flags.DEFINE_string("out", None, "Directory for the scripts and their README.md (created if missing).",
                         flag_values=fv)
 
@@ -378,10 +421,12 @@ def cmd_scripts(fv) -> int:
     cluster, passed_on = _render_input(fv, "scripts")
     if not fv.out:
         raise UsageError("--out: '': required; pass --out=DIR")
+    passed_on += restart_args(fv)
     command = " ".join(scripts.bash_quote(a) for a in
                        ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"])
     try:
-        written = scripts.write_scripts(cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout)
+        written = scripts.write_scripts(cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout,
+                                        fv.max_restarts)
     except scripts.ScriptError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {len(written) - 1} scripts for {len(cluster.tasks())} tasks and README.md to {fv.out}")

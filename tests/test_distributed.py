@@ -211,7 +211,7 @@ def test_launch_stops_everything_when_a_task_dies(tmp_path, data_dir):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "od_dist", "launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
-         f"--model_dir={model_dir}", tiny(data_dir, steps=100000), "--wait_timeout=120"],
+         f"--model_dir={model_dir}", tiny(data_dir, steps=100000), "--wait_timeout=120", "--max_restarts=0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env)
     lines = []
     try:
@@ -229,6 +229,7 @@ def test_launch_stops_everything_when_a_task_dies(tmp_path, data_dir):
             launcher.kill()
     out = "".join(lines) + rest
     assert launcher.returncode == 1, out[-3000:]
-    assert "od-dist launch: worker:1 failed (exit -9); stopping the others" in out
+    assert ("od-dist launch: worker:1 died (exit 137, killed); no restart left (--max_restarts 0); stopping "
+            f"every task. Its log: {os.path.join(model_dir, 'logs', 'worker-1.log')}") in out
     gone = psutil.wait_procs(children, timeout=30)[1]
     assert not gone, f"left running: {gone}"

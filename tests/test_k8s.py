@@ -94,7 +94,7 @@ def test_manifest_structure():
                      "Worker": [{"name": "tfjob-port", "containerPort": 2222}],
                      "Evaluator": [{"name": "tfjob-port", "containerPort": 2222}]}
     for rt, spec in specs.items():
-        assert spec["restartPolicy"] == "OnFailure"
+        assert spec["restartPolicy"] == "ExitCode"  # Kubeflow retries exactly exit_codes.RETRYABLE
         pod = spec["template"]["spec"]
         (container,) = pod["containers"]
         assert container["name"] == "tensorflow" and container["image"] == "registry.example/od-dist:1"

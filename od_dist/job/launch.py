@@ -1,9 +1,9 @@
 """`od-dist launch`: every task of the cluster that lives on this machine, as child processes.
 
-One console with prefixed lines (`[worker:1] ...`), one log file per task under
-<model_dir>/logs/, and one fate: when a task fails or the user presses Ctrl+C, every other task is
-stopped too. On Linux each child also gets PR_SET_PDEATHSIG, so even a launcher killed with
-SIGKILL leaves no orphan behind.
+This module starts the processes and carries their output: one console with prefixed lines
+(`[worker:1] ...`), one log file per task under <model_dir>/logs/. Which task to restart, stop or
+wait for is supervisor.py's (TensorFlow's recovery rules). On Linux each child also gets
+PR_SET_PDEATHSIG, so even a launcher killed with SIGKILL leaves no orphan behind.
 """
 
 from __future__ import annotations
@@ -18,17 +18,12 @@ import time
 from dataclasses import dataclass
 
 from od_dist.cluster.spec import Task
-
-SERVER_GRACE_S = 60.0  # servers stop by themselves within this after the master is done
-TERMINATE_GRACE_S = 10.0
+from od_dist.job import supervisor
 
 
 @dataclass
-class Child:
-    task: Task
-    proc: subprocess.Popen
-    log_path: str
-    reader: threading.Thread
+class Child(supervisor.Running):
+    reader: threading.Thread | None = None
 
 
 def _die_with_parent_hook():
@@ -58,6 +53,7 @@ def _pump(stream, prefix: str, log_path: str, lock: threading.Lock) -> None:
     try:
         log = open(log_path, "a", encoding="utf-8", errors="replace")
         log.write(f"----- {time.strftime('%Y-%m-%d %H:%M:%S')} {prefix[1:-1]} started -----\n")
+        log.flush()
     except OSError as e:
         log = _drop_log(log, log_path, e)
     for line in iter(stream.readline, ""):
@@ -104,96 +100,87 @@ def _write_console(text: str) -> None:
             pass
 
 
-def _start(task: Task, argv: list[str], log_dir: str, lock: threading.Lock) -> Child:
+def start_child(argv: list[str], stdout=None, tf_config: str | None = None) -> subprocess.Popen:
+    """A task as a child process in its own process group: a Ctrl+C in the terminal reaches only
+    the supervisor, which then stops the trainers before the servers. On Linux the child also dies
+    with the supervisor (PR_SET_PDEATHSIG), so even a supervisor killed with SIGKILL leaves none."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TF_CONFIG", None)  # the child gets its task from --cluster/--role/--index
+    env.pop("TF_CONFIG", None)  # the child gets its task from --cluster/--role/--index...
+    if tf_config:
+        env["TF_CONFIG"] = tf_config  # ...or from the TF_CONFIG its supervisor was given
     kwargs = {}
     if os.name == "nt":
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP
-    elif sys.platform.startswith("linux"):
-        kwargs["preexec_fn"] = _die_with_parent_hook()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, encoding="utf-8", errors="replace", bufsize=1, env=env, **kwargs)
+    else:
+        kwargs["start_new_session"] = True
+        if sys.platform.startswith("linux"):
+            kwargs["preexec_fn"] = _die_with_parent_hook()
+    if stdout is not None:
+        kwargs.update(stdout=stdout, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
+                      bufsize=1)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, **kwargs)
+
+
+def _start(task: Task, argv: list[str], log_dir: str, lock: threading.Lock) -> Child:
+    proc = start_child(argv, stdout=subprocess.PIPE)
     log_path = os.path.join(log_dir, f"{task.role}-{task.index}.log")
     reader = threading.Thread(target=_pump, args=(proc.stdout, f"[{task.name}]", log_path, lock), daemon=True)
     reader.start()
     return Child(task, proc, log_path, reader)
 
 
-def _stop(children: list[Child]) -> None:
-    """SIGTERM (CTRL_BREAK on Windows) to every live child, then SIGKILL after a grace period."""
-    live = [c for c in children if c.proc.poll() is None]
-    for c in live:
-        try:
-            c.proc.send_signal(signal.CTRL_BREAK_EVENT if os.name == "nt" else signal.SIGTERM)
-        except OSError:
-            pass
-    deadline = time.monotonic() + TERMINATE_GRACE_S
-    for c in live:
-        try:
-            c.proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            c.proc.kill()
-            c.proc.wait()
-    for c in children:
-        c.reader.join(timeout=5)
-
-
 def _say(message: str) -> None:
     _write_console(f"od-dist launch: {message}\n")
 
 
-def run(cluster_path: str, tasks: list[Task], train_args: list[str], model_dir: str) -> int:
-    """Starts the tasks, supervises them, returns 0 when the job finished cleanly."""
+def handle_signals(handler) -> dict:
+    """Installs handler for SIGINT, SIGTERM (and CTRL_BREAK on Windows); returns the previous ones."""
+    names = [n for n in ("SIGINT", "SIGTERM", "SIGBREAK") if hasattr(signal, n)]
+    return {getattr(signal, n): signal.signal(getattr(signal, n), handler) for n in names}
+
+
+def run(cluster_path: str, strategy: str, tasks: list[Task], train_args: list[str], model_dir: str,
+        max_restarts: int, grace_s: float) -> int:
+    """Starts the tasks, supervises and restarts them (supervisor.py), returns the job's exit status."""
     log_dir = os.path.join(model_dir, "logs")
     os.makedirs(log_dir, exist_ok=True)
     lock = threading.Lock()
-    children: list[Child] = []
-    interrupted = []
 
-    def on_signal(signum, _frame):
-        interrupted.append(signum)
+    def start(task: Task) -> Child:
+        argv = [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster_path}", f"--role={task.role}",
+                f"--index={task.index}", *train_args]
+        return _start(task, argv, log_dir, lock)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    def finish(child: Child) -> None:
+        child.reader.join(timeout=5)  # the last lines of a task that exited
+
+    sup = supervisor.Supervisor(strategy, tasks, start, _say, max_restarts, grace_s, finish=finish)
+    previous = handle_signals(sup.on_signal)
     try:
-        for task in tasks:
-            argv = [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster_path}", f"--role={task.role}",
-                    f"--index={task.index}", *train_args]
-            children.append(_start(task, argv, log_dir, lock))
-        _say(f"started {', '.join(c.task.name for c in children)}; logs in {log_dir}")
-        return _supervise(children, interrupted)
+        _say(f"starting {', '.join(t.name for t in tasks)}; logs in {log_dir}; up to {max_restarts} "
+             f"restart(s) (--max_restarts)")
+        return sup.run()
     finally:
-        _stop(children)
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def _supervise(children: list[Child], interrupted: list) -> int:
-    has_master = any(c.task.role == "master" for c in children)
-    trainers_done_at = None
-    while True:
-        if interrupted:
-            _say("interrupted; stopping every task")
-            return 130
-        for c in children:
-            code = c.proc.poll()
-            if code not in (None, 0):
-                _say(f"{c.task.name} failed (exit {code}); stopping the others. Its log: {c.log_path}")
-                return 1
-        running = [c for c in children if c.proc.poll() is None]
-        if not running:
-            _say("every task finished")
-            return 0
-        # Training is over when no trainer (master, all-reduce worker) is left running; then
-        # servers must stop by themselves soon, and the evaluator after the final checkpoint.
-        if has_master and trainers_done_at is None and not any(c.task.role == "master" for c in running):
-            trainers_done_at = time.monotonic()
-        if trainers_done_at is not None and time.monotonic() - trainers_done_at > SERVER_GRACE_S:
-            if all(c.task.role in ("ps", "worker") for c in running):
-                _say(f"{', '.join(c.task.name for c in running)} still running {SERVER_GRACE_S:.0f} s after "
-                     "the master finished; stopping them")
-                return 1
-        time.sleep(0.2)
+def run_task(task: Task, strategy: str, argv: list[str], max_restarts: int, grace_s: float,
+             tf_config: str | None = None) -> int:
+    """`od-dist train --max_restarts N`: this machine's one task as a child (its output straight to
+    the console), restarted by the same rules and messages as under launch."""
+
+    def say(message: str) -> None:
+        print(f"od-dist train: {message}", file=sys.stderr, flush=True)
+
+    sup = supervisor.Supervisor(strategy, [task], lambda t: supervisor.Running(t, start_child(argv, tf_config=tf_config)),
+                                say, max_restarts, grace_s)
+    previous = handle_signals(sup.on_signal)
+    try:
+        return sup.run()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 _CHECK_PIPELINE = """

@@ -12,7 +12,7 @@ if errorlevel 1 (echo od-dist: cannot change to the working directory 1>&2 & exi
 set "VIRTUAL_ENV=C:\TFWS\venv"
 set "PATH=C:\TFWS\venv\Scripts;%PATH%"
 set "PYTHONHOME="
-"C:\TFWS\venv\Scripts\od-dist.exe" train --cluster=clusters/lan-example.yaml --role=master --index=0 --pipeline=pipelines/shapes_retinanet.yaml --model_dir=runs/lan
+"C:\TFWS\venv\Scripts\od-dist.exe" train --cluster=clusters/lan-example.yaml --role=master --index=0 --pipeline=pipelines/shapes_retinanet.yaml --model_dir=runs/lan --max_restarts=3
 set "OD_DIST_RC=%ERRORLEVEL%"
 popd
 if defined OD_DIST_OLD_CP chcp %OD_DIST_OLD_CP% >nul 2>&1

@@ -17,7 +17,8 @@ $exe = [System.IO.Path]::Combine($PWD.ProviderPath, 'C:\TFWS\venv\Scripts\od-dis
 #   --index=0
 #   --pipeline=pipelines/shapes_retinanet.yaml
 #   --model_dir=runs/lan
-$arguments = 'train --cluster=clusters/lan-example.yaml --role=master --index=0 --pipeline=pipelines/shapes_retinanet.yaml --model_dir=runs/lan'
+#   --max_restarts=3
+$arguments = 'train --cluster=clusters/lan-example.yaml --role=master --index=0 --pipeline=pipelines/shapes_retinanet.yaml --model_dir=runs/lan --max_restarts=3'
 $start = New-Object System.Diagnostics.ProcessStartInfo
 $start.FileName = $exe
 $start.Arguments = $arguments

@@ -11,4 +11,5 @@ exec /opt/od-dist/venv/bin/od-dist train \
   --role=ps \
   --index=0 \
   --pipeline=pipelines/shapes_retinanet.yaml \
-  --model_dir=runs/lan
+  --model_dir=runs/lan \
+  --max_restarts=3

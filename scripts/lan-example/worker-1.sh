@@ -8,4 +8,5 @@ exec /usr/bin/python3.11 -m od_dist train \
   --role=worker \
   --index=1 \
   --pipeline=pipelines/shapes_retinanet.yaml \
-  --model_dir=runs/lan
+  --model_dir=runs/lan \
+  --max_restarts=3

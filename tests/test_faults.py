@@ -1,0 +1,202 @@
+"""Faults under the supervisor, with real TensorFlow tasks on loopback: a lost parameter_server
+worker, a lost ps, a lost multi_worker_mirrored trainer, a permanent error, Ctrl+C, and one
+machine's `train --max_restarts`. Each job is a few steps long and bounded in time; no process
+of a test outlives it. Recovery times are printed (pytest -s) for the README's Faults table."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from test_distributed import PIPELINE, data_dir, tiny, write_cluster  # noqa: F401 (data_dir: a fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def saved_step(model_dir):
+    """The step of the latest complete checkpoint, from the state file (no TensorFlow here)."""
+    try:
+        text = open(os.path.join(model_dir, "checkpoint")).read()
+    except OSError:
+        return None
+    m = re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"', text, re.M)
+    return int(m.group(1)) if m else None
+
+
+class Job:
+    """An od-dist command in its own session, its output read line by line with arrival times;
+    every process it ever started is remembered and must be gone at the end."""
+
+    def __init__(self, *args, cwd):
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "od_dist", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env, start_new_session=True)
+        self.lines = []  # (time, line)
+        self.seen = {}  # pid -> psutil.Process: every descendant ever seen
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line))
+
+    @property
+    def out(self):
+        return "".join(line for _, line in self.lines)
+
+    def track(self):
+        try:
+            for c in psutil.Process(self.proc.pid).children(recursive=True):
+                self.seen.setdefault(c.pid, c)
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait_for(self, pattern, timeout=180, after=0):
+        """The first line (from index `after`) matching pattern: (index, time, match)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.track()
+            for i in range(after, len(self.lines)):
+                m = re.search(pattern, self.lines[i][1])
+                if m:
+                    return i, self.lines[i][0], m
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no line matching {pattern!r}; output:\n{self.out[-5000:]}")
+
+    def task(self, role, index):
+        self.track()
+        return next(p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                    if f"--role={role}" in p.cmdline() and f"--index={index}" in p.cmdline())
+
+    def finish(self, timeout=240):
+        try:
+            self.proc.wait(timeout)
+        finally:
+            self.close()
+        return self.proc.returncode
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.track()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.reader.join(10)
+        alive = psutil.wait_procs(list(self.seen.values()), timeout=30)[1]
+        for p in alive:
+            p.kill()
+        assert not alive, f"left running: {alive}"
+
+
+@pytest.fixture
+def jobs():
+    started = []
+    yield lambda *args, cwd: started.append(Job(*args, cwd=cwd)) or started[-1]
+    for job in started:
+        job.close()
+
+
+def launch_args(tmp_path, data_dir, cluster, steps, *extra):
+    return ["launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}", f"--model_dir={tmp_path / 'model'}",
+            tiny(data_dir, steps=steps), "--wait_timeout=120", *extra]
+
+
+def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, data_dir, jobs):
+    """kill -9 of worker:1: restarted alone, training goes on. kill -9 of the ps: every task
+    restarts and resumes from the last checkpoint (never below it). The job finishes, exit 0."""
+    cluster = write_cluster(tmp_path, ps=1, workers=2)
+    model_dir = str(tmp_path / "model")
+    job = jobs(*launch_args(tmp_path, data_dir, cluster, 60, "--max_restarts=2"), cwd=str(tmp_path))
+    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/60")
+    job.task("worker", 1).kill()
+    killed = time.monotonic()
+    i, _, _ = job.wait_for(r"od-dist launch: worker:1 died \(exit 137, killed\); restart 1/2 of worker:1 alone "
+                           r"in 2 s", after=i)
+    i, back, _ = job.wait_for(r"\[worker:1\] worker:1 serving on", after=i)
+    print(f"\nlost parameter_server worker: serving again {back - killed:.1f} s after kill -9")
+    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/60", after=i)
+    step = saved_step(model_dir)
+    assert step is not None
+    job.task("ps", 0).kill()
+    killed = time.monotonic()
+    i, _, _ = job.wait_for(r"od-dist launch: ps:0 died \(exit 137, killed\); restart 2/2 of every task in 4 s",
+                           after=i)
+    i, resumed_at, m = job.wait_for(r"\[master:0\] .*train \| step:\s+(\d+) \| training until step 60", after=i)
+    assert int(m.group(1)) >= step, job.out[-5000:]
+    _, first_step, m = job.wait_for(r"\[master:0\] od-dist train \| step (\d+)/60", after=i)
+    assert int(m.group(1)) > step
+    print(f"lost ps: training resumed at step {m.group(1)} (last checkpoint {step}) "
+          f"{first_step - killed:.1f} s after kill -9 (restored {resumed_at - killed:.1f} s)")
+    assert job.finish() == 0, job.out[-5000:]
+    assert saved_step(model_dir) == 60
+    log = open(os.path.join(model_dir, "logs", "master-0.log")).read()
+    assert log.count(" master:0 started -----") == 2  # the restarted master appended to its log
+
+
+def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, data_dir, jobs):
+    cluster = write_cluster(tmp_path, ps=0, workers=1)
+    model_dir = str(tmp_path / "model")
+    job = jobs(*launch_args(tmp_path, data_dir, cluster, 30, "--max_restarts=1"), cwd=str(tmp_path))
+    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/30")
+    step = saved_step(model_dir) or 0
+    job.task("worker", 0).kill()
+    killed = time.monotonic()
+    i, _, _ = job.wait_for(r"od-dist launch: worker:0 died \(exit 137, killed\); restart 1/1 of every task in 2 s",
+                           after=i)
+    i, _, m = job.wait_for(r"\[master:0\] .*train \| step:\s+(\d+) \| training until step 30", after=i)
+    assert int(m.group(1)) >= step
+    _, first_step, m = job.wait_for(r"\[master:0\] od-dist train \| step (\d+)/30", after=i)
+    print(f"\nlost multi_worker_mirrored trainer: training again at step {m.group(1)} (last checkpoint {step}) "
+          f"{first_step - killed:.1f} s after kill -9")
+    assert job.finish() == 0, job.out[-5000:]
+    assert saved_step(model_dir) == 30
+    assert job.out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
+
+
+def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, jobs):
+    """Ctrl+C in a terminal reaches the launcher's whole process group; the tasks, in their own
+    groups, hear only what the launcher sends: the master first, the servers after it."""
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    job = jobs(*launch_args(tmp_path, data_dir, cluster, 100000), cwd=str(tmp_path))
+    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/100000")
+    os.killpg(job.proc.pid, signal.SIGINT)
+    start = time.monotonic()
+    i, _, _ = job.wait_for(r"od-dist launch: SIGINT: asking master:0 to save a checkpoint and stop", after=i)
+    assert job.finish(timeout=150) == 130, job.out[-5000:]
+    print(f"\nCtrl+C under launch: every task gone {time.monotonic() - start:.1f} s after SIGINT")
+    # The servers were stopped by the launcher's SIGTERM (15), after the master, not by the SIGINT (2).
+    for name in ("ps:0", "worker:0"):
+        job.wait_for(rf"\[{name}\] {name}: stopped by signal 15", after=i, timeout=1)
+
+
+def test_train_max_restarts_restarts_its_own_task(tmp_path, data_dir, jobs):
+    """One machine's `od-dist train --max_restarts`: its task is killed, restarted, finishes."""
+    model_dir = str(tmp_path / "model")
+    job = jobs("train", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir, steps=20),
+               "--max_restarts=1", cwd=str(tmp_path))
+    i, _, _ = job.wait_for(r"^od-dist train \| step \d+/20")
+    child = next(p for p in psutil.Process(job.proc.pid).children() if "--max_restarts=0" in p.cmdline())
+    child.kill()
+    killed = time.monotonic()
+    i, _, _ = job.wait_for(r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/1 in 2 s$", after=i)
+    _, again, _ = job.wait_for(r"^od-dist train \| step \d+/20", after=i)
+    print(f"\ntrain --max_restarts: training again {again - killed:.1f} s after kill -9")
+    assert job.finish() == 0, job.out[-5000:]
+    assert saved_step(model_dir) == 20
+
+
+def test_a_permanent_error_is_not_retried(tmp_path, jobs):
+    pipeline = tmp_path / "bad.yaml"
+    pipeline.write_text("experiment: retinanet_resnetfpn_coco\ntrainer: {train_stepz: 10}\n")
+    job = jobs("train", f"--pipeline={pipeline}", f"--model_dir={tmp_path / 'model'}", "--max_restarts=3",
+               cwd=str(tmp_path))
+    assert job.finish(timeout=180) == 2, job.out
+    assert "od-dist train: single:0 died (exit 2, invalid input); a permanent error, not retried" in job.out
+    assert job.out.count("train_stepz") == 1  # one attempt only

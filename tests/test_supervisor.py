@@ -1,0 +1,181 @@
+"""The restart policy (pure) and the supervisor loop on stand-in processes (plain Python children,
+no TensorFlow): which tasks restart, when the job stops, what it says."""
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from od_dist.cluster.spec import Address, Task
+from od_dist.job import supervisor
+from od_dist.job.supervisor import DONE, PERMANENT, RESTART_ALL, RESTART_TASK, decide, plan
+
+PS, MWMS = "parameter_server", "multi_worker_mirrored"
+
+
+def task(role, index=0):
+    return Task(role, index, Address("127.0.0.1", 2000 + index))
+
+
+MASTER, PS0, W0, W1, EVAL = task("master"), task("ps"), task("worker", 0), task("worker", 1), task("evaluator")
+JOB = [PS0, W0, W1, MASTER, EVAL]
+
+
+@pytest.mark.parametrize("code", [137, -9, 143, -15, 130, -2, 138])
+def test_retryable_exits(code):
+    assert decide(PS, "worker", code) == RESTART_TASK  # the coordinator re-queues; it rejoins alone
+    assert decide(PS, "evaluator", code) == RESTART_TASK  # training goes on without it
+    assert decide(MWMS, "evaluator", code) == RESTART_TASK
+    assert decide(PS, "ps", code) == RESTART_ALL  # the variables are gone: from the checkpoint
+    assert decide(PS, "master", code) == RESTART_ALL
+    assert decide(MWMS, "master", code) == RESTART_ALL  # an all-reduce cannot lose a member
+    assert decide(MWMS, "worker", code) == RESTART_ALL
+    assert decide("mirrored", "single", code) == RESTART_ALL
+
+
+@pytest.mark.parametrize("code", [1, 2, 3, 42, 126, 127, 139, -11])
+def test_permanent_exits_are_never_retried(code):
+    for strategy, role in ((PS, "worker"), (PS, "ps"), (PS, "master"), (PS, "evaluator"), (MWMS, "worker")):
+        assert decide(strategy, role, code) == PERMANENT
+
+
+def test_exit_0_is_done():
+    assert decide(PS, "ps", 0) == DONE and decide(MWMS, "master", 0) == DONE
+
+
+def test_plan_names_the_tasks():
+    assert plan(PS, JOB, [(W1, -9)]) == supervisor.Plan(RESTART_TASK, (W1, -9), (W1,))
+    assert plan(PS, JOB, [(PS0, -9)]) == supervisor.Plan(RESTART_ALL, (PS0, -9), tuple(JOB))
+    assert plan(MWMS, [MASTER, W0], [(W0, 138)]).restart == (MASTER, W0)
+    assert plan(PS, JOB, [(W0, -9), (W1, 137)]).restart == (W0, W1)
+    assert plan(PS, JOB, [(MASTER, 2)]) == supervisor.Plan(PERMANENT, (MASTER, 2))
+    # One fault seen twice (the ps killed, the master failing on it): restart all, cause the ps.
+    assert plan(PS, JOB, [(MASTER, 1), (PS0, -9)]) == supervisor.Plan(RESTART_ALL, (PS0, -9), tuple(JOB))
+    assert plan(PS, JOB, [(W0, -9), (EVAL, 1)]).action == PERMANENT
+
+
+def test_describe_and_backoff():
+    assert supervisor.describe(-9) == "exit 137, killed"
+    assert supervisor.describe(138) == "exit 138, lost a peer"
+    assert supervisor.describe(2) == "exit 2, invalid input"
+    assert supervisor.describe(-11) == "exit 139, signal 11"
+    assert [supervisor.backoff_s(n) for n in range(1, 7)] == [2, 4, 8, 16, 30, 30]
+
+
+# ----- the loop, on stand-in tasks -------------------------------------------------------------
+
+class Job:
+    """Stand-in tasks: each child runs a small script chosen per (task, start number)."""
+
+    def __init__(self, strategy, tasks, scripts, max_restarts=3, grace_s=5.0):
+        self.started = []  # (task name, start number)
+        self.procs = []
+        self.lines = []
+        self.scripts = scripts
+        self.sup = supervisor.Supervisor(strategy, tasks, self.start, self.lines.append, max_restarts, grace_s)
+
+    def start(self, t):
+        n = sum(1 for name, _ in self.started if name == t.name)
+        self.started.append((t.name, n))
+        code = self.scripts(t, n)
+        proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        self.procs.append(proc)
+        return supervisor.Running(t, proc)
+
+    def run(self, timeout=60):
+        result = []
+        thread = threading.Thread(target=lambda: result.append(self.sup.run()), daemon=True)
+        thread.start()
+        thread.join(timeout)
+        assert not thread.is_alive(), self.lines
+        assert all(p.poll() is not None for p in self.procs), "a child outlived the supervisor"
+        return result[0]
+
+
+def exits(code, after=0.2):
+    return f"import time, os; time.sleep({after}); os._exit({code})"
+
+
+def kill_self(after=0.2):
+    return f"import time, os, signal; time.sleep({after}); os.kill(os.getpid(), signal.SIGKILL)"
+
+
+SERVE = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\ntime.sleep(60)"
+
+
+def test_a_lost_parameter_server_worker_restarts_alone_and_the_job_finishes():
+    def scripts(t, n):
+        if t.name == "worker:1" and n == 0:
+            return kill_self(0.3)
+        if t.name == "master":
+            return exits(0, 2.0)
+        return exits(0, 2.5)  # servers: stop by themselves after the master
+
+    job = Job(PS, [PS0, W0, W1, MASTER], scripts)
+    assert job.run() == 0, job.lines
+    assert sorted(job.started) == [("master:0", 0), ("ps:0", 0), ("worker:0", 0), ("worker:1", 0), ("worker:1", 1)]
+    assert "worker:1 died (exit 137, killed); restart 1/3 of worker:1 alone in 2 s" in job.lines
+
+
+def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
+    def scripts(t, n):
+        if t.name == "ps:0":
+            return kill_self(0.3) if n == 0 else exits(138, 0.3)
+        return SERVE
+
+    job = Job(PS, [PS0, W0, MASTER], scripts, max_restarts=1)
+    start = time.monotonic()
+    assert job.run() == 1, job.lines
+    assert time.monotonic() - start < 15
+    assert sorted(job.started) == [("master:0", 0), ("master:0", 1), ("ps:0", 0), ("ps:0", 1),
+                                   ("worker:0", 0), ("worker:0", 1)]
+    assert job.lines[0] == "ps:0 died (exit 137, killed); restart 1/1 of every task in 2 s"
+    assert job.lines[1] == ("ps:0 died (exit 138, lost a peer); no restart left (--max_restarts 1); stopping every "
+                            "task; the first failure (root cause): ps:0 died (exit 137, killed)")
+
+
+def test_a_permanent_error_is_not_retried():
+    job = Job(PS, [PS0, MASTER], lambda t, n: exits(2) if t.name == "master:0" else SERVE)
+    assert job.run() == 2
+    assert job.started == [("ps:0", 0), ("master:0", 0)]
+    assert job.lines == ["master:0 died (exit 2, invalid input); a permanent error, not retried; stopping every task"]
+    job = Job(MWMS, [MASTER, W0], lambda t, n: exits(1) if t.name == "worker:0" else SERVE)
+    assert job.run() == 1 and len(job.started) == 2
+
+
+def test_interrupt_stops_the_trainers_first_then_the_servers(tmp_path):
+    order = tmp_path / "order"
+    trainer = (f"import signal, sys, time\n"
+               f"def stop(*a):\n    time.sleep(0.5); open({str(order)!r}, 'a').write('master\\n'); sys.exit(130)\n"
+               f"signal.signal(signal.SIGINT, stop)\ntime.sleep(60)")
+    server = (f"import signal, sys\n"
+              f"def stop(*a):\n    open({str(order)!r}, 'a').write('ps\\n'); sys.exit(0)\n"
+              f"signal.signal(signal.SIGTERM, stop)\nsignal.signal(signal.SIGINT, stop)\nimport time; time.sleep(60)")
+    job = Job(PS, [PS0, MASTER], lambda t, n: trainer if t.role == "master" else server)
+    threading.Timer(1.0, job.sup.on_signal, args=(signal.SIGINT,)).start()
+    assert job.run() == 130
+    assert order.read_text() == "master\nps\n"
+
+
+def test_a_second_interrupt_kills_at_once():
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
+    job = Job(MWMS, [MASTER, W0], lambda t, n: stubborn, grace_s=50)
+    threading.Timer(1.0, job.sup.on_signal, args=(signal.SIGTERM,)).start()
+    threading.Timer(2.0, job.sup.on_signal, args=(signal.SIGTERM,)).start()
+    start = time.monotonic()
+    assert job.run() == 143
+    assert time.monotonic() - start < 10
+    assert "second interrupt: stopping every task now" in job.lines
+
+
+def test_no_child_left_when_the_supervisor_fails():
+    job = Job(PS, [PS0, MASTER], lambda t, n: SERVE)
+    job.sup.start = lambda t: (Job.start(job, t) if t.role == "ps" else (_ for _ in ()).throw(OSError("boom")))
+    with pytest.raises(OSError):
+        job.sup.run()
+    assert all(p.poll() is not None for p in job.procs)
+    assert not [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
