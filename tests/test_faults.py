@@ -140,58 +140,6 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, dat
     assert log.count(" master:0 started -----") == 2  # the restarted master appended to its log
 
 
-def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, data_dir, jobs):
-    cluster = write_cluster(tmp_path, ps=0, workers=1)
-    model_dir = str(tmp_path / "model")
-    job = jobs(*launch_args(tmp_path, data_dir, cluster, 30, "--max_restarts=1"), cwd=str(tmp_path))
-    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/30")
-    step = saved_step(model_dir) or 0
-    job.task("worker", 0).kill()
-    killed = time.monotonic()
-    i, _, _ = job.wait_for(r"od-dist launch: worker:0 died \(exit 137, killed\); restart 1/1 of every task in 2 s",
-                           after=i)
-    i, _, m = job.wait_for(r"\[master:0\] .*train \| step:\s+(\d+) \| training until step 30", after=i)
-    assert int(m.group(1)) >= step
-    _, first_step, m = job.wait_for(r"\[master:0\] od-dist train \| step (\d+)/30", after=i)
-    print(f"\nlost multi_worker_mirrored trainer: training again at step {m.group(1)} (last checkpoint {step}) "
-          f"{first_step - killed:.1f} s after kill -9")
-    assert job.finish() == 0, job.out[-5000:]
-    assert saved_step(model_dir) == 30
-    assert job.out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
-
-
-def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, jobs):
-    """Ctrl+C in a terminal reaches the launcher's whole process group; the tasks, in their own
-    groups, hear only what the launcher sends: the master first, the servers after it."""
-    cluster = write_cluster(tmp_path, ps=1, workers=1)
-    job = jobs(*launch_args(tmp_path, data_dir, cluster, 100000), cwd=str(tmp_path))
-    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/100000")
-    os.killpg(job.proc.pid, signal.SIGINT)
-    start = time.monotonic()
-    i, _, _ = job.wait_for(r"od-dist launch: SIGINT: asking master:0 to save a checkpoint and stop", after=i)
-    assert job.finish(timeout=150) == 130, job.out[-5000:]
-    print(f"\nCtrl+C under launch: every task gone {time.monotonic() - start:.1f} s after SIGINT")
-    # The servers were stopped by the launcher's SIGTERM (15), after the master, not by the SIGINT (2).
-    for name in ("ps:0", "worker:0"):
-        job.wait_for(rf"\[{name}\] {name}: stopped by signal 15", after=i, timeout=1)
-
-
-def test_train_max_restarts_restarts_its_own_task(tmp_path, data_dir, jobs):
-    """One machine's `od-dist train --max_restarts`: its task is killed, restarted, finishes."""
-    model_dir = str(tmp_path / "model")
-    job = jobs("train", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir, steps=20),
-               "--max_restarts=1", cwd=str(tmp_path))
-    i, _, _ = job.wait_for(r"^od-dist train \| step \d+/20")
-    child = next(p for p in psutil.Process(job.proc.pid).children() if "--max_restarts=0" in p.cmdline())
-    child.kill()
-    killed = time.monotonic()
-    i, _, _ = job.wait_for(r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/1 in 2 s$", after=i)
-    _, again, _ = job.wait_for(r"^od-dist train \| step \d+/20", after=i)
-    print(f"\ntrain --max_restarts: training again {again - killed:.1f} s after kill -9")
-    assert job.finish() == 0, job.out[-5000:]
-    assert saved_step(model_dir) == 20
-
-
 def test_a_permanent_error_is_not_retried(tmp_path, jobs):
     pipeline = tmp_path / "bad.yaml"
     pipeline.write_text("experiment: retinanet_resnetfpn_coco\ntrainer: {train_stepz: 10}\n")
