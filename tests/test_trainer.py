@@ -130,7 +130,7 @@ def test_continuous_eval_follows_a_running_trainer(data_dir, tmp_path):
                 f"trainer.checkpoint_interval=5,task.train_data.input_path={data_dir}/train.tfrecord,"
                 f"task.validation_data.input_path={data_dir}/val.tfrecord")
     code = ("import json, sys\n"
-            "from od_dist import trainer\n"
+            "from od_dist.job import trainer\n"
             "from od_dist.model.pipeline import load_pipeline\n"
             f"p = load_pipeline({DEMO!r}, {override!r}, 'mirrored')\n"
             f"m = trainer.continuous_eval(p, {model_dir!r}, timeout_s=240)\n"
