@@ -60,6 +60,13 @@ def define_task_flags(fv: flags.FlagValues) -> None:
                          "anyone who reaches its port can run code on the machine.", flag_values=fv)
 
 
+def define_verbose_flag(fv: flags.FlagValues) -> None:
+    flags.DEFINE_boolean("verbose", False, "Show everything on the console: TensorFlow's log lines, library "
+                         "output and every warning. Without it they go to the task's log file "
+                         "(<model_dir>/logs/), and the console shows od-dist's lines and real warnings once.",
+                         flag_values=fv)
+
+
 def define_train_flags(fv: flags.FlagValues) -> None:
     """The flags of `od-dist train`; launch, scripts and k8s take the same ones and pass them on."""
     define_task_flags(fv)
@@ -74,6 +81,7 @@ def define_train_flags(fv: flags.FlagValues) -> None:
                          "instead of GPUs.", flag_values=fv)
     flags.DEFINE_string("params_override", None, "A YAML string or file overriding pipeline keys, e.g. "
                         "'trainer.train_steps=2000' or 'trainer: {train_steps: 2000}'.", flag_values=fv)
+    define_verbose_flag(fv)
     flags.DEFINE_integer("wait_timeout", 300, "Seconds to wait for every peer (and for servers: for the "
                          "master) before giving up with the names of the missing tasks.", lower_bound=1,
                          flag_values=fv)
@@ -105,7 +113,7 @@ def restart_args(fv: flags.FlagValues) -> list[str]:
 
 # The train flags that `launch`, `scripts` and `k8s` pass on to every task (role/index are per task).
 PASS_ON_FLAGS = ("pipeline", "model_dir", "num_clones", "clone_on_cpu", "params_override", "wait_timeout",
-                 "allow_public_addresses")
+                 "allow_public_addresses", "verbose")
 
 
 def passed_on_args(fv: flags.FlagValues, names=PASS_ON_FLAGS) -> list[str]:
@@ -261,6 +269,11 @@ def cmd_train(fv) -> int:
                 *passed_on_args(fv, ("cluster", "role", "index") + PASS_ON_FLAGS), "--max_restarts=0"]
         return launch.run_task(task, cfg.strategy_name, argv, fv.max_restarts, fv.grace_period,
                                tf_config if selected.source == "TF_CONFIG" else None)
+    from od_dist.job import console
+
+    task = cfg.selected.task
+    console.setup(console.task_log_path(cfg.model_dir, f"{task.role}-{task.index}" if task else "train"),
+                  fv.verbose)
     from od_dist.job import roles
 
     return _run_role(roles.run, cfg)
@@ -270,6 +283,7 @@ def define_eval_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("pipeline", None, "The pipeline the model was trained with.", flag_values=fv)
     flags.DEFINE_string("model_dir", None, "The model_dir holding the checkpoints.", flag_values=fv)
     flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
+    define_verbose_flag(fv)
 
 
 @command("eval", "Evaluate the latest checkpoint once and print COCO AP and AP50.", """
@@ -288,15 +302,17 @@ def cmd_eval(fv) -> int:
     if not os.path.isfile(fv.pipeline):
         raise UsageError(f"--pipeline: '{fv.pipeline}': no such file; pass a pipeline YAML, "
                          "e.g. pipelines/shapes_retinanet.yaml")
-    from od_dist.job import roles
+    from od_dist.job import console, roles
+
+    if os.path.isdir(fv.model_dir):  # no log directory in a mistyped model_dir
+        console.setup(console.task_log_path(fv.model_dir, "eval"), fv.verbose)
 
     def evaluate():
-        from od_dist.job import trainer
+        from od_dist.job import devices, trainer
 
-        metrics = trainer.evaluate_latest(roles.load_params(fv.pipeline, fv.params_override, "mirrored"),
-                                          fv.model_dir)
-        print(f"step {int(metrics.get('step', -1))}: AP {metrics['AP']:.3f}  AP50 {metrics['AP50']:.3f}  "
-              f"AP75 {metrics['AP75']:.3f}", flush=True)
+        devices.apply_policy()
+        # Its result is the trainer's one line: od-dist eval | step N | AP ... | AP50 ... | AP75 ...
+        trainer.evaluate_latest(roles.load_params(fv.pipeline, fv.params_override, "mirrored"), fv.model_dir)
         return EXIT_OK
 
     return _run_role(evaluate)

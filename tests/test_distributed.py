@@ -100,9 +100,21 @@ def test_parameter_server_job_then_eval(tmp_path, data_dir):
     assert json.load(open(os.path.join(model_dir, "eval_metrics.json")))["step"] == 10
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".od-dist-stop")]  # markers cleaned up
 
+    # A console people can read: TensorFlow's C++ lines, the SessionOptions dumps, pycocotools'
+    # tables and Model Garden's metric dicts are in the per-task logs, not on the console.
+    for noise in ("cuInit", "grpc_server_lib.cc", "SessionOptions", "Average Precision", "'AP50': np.float32"):
+        assert noise not in out, noise
+    logs = {name: open(os.path.join(model_dir, "logs", name)).read() for name in ("ps-0.log", "evaluator-0.log")}
+    assert "grpc_server_lib.cc" in logs["ps-0.log"] and "Average Precision" in logs["evaluator-0.log"]
+    assert "[ps:0] ps:0 serving on" in out and "ps:0 serving on" in logs["ps-0.log"]
+
     r = run("eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), cwd=str(tmp_path))
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert re.search(r"step 10: AP \d\.\d{3}\s+AP50 \d\.\d{3}", r.stdout), r.stdout[-2000:]
+    # Its result once, and none of the metrics dict or table around it.
+    assert len(re.findall(r"^od-dist eval \| step 10 \| AP \d\.\d{3} \| AP50 \d\.\d{3} \| AP75", r.stdout, re.M)) == 1, \
+        r.stdout[-2000:]
+    assert len([line for line in r.stdout.splitlines() if "AP" in line]) == 1, r.stdout[-2000:]
+    assert "Average Precision" in open(os.path.join(model_dir, "logs", "eval.log")).read()
 
 
 def test_multi_worker_mirrored_master_and_worker(tmp_path, data_dir):
@@ -190,8 +202,8 @@ def test_ps_starts_whatever_num_clones_says(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     for extra in ([], ["--num_clones=2"]):
         proc = subprocess.Popen([sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps",
-                                 *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                cwd=str(tmp_path), env=env)
+                                 f"--model_dir={tmp_path / 'model'}", *extra], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env)
         try:
             lines = []
             while not lines or "serving on" not in lines[-1]:
@@ -200,6 +212,36 @@ def test_ps_starts_whatever_num_clones_says(tmp_path):
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0
         finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert "od-dist device policy: no GPU visible" in (tmp_path / "model" / "logs" / "ps-0.log").read_text()
+
+
+def test_every_role_applies_the_device_policy(tmp_path, data_dir):
+    """The same device policy (memory growth on every GPU) in every role that imports TensorFlow;
+    each process writes what it applied to its log. Here: the evaluator, the parameter_server
+    master (the coordinator) and `od-dist eval`; the ps is in the test above, the trainers in the
+    other jobs' logs. (No GPU here: the memory-growth branch itself is not exercised.)"""
+    cluster = write_cluster(tmp_path, ps=1, workers=1, evaluator=True)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    common = [f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), "--wait_timeout=2"]
+    commands = {"evaluator-0": ["train", f"--cluster={cluster}", "--role=evaluator", *common],
+                "master-0": ["train", f"--cluster={cluster}", "--role=master", *common],
+                "eval": ["eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}"]}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "od_dist", *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env)
+             for name, args in commands.items()}
+    try:
+        for name, proc in procs.items():
+            out = proc.communicate(timeout=240)[0]
+            assert proc.returncode == 1, out  # no peers, no checkpoint: each gives up, after the policy
+            log = (model_dir / "logs" / f"{name}.log").read_text()
+            assert "od-dist device policy: no GPU visible" in log, name
+    finally:
+        for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

@@ -100,7 +100,8 @@ def _write_console(text: str) -> None:
             pass
 
 
-def start_child(argv: list[str], stdout=None, tf_config: str | None = None) -> subprocess.Popen:
+def start_child(argv: list[str], stdout=None, tf_config: str | None = None,
+                task_log: str | None = None) -> subprocess.Popen:
     """A task as a child process in its own process group: a Ctrl+C in the terminal reaches only
     the supervisor, which then stops the trainers before the servers. On Linux the child also dies
     with the supervisor (PR_SET_PDEATHSIG), so even a supervisor killed with SIGKILL leaves none."""
@@ -108,6 +109,8 @@ def start_child(argv: list[str], stdout=None, tf_config: str | None = None) -> s
     env.pop("TF_CONFIG", None)  # the child gets its task from --cluster/--role/--index...
     if tf_config:
         env["TF_CONFIG"] = tf_config  # ...or from the TF_CONFIG its supervisor was given
+    if task_log:
+        env["OD_DIST_TASK_LOG"] = task_log  # the task appends its own detail there: job/console.py
     kwargs = {}
     if os.name == "nt":
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP
@@ -122,8 +125,8 @@ def start_child(argv: list[str], stdout=None, tf_config: str | None = None) -> s
 
 
 def _start(task: Task, argv: list[str], log_dir: str, lock: threading.Lock) -> Child:
-    proc = start_child(argv, stdout=subprocess.PIPE)
     log_path = os.path.join(log_dir, f"{task.role}-{task.index}.log")
+    proc = start_child(argv, stdout=subprocess.PIPE, task_log=log_path)
     reader = threading.Thread(target=_pump, args=(proc.stdout, f"[{task.name}]", log_path, lock), daemon=True)
     reader.start()
     return Child(task, proc, log_path, reader)

@@ -75,10 +75,11 @@ def run_evaluator(config: TrainConfig) -> int:
     waits as long as the master is alive (its port open within --wait_timeout), not a fixed time."""
     import time
 
-    from od_dist.job import trainer
+    from od_dist.job import devices, trainer
     from od_dist.job.server import is_listening
 
     params = _params(config)
+    devices.apply_policy()  # it often shares a GPU machine with a worker
     master = config.selected.cluster.master if config.selected.cluster else None
     last_seen = [time.monotonic()]
 

@@ -106,6 +106,7 @@ def make(cluster: Cluster | None, task: Task | None, num_clones: int, clone_on_c
         return tf.distribute.MirroredStrategy(devices.configure(num_clones, clone_on_cpu))
     peers = [t for t in cluster.server_tasks() if t != task]
     if cluster.strategy == PARAMETER_SERVER:
+        devices.apply_policy()  # the coordinator runs no replicas, but the same policy
         wait_with_beacon(task, peers, wait_timeout)
         with hang_guard(wait_timeout, f"{task.name}: every peer is up; connecting to the cluster"):
             num_gpus = _worker_gpus(cluster, _resolver(cluster, task, 0))
