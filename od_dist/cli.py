@@ -397,18 +397,14 @@ def cmd_data_shapes(fv) -> int:
 
 def _render_input(fv, what: str):
     """The cluster and the passed-on train flags for a renderer; checks what every task will need."""
-    from od_dist.cluster import spec as cluster_mod
-    from od_dist.cluster import validate
+    from od_dist.job import config
 
     if fv.role is not None or fv.index is not None:
         raise UsageError(f"--role/--index: {what} covers every task of the cluster; leave them out")
     for name in ("cluster", "pipeline", "model_dir"):
         if not fv[name].value:
             raise UsageError(f"--{name}: '': required; pass --{name}=...")
-    cluster = cluster_mod.load(fv.cluster)
-    problems = validate.check_public(cluster, fv.allow_public_addresses)
-    if problems:
-        raise InvalidCluster(problems, fv.cluster)
+    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses)
     return cluster, passed_on_args(fv)
 
 

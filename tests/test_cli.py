@@ -181,3 +181,12 @@ def test_role_without_a_cluster_is_an_error(tmp_path):
         assert r.returncode == 2, r.stderr
         assert "--role" in r.stderr and "without --cluster" in r.stderr and "pass --cluster" in r.stderr
         assert not os.path.exists(tmp_path / "m")
+
+
+def test_unresolvable_host_names_give_one_message_and_no_traceback(tmp_path):
+    path = write(tmp_path, "master: box-a.invalid:2222\nworker: [box-b.invalid:2222, box-c.invalid:2222]\n"
+                           "ps: [box-d.invalid:2222]\n")
+    r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 2, r.stderr  # the 'invalid input' header and one problem

@@ -16,6 +16,11 @@ ps: [10.0.0.4:2222]
 """
 
 
+# PS_OK on loopback: one machine, so every task needs its own port.
+PS_LOOP = (PS_OK.replace("10.0.0.", "127.0.0.").replace("127.0.0.2:2222", "127.0.0.2:2223")
+           .replace("127.0.0.3:2222", "127.0.0.3:2224").replace("127.0.0.4:2222", "127.0.0.4:2225"))
+
+
 def load_text(text):
     return cluster_mod.from_document(safe_yaml.loads(textwrap.dedent(text)))
 
@@ -211,16 +216,16 @@ def test_role_inference():
 
 
 def test_loopback_cluster_skips_host_check():
-    c = load_text(PS_OK.replace("10.0.0.", "127.0.0."))
+    c = load_text(PS_LOOP)
     assert c.loopback_only()
     assert validate.check_this_machine(c, "worker", 1, FakeMachine().is_local) == []
     assert not load_text(PS_OK).loopback_only()
 
 
 MORE_RULES = [
-    ("loopback only with loopback", PS_OK.replace("10.0.0.", "127.0.0."),
+    ("loopback only with loopback", PS_LOOP,
      PS_OK.replace("10.0.0.4", "127.0.0.1"), ["ps[0]", "a loopback address in a cluster that also lists other machines"]),
-    ("localhost is 127.0.0.1", PS_OK.replace("10.0.0.", "127.0.0."),
+    ("localhost is 127.0.0.1", PS_LOOP,
      PS_OK.replace("10.0.0.", "127.0.0.").replace("127.0.0.4", "localhost").replace("127.0.0.3:2222", "127.0.0.1:2222")
      .replace("127.0.0.2", "127.0.0.1").replace("127.0.0.1:2222]", "127.0.0.1:2223]"),
      ["same address as"]),
@@ -228,6 +233,52 @@ MORE_RULES = [
     ("IPv6 without port hint", PS_OK + "evaluator: '[fe80::1]'\n", PS_OK + "evaluator: 'fe80::1'\n",
      ["must be in brackets", "[fe80::1]:PORT"]),
 ]
+
+
+LOOP = "master: 127.0.0.1:2229\nworker: ['[::1]:2230', 127.0.0.1:2231]\nps: [127.0.0.1:2232]\n"
+EDGES = [
+    ("hosts: one machine in two spellings",
+     PS_OK.replace("10.0.0.2", "box-b").replace("10.0.0.3", "box-c") + "hosts: {BOX-B: {os: linux}, box-c: {}}\n",
+     PS_OK.replace("10.0.0.2", "box-b") + "hosts: {BOX-B: {os: linux}, box-b: {os: windows}}\n",
+     ["hosts.box-b", "the same machine as hosts.BOX-B"]),
+    ("hosts: one IPv6 address in two spellings", PS_OK.replace("10.0.0.2:2222", "'[fd00::2]:2222'")
+     + "hosts: {'[fd00::2]': {os: linux}}\n",
+     PS_OK.replace("10.0.0.2:2222", "'[fd00::2]:2222'") + "hosts: {'fd00::2': {os: linux}, 'fd00:0:0::2': {}}\n",
+     ["hosts.fd00:0:0::2", "the same machine as hosts.fd00::2"]),
+    ("hosts: a key with a port", PS_OK + "hosts: {10.0.0.2: {os: linux}}\n",
+     PS_OK + "hosts: {'10.0.0.2:2222': {os: linux}}\n", ["hosts.10.0.0.2:2222", "not host:port", "as 10.0.0.2"]),
+    ("loopback: [::1] and 127.0.0.1 share a port", LOOP,
+     LOOP.replace("127.0.0.1:2231", "127.0.0.1:2230"), ["worker[1]", "same address as worker[0]", "loopback"]),
+    ("loopback: localhost and 127.0.0.2 share a port", LOOP,
+     LOOP.replace("127.0.0.1:2231", "localhost:2231").replace("127.0.0.1:2232", "127.0.0.2:2231"),
+     ["ps[0]", "same address as worker[1]"]),
+    ("YAML 1.1 base-60 numbers", PS_OK + "num_clones: 80\n", PS_OK + "num_clones: 1:20\n",
+     ["line 5", "'1:20'", "base-60", "read as 80"]),
+]
+
+
+@pytest.mark.parametrize("rule,good,bad,fragments", EDGES, ids=[r[0] for r in EDGES])
+def test_cluster_file_edges(rule, good, bad, fragments):
+    test_rule(rule, good, bad, fragments)
+
+
+def test_host_names_resolved_for_the_public_rule():
+    c = load_text(PS_OK.replace("10.0.0.4", "gpu-box.lab"))
+    found = validate.check_public(c, False, {"gpu-box.lab": frozenset({"8.8.8.8"})})
+    assert len(found) == 1 and "ps[0]" in found[0] and "gpu-box.lab resolves to 8.8.8.8" in found[0]
+    assert validate.check_public(c, False, {"gpu-box.lab": frozenset({"10.0.0.4"})}) == []
+    assert validate.check_public(c, True, {"gpu-box.lab": frozenset({"8.8.8.8"})}) == []
+
+
+def test_name_lookups_resolve_what_resolves_and_print_nothing(capfd):
+    from od_dist.cluster import hostinfo
+
+    c = load_text(PS_OK.replace("10.0.0.4", "no-such-host.invalid").replace("10.0.0.3", "localhost.localdomain"))
+    found = hostinfo.resolve_names(c)
+    assert found["no-such-host.invalid"] == frozenset()
+    assert "localhost" not in found and "10.0.0.2" not in found  # IP literals need no lookup
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err + out
 
 
 @pytest.mark.parametrize("rule,good,bad,fragments", MORE_RULES, ids=[r[0] for r in MORE_RULES])

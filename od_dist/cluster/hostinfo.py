@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -39,18 +39,60 @@ def _normalize(ip: str) -> str:
     return str(ipaddress.ip_address(ip.split("%", 1)[0]))  # drop an IPv6 zone such as %eth0
 
 
-@functools.lru_cache(maxsize=None)
-def _resolve(name: str) -> frozenset[str]:
-    """A name's addresses, or none when resolving fails or takes too long: the lookup runs in a
-    daemon thread, so a slow DNS server delays neither the answer nor the exit."""
-    result: list = []
-    thread = threading.Thread(target=lambda: result.append(socket.getaddrinfo(name, None)), daemon=True)
-    thread.start()
-    thread.join(RESOLVE_TIMEOUT_S)
+def _lookup(name: str, result: list) -> None:
+    """getaddrinfo in a lookup thread; a name that does not resolve is an empty answer, not a
+    traceback from the thread."""
+    try:
+        result.append(socket.getaddrinfo(name, None))
+    except (OSError, UnicodeError):
+        pass
+
+
+def _answer(result: list) -> frozenset[str]:
     try:
         return frozenset(_normalize(info[4][0]) for info in result[0]) if result else frozenset()
     except ValueError:
         return frozenset()
+
+
+_RESOLVED: dict[str, frozenset[str]] = {}
+
+
+def _resolve(name: str) -> frozenset[str]:
+    """A name's addresses, or none when resolving fails or takes too long: the lookup runs in a
+    daemon thread, so a slow DNS server delays neither the answer nor the exit."""
+    return resolve_all([name])[name]
+
+
+def resolve_all(names) -> dict[str, frozenset[str]]:
+    """Every name's addresses, the new ones looked up at once (one timeout for all, not one per
+    name); names that do not resolve in time get none. Answers are kept for the process."""
+    lookups = {}
+    for name in dict.fromkeys(names):
+        if name not in _RESOLVED:
+            result: list = []
+            thread = threading.Thread(target=_lookup, args=(name, result), daemon=True)
+            thread.start()
+            lookups[name] = (thread, result)
+    deadline = time.monotonic() + RESOLVE_TIMEOUT_S
+    for thread, _ in lookups.values():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    _RESOLVED.update((name, _answer(result)) for name, (_, result) in lookups.items())
+    return {name: _RESOLVED[name] for name in names}
+
+
+def resolve_names(cluster) -> dict[str, frozenset[str]]:
+    """The addresses of the cluster's host names (IP literals and localhost need no lookup), for
+    the public-address rule."""
+    names = []
+    for task in cluster.tasks():
+        host = task.address.host
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if host != "localhost":
+                names.append(host)
+    return resolve_all(names) if names else {}
 
 
 def resolve(name: str) -> frozenset[str]:

@@ -61,6 +61,21 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+    def construct_base60(self, node):
+        # YAML 1.1 reads 1:20 as 80 (base 60); nobody writing a cluster file means that.
+        value = yaml.SafeLoader.yaml_constructors[node.tag](self, node)
+        if ":" in str(node.value):
+            raise YamlError(
+                f"line {node.start_mark.line + 1}: '{node.value}' is a YAML 1.1 base-60 number "
+                f"(read as {value}); write a plain number, or quote it if it is text"
+            )
+        return value
+
+
+for _tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+    _StrictLoader.add_constructor(_tag, _StrictLoader.construct_base60)
+
+
 def loads(text: str):
     """Parses one YAML document; raises YamlError with a one-line message."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:

@@ -144,7 +144,7 @@ def from_document(doc, source: str = "") -> Cluster:
 
     master = doc.get("master", doc.get("chief"))
     hosts = {
-        validate.parse_address(str(h), need_port=False)[0]: HostSettings(**s)
+        validate.host_key(h): HostSettings(**s)
         for h, s in (doc.get("hosts") or {}).items()
     }
     cluster = Cluster(

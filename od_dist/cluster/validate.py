@@ -186,11 +186,15 @@ def check_addresses(doc: dict) -> list[str]:
             continue
         if port is None:
             continue
-        if host == "localhost":
-            host = "127.0.0.1"  # the same port twice, however it is written
+        if is_loopback(host):
+            # Every loopback address (127.0.0.0/8, ::1, localhost) is this machine, and a server
+            # listens on all its interfaces: one port, one task.
+            host = "this machine (loopback)"
         if (host, port) in seen:
-            out.append(problem(key, value, f"the same address as {seen[host, port]}",
-                               "give every task its own host:port"))
+            what = f"the same address as {seen[host, port]}"
+            if host.startswith("this machine"):
+                what += " (every loopback address is this machine, and a server listens on all of its addresses)"
+            out.append(problem(key, value, what, "give every task its own host:port"))
         else:
             seen[host, port] = key
     return out
@@ -253,13 +257,19 @@ def check_hosts(doc: dict) -> list[str]:
         except AddressError:
             pass
     out = []
+    seen: dict[str, str] = {}
     for host, settings in hosts.items():
         key = f"hosts.{host}"
         try:
-            normalized = parse_address(str(host), need_port=False)[0]
+            normalized = host_key(host)
         except AddressError as e:
             out.append(problem(key, host, e.what, e.fix))
             continue
+        if normalized in seen:  # YAML sees two keys; they would silently merge into one machine
+            out.append(problem(key, host, f"the same machine as hosts.{seen[normalized]}",
+                               "keep one entry per machine"))
+            continue
+        seen[normalized] = str(host)
         if normalized not in used:
             out.append(problem(key, host, "no task of the cluster runs on this host",
                                "fix the spelling or remove the entry"))
@@ -279,6 +289,19 @@ def check_hosts(doc: dict) -> list[str]:
             out.append(problem(f"{key}.python", settings["python"], "both 'python' and 'venv' are given",
                                "keep one: 'venv' (a virtual environment) or 'python' (an interpreter)"))
     return out
+
+
+def host_key(key) -> str:
+    """A `hosts` key -> the host as task addresses normalize it. A bare IPv6 address is accepted
+    (no port can follow it); a port is refused: the settings are per machine."""
+    text = str(key).strip()
+    if _is_ipv6(text.split("%", 1)[0]):
+        return str(ipaddress.IPv6Address(text.split("%", 1)[0]))
+    host, port = parse_address(text, need_port=False)
+    if port is not None:
+        raise AddressError("a hosts key is a machine, not host:port",
+                           f"write it as {format_address(host, None)}")
+    return host
 
 
 def check_loopback_mix(doc: dict) -> list[str]:
@@ -329,15 +352,23 @@ def check_equal_clones(cluster) -> list[str]:
     return []
 
 
-def check_public(cluster, allow_public: bool) -> list[str]:
+def check_public(cluster, allow_public: bool, resolved=None) -> list[str]:
+    """Addresses on the public internet, unless allowed. `resolved` maps host names to the IP
+    addresses they resolve to (looked up by the caller: this module touches no network); a name
+    counts as public when any of its addresses is."""
     if allow_public:
         return []
-    return [
-        problem(t.key, str(t.address), "a public internet address",
-                "the TensorFlow server has no authentication and runs any graph it is sent: use a private "
-                "network, or pass --allow_public_addresses if you accept that risk")
-        for t in cluster.tasks() if is_public(t.address.host)
-    ]
+    resolved = resolved or {}
+    out = []
+    for t in cluster.tasks():
+        host = t.address.host
+        public = [ip for ip in resolved.get(host, ()) if is_public(ip)]
+        if is_public(host) or public:
+            where = f" ({host} resolves to {', '.join(sorted(public))})" if public else ""
+            out.append(problem(t.key, str(t.address), f"a public internet address{where}",
+                               "the TensorFlow server has no authentication and runs any graph it is sent: use a "
+                               "private network, or pass --allow_public_addresses if you accept that risk"))
+    return out
 
 
 def normalize_role(role: str | None) -> str | None:

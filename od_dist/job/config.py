@@ -18,10 +18,19 @@ class TaskConfig:
     machine_note: str  # how this machine was matched, for the summary
 
 
+def public_problems(cluster: Cluster, allow_public: bool) -> list[str]:
+    """The public-address rule, with the cluster's host names resolved where they resolve."""
+    if allow_public:
+        return []
+    from od_dist.cluster import hostinfo
+
+    return validate.check_public(cluster, allow_public, hostinfo.resolve_names(cluster))
+
+
 def load_cluster(path: str, allow_public: bool) -> Cluster:
     """A cluster file, validated, with the public-address rule applied."""
     cluster = cluster_mod.load(path)
-    problems = validate.check_public(cluster, allow_public)
+    problems = public_problems(cluster, allow_public)
     if problems:
         raise InvalidCluster(problems, path)
     return cluster
@@ -50,7 +59,7 @@ def select(cluster_path: str | None, role: str | None, index: int | None, allow_
             raise InvalidCluster([validate.problem(
                 "--role", f"{role} {index if index is not None else 0}",
                 f"TF_CONFIG says this task is {tf_role} {tf_index}", "leave --role/--index out, or unset TF_CONFIG")])
-        problems = validate.check_public(cluster, allow_public)
+        problems = public_problems(cluster, allow_public)
         if problems:
             raise InvalidCluster(problems, source)
         return TaskConfig(cluster, cluster.task(tf_role, tf_index), source, "named by TF_CONFIG")
