@@ -13,6 +13,7 @@ CHILD = textwrap.dedent("""
     console.setup(sys.argv[1], sys.argv[2] == "1")
     exec('print("od-dist progress line")', {"__name__": "od_dist.job.trainer"})
     exec('print("pycocotools table line")', {"__name__": "pycocotools.cocoeval"})
+    exec('print("saved checkpoint to ckpt-5.")', {"__name__": "orbit.controller"})
     os.write(2, b"I0000 grpc_server_lib.cc C++ line\\n")
     for _ in range(3):
         logging.getLogger("tensorflow").warning("a real warning")
@@ -36,7 +37,7 @@ def run_child(tmp_path, verbose, env_log=None):
 
 def test_console_shows_od_dist_lines_and_real_warnings_once(tmp_path):
     out, err, log = run_child(tmp_path, verbose=False)
-    assert out == "od-dist progress line\n"
+    assert out == "od-dist progress line\nsaved checkpoint to ckpt-5.\n"
     assert err.splitlines() == ["WARNING tensorflow: a real warning", "od-dist: an error line"]
     for detail in ("pycocotools table line", "C++ line", "Gradients do not exist", "an info record",
                    "Input dict contained keys", "od-dist progress line"):
@@ -48,7 +49,7 @@ def test_under_launch_the_log_gets_the_detail_only(tmp_path):
     """launch copies the console lines into the same file itself: no duplicates."""
     log = str(tmp_path / "logs" / "worker-0.log")
     out, _, text = run_child(tmp_path, verbose=False, env_log=log)
-    assert out == "od-dist progress line\n"
+    assert out == "od-dist progress line\nsaved checkpoint to ckpt-5.\n"
     assert "C++ line" in text and "pycocotools table line" in text
     assert "od-dist progress line" not in text
 

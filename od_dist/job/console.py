@@ -7,11 +7,11 @@ dicts). `--verbose` leaves every stream as it is.
 
 How, without touching TensorFlow: file descriptor 2, where TensorFlow's C++ logging writes, is
 pointed at the log file; `sys.stderr` stays on the console (od-dist's error lines, tracebacks,
-the hang guard's dump); `sys.stdout` sends what od-dist's own modules print to the console and
-anything else to the log; Python logging (absl, TensorFlow, captured warnings) writes every record
-to the log and WARNING and above to the console, once each, apart from known harmless ones.
-Set up before TensorFlow is imported (TensorFlow adds its own handler when the root logger has none).
-"""
+the hang guard's dump); `sys.stdout` sends what od-dist's own modules (and orbit, the training
+loop) print to the console and anything else to the log; Python logging (absl, TensorFlow,
+captured warnings) writes every record to the log and WARNING and above to the console, once
+each, apart from known harmless ones. Set up before TensorFlow is imported (TensorFlow adds its
+own handler when the root logger has none)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,16 @@ HARMLESS = (
     "Input dict contained keys",  # tf_keras: the detector's input dict carries extra keys
 )
 
+# Whose prints the console shows: od-dist's, and orbit's short lines (checkpoint restored, saved,
+# "training until step N"; its metric dicts go to the log: trainer.py).
+CONSOLE_MODULES = ("od_dist", "orbit")
+
 LOG_ENV = "OD_DIST_TASK_LOG"  # set by `launch`: the log file it writes the task's console lines to
 
 
 class _ByOrigin(io.TextIOBase):
-    """sys.stdout: what od-dist's own modules print goes to the console (and, when no launcher
-    copies the console into the log, to the log as well); anything else to the log only."""
+    """sys.stdout: what od-dist's own modules (and orbit) print goes to the console (and, when no
+    launcher copies the console into the log, to the log as well); anything else to the log only."""
 
     def __init__(self, console, log, copy_to_log: bool):
         self._console, self._log, self._copy = console, log, copy_to_log
@@ -41,7 +45,7 @@ class _ByOrigin(io.TextIOBase):
 
     def write(self, text: str) -> int:
         caller = sys._getframe(1).f_globals.get("__name__", "")  # print() is C: frame 1 called it
-        if caller == "od_dist" or caller.startswith("od_dist."):
+        if caller.split(".")[0] in CONSOLE_MODULES:
             self._console.write(text)
             if self._copy:
                 self._log.write(text)

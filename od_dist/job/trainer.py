@@ -66,13 +66,13 @@ def _controller_cls():
     from absl import logging  # pylint: disable=g-import-not-at-top
     from orbit import controller as orbit_controller  # pylint: disable=g-import-not-at-top
 
-    # orbit prints every loop's whole output dict; the od-dist progress line says it in one line,
-    # so those go to the absl INFO log only (orbit 2.20's module-level _log; its other messages,
+    # orbit prints every loop's and every evaluation's whole output dict; the od-dist progress and
+    # eval lines say it in one line, so those go to the absl INFO log only (orbit 2.20's module-level _log; its other messages,
     # checkpoint saves and restores, still print).
     printing_log = orbit_controller._log  # pylint: disable=protected-access
     if not getattr(printing_log, 'od_dist', False):
         def quiet_train_log(message: str):
-            if message.startswith('train | step:') and '| output:' in message:
+            if '| output:' in message:  # train and eval dicts; the eval one is a screenful
                 logging.info(message)
             else:
                 printing_log(message)
