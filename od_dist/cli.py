@@ -85,6 +85,16 @@ def define_train_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("wait_timeout", 300, "Seconds to wait for every peer (and for servers: for the "
                          "master) before giving up with the names of the missing tasks.", lower_bound=1,
                          flag_values=fv)
+    # Thread budgets: by default a task alone on its machine keeps TensorFlow's (all cores), and
+    # tasks of the cluster that share a machine split its cores (see od_dist/job/threads.py).
+    flags.DEFINE_integer("intra_op_threads", None, "TensorFlow intra-op threads of this task (0: TensorFlow's "
+                         "default, all cores). Default: all cores when the task is alone on its machine, else "
+                         "its share (1 for a ps or a parameter_server master).", lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("inter_op_threads", None, "TensorFlow inter-op threads of this task (0: TensorFlow's "
+                         "default; at least 2 under parameter_server, 1 deadlocks its coordinator). Default: "
+                         "as --intra_op_threads, at least 2.", lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("data_threads", None, "tf.data threads of this task's input pipeline (0: tf.data's "
+                         "default, all cores). Default: as --intra_op_threads.", lower_bound=0, flag_values=fv)
 
 
 # launch's default: enough for the occasional lost process of a long run (an OOM kill, a preempted
@@ -113,7 +123,7 @@ def restart_args(fv: flags.FlagValues) -> list[str]:
 
 # The train flags that `launch`, `scripts` and `k8s` pass on to every task (role/index are per task).
 PASS_ON_FLAGS = ("pipeline", "model_dir", "num_clones", "clone_on_cpu", "params_override", "wait_timeout",
-                 "allow_public_addresses", "verbose")
+                 "intra_op_threads", "inter_op_threads", "data_threads", "allow_public_addresses", "verbose")
 
 
 def passed_on_args(fv: flags.FlagValues, names=PASS_ON_FLAGS) -> list[str]:
@@ -127,6 +137,10 @@ def passed_on_args(fv: flags.FlagValues, names=PASS_ON_FLAGS) -> list[str]:
             else:
                 args.append(f"--{name}={flag.value}")
     return args
+
+
+def _thread_flags(fv: flags.FlagValues) -> tuple:
+    return fv.intra_op_threads, fv.inter_op_threads, fv.data_threads
 
 
 def select_task(fv: flags.FlagValues, require_task: bool = True, allow_none: bool = False):
@@ -259,7 +273,7 @@ def cmd_train(fv) -> int:
     # parameter-server coordinator; every strategy here is built from the validated cluster instead.
     tf_config = os.environ.pop("TF_CONFIG", None)
     cfg = config.train_config(selected, fv.pipeline, fv.model_dir, fv.num_clones, fv.clone_on_cpu,
-                              fv.params_override, fv.wait_timeout)
+                              fv.params_override, fv.wait_timeout, *_thread_flags(fv))
     if fv.max_restarts:
         from od_dist.cluster.spec import Address, Task
         from od_dist.job import launch
@@ -348,7 +362,8 @@ def cmd_launch(fv) -> int:
                          "run launch on the machines the file lists")
     # Check the flags every task will get now, rather than have each child fail on its own.
     configs = [config.train_config(config.TaskConfig(cluster, task, fv.cluster, ""), fv.pipeline, fv.model_dir,
-                                   fv.num_clones, fv.clone_on_cpu, fv.params_override, fv.wait_timeout)
+                                   fv.num_clones, fv.clone_on_cpu, fv.params_override, fv.wait_timeout,
+                                   *_thread_flags(fv))
                for task in tasks]
     if not fv.model_dir:
         raise UsageError("--model_dir: '': required (logs go to <model_dir>/logs); pass --model_dir=...")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster import validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
+from od_dist.job import threads as threads_mod
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class TrainConfig:
     clone_on_cpu: bool
     params_override: str | None
     wait_timeout: int
+    threads: threads_mod.Threads = threads_mod.Threads()  # this task's CPU thread budget
 
     @property
     def role(self) -> str:
@@ -131,12 +133,20 @@ class TrainConfig:
 
 
 def train_config(selected: TaskConfig, pipeline: str | None, model_dir: str | None, num_clones: int | None,
-                 clone_on_cpu: bool, params_override: str | None, wait_timeout: int) -> TrainConfig:
+                 clone_on_cpu: bool, params_override: str | None, wait_timeout: int,
+                 intra_op_threads: int | None = None, inter_op_threads: int | None = None,
+                 data_threads: int | None = None) -> TrainConfig:
     cluster, task = selected.cluster, selected.task
     if num_clones is None:
         num_clones = cluster.clones_for(task.address.host) if cluster and task else 1
-    config = TrainConfig(selected, pipeline, model_dir, num_clones, clone_on_cpu, params_override, wait_timeout)
+    strategy = cluster.strategy if cluster else "mirrored"
+    threads = threads_mod.resolve(cluster, task, strategy, intra_op_threads, inter_op_threads, data_threads)
+    config = TrainConfig(selected, pipeline, model_dir, num_clones, clone_on_cpu, params_override, wait_timeout,
+                         threads)
     problems = []
+    if inter_op_threads == 1 and strategy == validate.PARAMETER_SERVER:
+        problems.append(validate.problem("--inter_op_threads", 1, "deadlocks the parameter_server coordinator",
+                                         f"use {threads_mod.MIN_INTER_OP} or more, or 0 for TensorFlow's default"))
     if not config.is_server:  # servers run no pipeline; the same launch line still works for them
         for flag, value in (("--pipeline", pipeline), ("--model_dir", model_dir)):
             if not value:

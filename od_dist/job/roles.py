@@ -60,7 +60,7 @@ def run_trainer(config: TrainConfig) -> int:
         raise RoleError(str(e)) from None
     print(f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
           f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}", flush=True)
-    trainer.train(params, config.model_dir, dist)
+    trainer.train(params, config.model_dir, dist, data_threads=config.threads.data)
     if config.is_coordinator:
         servers = [t for t in cluster.server_tasks() if t.role in ("ps", "worker")]
         failed = server.send_stop(servers)
@@ -97,6 +97,10 @@ def run_evaluator(config: TrainConfig) -> int:
 
 
 def run(config: TrainConfig) -> int:
+    from od_dist.job import threads
+
+    # Before anything initialises TensorFlow's thread pools (devices, servers, strategies).
+    threads.apply(config.threads, config.selected.task.name if config.selected.task else "single")
     if config.is_server:
         return run_server(config)
     if config.role == "evaluator":

@@ -240,7 +240,7 @@ def _prepare(params) -> None:
         performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
 
 
-def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None):
+def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None, data_threads: int = 0):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from official.core import task_factory  # pylint: disable=g-import-not-at-top
     from official.core import train_lib  # pylint: disable=g-import-not-at-top
@@ -249,6 +249,9 @@ def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None):
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         task = task_factory.get_task(params.task, logging_dir=model_dir)
+        if data_threads:
+            from od_dist.job import threads  # pylint: disable=g-import-not-at-top
+            task.build_inputs = threads.with_data_threads(task.build_inputs, data_threads)
         trainer_obj = None
         if mode == 'train' and _num_ps_workers(strategy) > 1:
             trainer_obj = train_utils.create_trainer(
@@ -273,12 +276,13 @@ def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None):
     return holder['controller']
 
 
-def train(params, model_dir: str, strategy) -> None:
+def train(params, model_dir: str, strategy, data_threads: int = 0) -> None:
     """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``.
 
     Resumes from the latest checkpoint in ``model_dir``; returns at once if that
     checkpoint is already at ``trainer.train_steps``. Saves ``params.yaml`` there as
-    Model Garden does (on the chief only).
+    Model Garden does (on the chief only). ``data_threads`` > 0 caps the input pipeline's
+    tf.data thread pool (tasks sharing a machine).
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from official.core import train_utils  # pylint: disable=g-import-not-at-top
@@ -287,7 +291,7 @@ def train(params, model_dir: str, strategy) -> None:
     if strategy.extended.should_checkpoint:
         train_utils.serialize_config(params, model_dir)
     start = time.time()
-    controller = _run(params, model_dir, strategy, 'train')
+    controller = _run(params, model_dir, strategy, 'train', data_threads=data_threads)
     step = int(controller.global_step.numpy())
     print(f'{_PREFIX} train | done at step {step} in {time.time() - start:.1f} s; '
           f'checkpoints in {model_dir}', flush=True)

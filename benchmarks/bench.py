@@ -1,0 +1,403 @@
+"""od-dist's benchmark suite: its overhead and its distributed modes, side by side, in one go.
+
+    python benchmarks/bench.py [--rounds 3] [--steps 300] [--steps_per_loop 50] [--before]
+
+Runs the demo pipeline (pipelines/shapes_retinanet.yaml) on a generated shapes dataset, each case
+once per round, interleaved (the order rotates every round), so that the load of the machine
+falls on every case alike. Cases:
+
+  raw          python -m official.vision.train on the same experiment config (mirrored)
+  train        od-dist train, one process
+  ps           od-dist launch on a loopback cluster shaped like clusters/local.yaml (1 ps, the
+               master and 2 workers, parameter_server)
+  mwm          od-dist launch on a loopback master + 1 worker (multi_worker_mirrored)
+  ps-tfdef,    the same two with TensorFlow's default thread pools in every task
+  mwm-tfdef    (--intra_op_threads=0 --inter_op_threads=0 --data_threads=0): the "before"; --before
+  cli          `od-dist validate`, `od-dist --help` and a bare interpreter, --cli_runs times a round
+
+Per case: steady steps/s (the median of Model Garden's `steps_per_second` summaries in
+<model_dir>/train, the first loop left out), the time from process start to the first finished step
+(the first summary's wall time minus the rest of the first loop at the steady rate), the wall time,
+and the peak RSS of each process (psutil, sampled every 0.2 s). Every step is one global batch
+(8 images) in every case, so steps/s compare as examples/s. Prints medians over the rounds and the
+ratios: train vs raw, and each cluster vs one `od-dist train` process on the same cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = os.path.join(REPO, "pipelines", "shapes_retinanet.yaml")
+PY = sys.executable
+TF_DEFAULT_THREADS = ["--intra_op_threads=0", "--inter_op_threads=0", "--data_threads=0"]
+TRAIN_CASES = ("raw", "train", "ps", "mwm")
+BEFORE_CASES = ("ps-tfdef", "mwm-tfdef")
+LABELS = {
+    "raw": "raw Model Garden (python -m official.vision.train)",
+    "train": "od-dist train (one process)",
+    "ps": "launch parameter_server (1 ps, master, 2 workers)",
+    "mwm": "launch multi_worker_mirrored (master + 1 worker)",
+    "ps-tfdef": "  same, TensorFlow default threads (before)",
+    "mwm-tfdef": "  same, TensorFlow default threads (before)",
+}
+
+
+# ----- event files (read without TensorFlow: tensorboard's protos and the TFRecord framing) ----
+
+
+def read_events(path: str):
+    from tensorboard.compat.proto import event_pb2
+
+    with open(path, "rb") as f:
+        while True:
+            header = f.read(12)
+            if len(header) < 12:
+                return
+            (length,) = struct.unpack("<Q", header[:8])
+            data = f.read(length)
+            f.read(4)
+            if len(data) < length:
+                return
+            event = event_pb2.Event()
+            event.ParseFromString(data)
+            yield event
+
+
+def _tensor_value(tensor) -> float | None:
+    if tensor.float_val:
+        return float(tensor.float_val[0])
+    if tensor.double_val:
+        return float(tensor.double_val[0])
+    content = tensor.tensor_content
+    if len(content) == 4:
+        return struct.unpack("<f", content)[0]
+    if len(content) == 8:
+        return struct.unpack("<d", content)[0]
+    return None
+
+
+def steps_per_second(model_dir: str) -> list[tuple[int, float, float]]:
+    """(step, wall_time, steps/s) of every `steps_per_second` summary in <model_dir>/train."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(model_dir, "train", "events.out.tfevents.*"))):
+        for event in read_events(path):
+            for value in event.summary.value:
+                if value.tag == "steps_per_second":
+                    v = value.simple_value if value.HasField("simple_value") else _tensor_value(value.tensor)
+                    if v is not None:
+                        out.append((int(event.step), float(event.wall_time), float(v)))
+    return sorted(out)
+
+
+# ----- running one case ---------------------------------------------------------------------
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def write_cluster(path: str, kind: str) -> str:
+    if kind == "ps":  # the shape of clusters/local.yaml, on free ports
+        m, w0, w1, ps = free_ports(4)
+        text = (f"strategy: parameter_server\nmaster: 127.0.0.1:{m}\n"
+                f"worker: [127.0.0.1:{w0}, 127.0.0.1:{w1}]\nps: [127.0.0.1:{ps}]\n")
+    else:
+        m, w0 = free_ports(2)
+        text = f"strategy: multi_worker_mirrored\nmaster: 127.0.0.1:{m}\nworker: [127.0.0.1:{w0}]\n"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def _role_of(cmdline: list[str], top: str) -> str:
+    text = " ".join(cmdline)
+    role = re.search(r"--role=(\w+)", text)
+    if role:
+        index = re.search(r"--index=(\d+)", text)
+        return f"{role.group(1)}:{index.group(1) if index else 0}"
+    return top
+
+
+class PeakRss:
+    """Samples the RSS of a process and its descendants until stopped; the peak per role."""
+
+    def __init__(self, pid: int, top: str, interval: float = 0.2):
+        self.peak: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._pid, self._top, self._interval = pid, top, interval
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        try:
+            root = psutil.Process(self._pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            try:
+                procs = [root] + root.children(recursive=True)
+            except psutil.Error:
+                break
+            for p in procs:
+                try:
+                    role = _role_of(p.cmdline(), self._top)
+                    rss = p.memory_info().rss
+                except psutil.Error:
+                    continue
+                self.peak[role] = max(self.peak.get(role, 0), rss)
+            self._stop.wait(self._interval)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the run's process group (launch stops its tasks), SIGKILL after 15 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config: str) -> dict:
+    model_dir = os.path.join(work, run_id)
+    override = (f"trainer.train_steps={args.steps},trainer.steps_per_loop={args.steps_per_loop},"
+                f"trainer.summary_interval={args.steps_per_loop},trainer.checkpoint_interval={args.steps},"
+                f"task.train_data.input_path={data_dir}/train.tfrecord,"
+                f"task.validation_data.input_path={data_dir}/val.tfrecord")
+    common = [f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", f"--params_override={override}"]
+    kind = case.split("-")[0]
+    if kind == "raw":
+        experiment = yaml.safe_load(open(PIPELINE, encoding="utf-8"))["experiment"]
+        argv = [PY, "-m", "official.vision.train", f"--experiment={experiment}", "--mode=train",
+                f"--model_dir={model_dir}", f"--config_file={raw_config}", f"--params_override={override}"]
+    elif kind == "train":
+        argv = [PY, "-m", "od_dist", "train", *common]
+    else:
+        cluster = write_cluster(os.path.join(work, f"{run_id}.yaml"), kind)
+        argv = [PY, "-m", "od_dist", "launch", f"--cluster={cluster}", *common, "--wait_timeout=120"]
+    if case.endswith("-tfdef"):
+        argv += TF_DEFAULT_THREADS
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_NUM_INTRAOP_THREADS",
+                                                           "TF_NUM_INTEROP_THREADS")}
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    log_path = os.path.join(work, f"{run_id}.log")
+    start = time.time()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        rss = PeakRss(proc.pid, "launch" if kind in ("ps", "mwm") else kind)
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+        except BaseException:  # Ctrl+C or SIGTERM: leave no training behind
+            _stop_group(proc)
+            raise
+        wall = time.time() - start
+        peak = rss.stop()
+    result = {"case": case, "exit": code, "wall_s": wall, "rss_mib": {k: v / 2**20 for k, v in peak.items()}}
+    summaries = steps_per_second(model_dir)
+    steady = [v for step, _, v in summaries if step > args.steps_per_loop]
+    if code != 0 or not summaries or not steady:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            tail = f.read()[-1500:]
+        print(f"  {case} FAILED (exit {code}, {len(summaries)} summaries); log {log_path}:\n{tail}", flush=True)
+        result["failed"] = True
+        return result
+    result["steady_sps"] = statistics.median(steady)
+    first_wall = summaries[0][1]
+    result["first_step_s"] = first_wall - start - (args.steps_per_loop - 1) / result["steady_sps"]
+    return result
+
+
+def time_cli(runs: int) -> dict[str, list[float]]:
+    cases = {
+        "python -c pass": [PY, "-c", "pass"],
+        "od-dist validate": [PY, "-m", "od_dist", "validate", "--cluster", "clusters/local.yaml"],
+        "od-dist --help": [PY, "-m", "od_dist", "--help"],
+    }
+    env = dict(os.environ, PYTHONPATH=REPO)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(runs):
+        for name, argv in cases.items():
+            start = time.perf_counter()
+            subprocess.run(argv, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+# ----- the report ---------------------------------------------------------------------------
+
+
+def machine() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    from importlib.metadata import version
+
+    mem = psutil.virtual_memory().total / 2**30
+    return (f"{platform.system()} {platform.machine()}, {psutil.cpu_count()} cores ({model}), {mem:.0f} GiB, "
+            f"Python {platform.python_version()}, tensorflow {version('tensorflow')}, "
+            f"tf-models-official {version('tf-models-official')}")
+
+
+def _median(results: list[dict], key: str) -> float | None:
+    values = [r[key] for r in results if key in r]
+    return statistics.median(values) if values else None
+
+
+def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, loads) -> str:
+    lines = []
+    med = {c: {k: _median(rs, k) for k in ("steady_sps", "first_step_s", "wall_s")} for c, rs in results.items()}
+
+    def ratio(a, b):
+        return f"{a / b:.2f}" if a is not None and b else "-"
+
+    def num(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    if results:
+        lines += ["| case | steady steps/s | ratio | first step (s) | wall (s) | runs ok |",
+                  "|---|---|---|---|---|---|"]
+        for case, rs in results.items():
+            m = med[case]
+            base = "raw" if case == "train" else "train" if case != "raw" else None
+            r = ratio(m["steady_sps"], med.get(base, {}).get("steady_sps")) if base else "1.00"
+            r += f" vs {base}" if base else ""
+            first = num(m["first_step_s"], ".1f")
+            if case == "train" and "raw" in med and m["first_step_s"] is not None and med["raw"]["first_step_s"]:
+                first += f" ({m['first_step_s'] - med['raw']['first_step_s']:+.1f} vs raw)"
+            ok = sum(1 for x in rs if not x.get("failed"))
+            lines.append(f"| {LABELS[case]} | {num(m['steady_sps'], '.2f')} | {r} | {first} | "
+                         f"{num(m['wall_s'], '.0f')} | {ok}/{len(rs)} |")
+        lines.append("")
+        lines += ["| case | peak RSS per process (MiB, max over rounds) |", "|---|---|"]
+        for case, rs in results.items():
+            peak: dict[str, float] = {}
+            for r in rs:
+                for role, mib in r["rss_mib"].items():
+                    peak[role] = max(peak.get(role, 0.0), mib)
+            lines.append(f"| {case} | {', '.join(f'{k} {v:.0f}' for k, v in sorted(peak.items()))} |")
+        lines.append("")
+    if cli:
+        base = statistics.median(cli["python -c pass"])
+        lines += ["| command | median (ms) | vs bare interpreter |", "|---|---|---|"]
+        for name, times in cli.items():
+            m = statistics.median(times)
+            lines.append(f"| {name} | {m * 1000:.0f} | x{m / base:.1f} |")
+        lines.append("")
+    lines.append(f"machine: {machine()}")
+    lines.append(f"load average (1/5/15 min) before: {loads[0]}, after: {loads[1]}")
+    lines.append(f"command: python benchmarks/bench.py {' '.join(sys.argv[1:])}".rstrip())
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians over them)")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run")
+    parser.add_argument("--steps_per_loop", type=int, default=50, help="steps per loop (and per summary)")
+    parser.add_argument("--cases", default=",".join(TRAIN_CASES + ("cli",)),
+                        help="comma-separated: raw, train, ps, mwm, ps-tfdef, mwm-tfdef, cli")
+    parser.add_argument("--before", action="store_true",
+                        help="add ps-tfdef and mwm-tfdef (TensorFlow's default threads in every task)")
+    parser.add_argument("--cli_runs", type=int, default=5, help="runs of each CLI command per round")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
+    parser.add_argument("--json", help="also write every run's figures here")
+    parser.add_argument("--keep", help="keep model_dirs and logs in this directory (default: a temporary one)")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run_case's cleanup
+    cases = [c for c in args.cases.split(",") if c]
+    if args.before:
+        cases += [c for c in BEFORE_CASES if c not in cases]
+    unknown = [c for c in cases if c not in TRAIN_CASES + BEFORE_CASES + ("cli",)]
+    if unknown or args.steps <= args.steps_per_loop:
+        parser.error(f"unknown cases {unknown}" if unknown else "--steps must exceed --steps_per_loop "
+                     "(the first loop is left out of the steady rate)")
+    train_cases = [c for c in cases if c != "cli"]
+
+    work = args.keep or tempfile.mkdtemp(prefix="od-dist-bench-")
+    os.makedirs(work, exist_ok=True)
+    loads = [tuple(round(x, 1) for x in os.getloadavg())]
+    started = time.time()
+    try:
+        data_dir = os.path.join(work, "data")
+        raw_config = os.path.join(work, "raw_config.yaml")
+        if train_cases:
+            subprocess.run([PY, "-m", "od_dist", "data", "shapes", f"--out={data_dir}", "--num_train=500",
+                            "--num_val=8"],
+                           cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), check=True, stdout=subprocess.DEVNULL)
+            doc = yaml.safe_load(open(PIPELINE, encoding="utf-8"))
+            doc.pop("experiment")
+            doc.setdefault("runtime", {})["distribution_strategy"] = "mirrored"
+            with open(raw_config, "w", encoding="utf-8") as f:
+                yaml.safe_dump(doc, f)
+        results: dict[str, list[dict]] = {c: [] for c in train_cases}
+        cli: dict[str, list[float]] = {}
+        for r in range(args.rounds):
+            order = cases[r % len(cases):] + cases[:r % len(cases)]  # rotate: no case always first
+            for case in order:
+                if case == "cli":
+                    for name, times in time_cli(args.cli_runs).items():
+                        cli.setdefault(name, []).extend(times)
+                    continue
+                result = run_case(case, work, f"r{r}-{case}", args, data_dir, raw_config)
+                results[case].append(result)
+                print(f"round {r + 1}/{args.rounds} {case:<10} steady {result.get('steady_sps', 0):6.2f} steps/s  "
+                      f"first step {result.get('first_step_s', 0):5.1f} s  wall {result['wall_s']:5.0f} s  "
+                      f"({time.time() - started:.0f} s so far)", flush=True)
+        loads.append(tuple(round(x, 1) for x in os.getloadavg()))
+        table = report(results, cli, args, loads)
+        print()
+        print(table)
+        print(f"total {time.time() - started:.0f} s")
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump({"results": results, "cli": cli, "loads": loads, "args": vars(args)}, f, indent=1)
+        failed = any(x.get("failed") for rs in results.values() for x in rs)
+        return 1 if failed else 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

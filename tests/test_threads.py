@@ -1,0 +1,134 @@
+"""CPU thread budgets: the pure rule (cores, tasks on this machine -> threads), the flags over it,
+and one real launch whose children report the threads TensorFlow applied."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from od_dist.cli import main
+from od_dist.cluster import spec
+from od_dist.cluster.spec import InvalidCluster
+from od_dist.job import config, threads
+from od_dist.job.threads import Threads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+PS_LOCAL = ["ps", "master", "worker", "worker"]
+
+
+def test_a_task_alone_on_its_machine_keeps_tensorflow_defaults():
+    assert threads.budget(2, "single", "mirrored", ["single"]) == Threads(0, 0, 0)
+    assert threads.budget(16, "worker", "parameter_server", ["worker"]) == Threads(0, 0, 0)
+    assert threads.budget(8, "master", "multi_worker_mirrored", ["master"]) == Threads(0, 0, 0)
+
+
+def test_local_parameter_server_cluster_on_two_cores():
+    # The two workers compute; the ps and the coordinator mostly wait.
+    assert threads.budget(2, "worker", "parameter_server", PS_LOCAL) == Threads(1, 2, 1)
+    for role in ("ps", "master"):
+        assert threads.budget(2, role, "parameter_server", PS_LOCAL) == Threads(1, 2, 1)
+
+
+def test_workers_split_the_cores_and_light_tasks_take_one():
+    assert threads.budget(8, "worker", "parameter_server", PS_LOCAL) == Threads(4, 4, 4)
+    assert threads.budget(8, "ps", "parameter_server", PS_LOCAL) == Threads(1, 2, 1)
+    assert threads.budget(8, "master", "parameter_server", PS_LOCAL) == Threads(1, 2, 1)
+    # Under multi_worker_mirrored the master trains too.
+    mwm = ["master", "worker"]
+    assert threads.budget(8, "master", "multi_worker_mirrored", mwm) == Threads(4, 4, 4)
+    assert threads.budget(2, "worker", "multi_worker_mirrored", mwm) == Threads(1, 2, 1)
+    assert threads.budget(2, "evaluator", "multi_worker_mirrored", mwm + ["evaluator"]) == Threads(1, 2, 1)
+    assert threads.budget(2, "master", "multi_worker_mirrored", mwm + ["evaluator"]) == Threads(1, 2, 1)
+
+
+def test_inter_op_is_never_below_two():
+    for cores in (1, 2, 3, 64):
+        for role in ("ps", "master", "worker", "evaluator"):
+            for n in (2, 3, 9):
+                t = threads.budget(cores, role, "parameter_server", ["worker"] * n + [role])
+                assert t.inter_op >= threads.MIN_INTER_OP and t.intra_op >= 1 and t.data >= 1
+
+
+def test_tasks_sharing_a_machine_come_from_the_cluster_hosts():
+    lan = spec.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.2:2223"],
+                              "ps": ["10.0.0.1:2224"]})
+    assert threads.roles_sharing(lan, lan.task("worker", 1)) == ["worker", "worker"]
+    assert sorted(threads.roles_sharing(lan, lan.task("ps", 0))) == ["master", "ps"]
+    local = spec.from_document({"master": "127.0.0.1:2230", "worker": ["localhost:2231", "127.0.0.1:2232"],
+                                "ps": ["127.0.0.1:2233"]})
+    assert sorted(threads.roles_sharing(local, local.task("worker", 0))) == sorted(PS_LOCAL)
+    assert threads.roles_sharing(None, None) == ["single"]
+    one_each = spec.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:1"]})
+    assert threads.resolve(one_each, one_each.task("worker", 0), "parameter_server", cores=8) == Threads()
+
+
+def test_flags_override_each_setting_of_the_budget():
+    local = spec.from_document({"master": "127.0.0.1:2230", "worker": ["127.0.0.1:2231"], "ps": ["127.0.0.1:2233"]})
+    worker = local.task("worker", 0)
+    assert threads.resolve(local, worker, "parameter_server", cores=2) == Threads(2, 2, 2)
+    assert threads.resolve(local, worker, "parameter_server", intra_op=4, cores=2) == Threads(4, 2, 2)
+    assert threads.resolve(local, worker, "parameter_server", 0, 0, 0, cores=2) == Threads(0, 0, 0)
+    assert threads.resolve(None, None, "mirrored", data=3, cores=2) == Threads(0, 0, 3)
+
+
+def test_train_config_carries_the_budget_and_refuses_inter_op_one_under_ps(tmp_path):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("master: 127.0.0.1:2230\nworker: [127.0.0.1:2231, 127.0.0.1:2232]\nps: [127.0.0.1:2233]\n")
+    selected = config.select(str(cluster), "ps", 0, False)
+    cfg = config.train_config(selected, None, None, None, False, None, 10, None, None, None)
+    assert cfg.threads == Threads(1, 2, 1)
+    cfg = config.train_config(selected, None, None, None, False, None, 10, 3, None, 0)
+    assert cfg.threads == Threads(3, 2, 0)
+    with pytest.raises(InvalidCluster, match=r"--inter_op_threads: '1': deadlocks the parameter_server coordinator"):
+        config.train_config(selected, None, None, None, False, None, 10, None, 1, None)
+
+
+def test_inter_op_one_is_invalid_input_before_anything_starts(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("master: 127.0.0.1:2230\nworker: [127.0.0.1:2231]\nps: [127.0.0.1:2233]\n")
+    code = main(["od-dist", "launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
+                 f"--model_dir={tmp_path}/m", "--inter_op_threads=1"])
+    assert code == 2
+    assert "--inter_op_threads: '1': deadlocks the parameter_server coordinator; use 2 or more" in capsys.readouterr().err
+
+
+def test_launch_passes_the_thread_flags_on(tmp_path):
+    from absl import flags
+
+    from od_dist.cli import define_train_flags, passed_on_args
+
+    fv = flags.FlagValues()
+    define_train_flags(fv)
+    fv(["x", "--intra_op_threads=2", "--data_threads=0"])
+    assert passed_on_args(fv) == ["--intra_op_threads=2", "--data_threads=0"]
+
+
+@pytest.mark.slow
+def test_each_launched_task_reports_the_threads_tensorflow_applied(tmp_path):
+    """A real launch (1 ps, master, 1 worker, 2 steps): every child prints its budget as
+    TensorFlow reports it after applying; a flag given to launch reaches every child."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from test_distributed import free_ports, tiny  # noqa: E402 - the shared fixtures' helpers
+
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=16",
+                    "--num_val=8"], check=True, capture_output=True, timeout=120)
+    m, w, ps = free_ports(3)
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"master: 127.0.0.1:{m}\nworker: [127.0.0.1:{w}]\nps: [127.0.0.1:{ps}]\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_NUM_INTRAOP_THREADS")}
+    r = subprocess.run([sys.executable, "-m", "od_dist", "launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
+                        f"--model_dir={tmp_path / 'model'}", tiny(str(data), steps=2), "--data_threads=3",
+                        "--wait_timeout=60"], capture_output=True, text=True, cwd=str(tmp_path), env=env,
+                       timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    cores = threads.machine_cores()
+    roles = ["ps", "master", "worker"]
+    for role in roles:
+        want = threads.budget(cores, role, "parameter_server", roles)
+        line = rf"\[{role}:0\] {role}:0: threads intra-op {want.intra_op}, inter-op {want.inter_op}, tf.data 3 "
+        assert re.search(line, out), (line, out[-3000:])
