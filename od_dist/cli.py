@@ -407,6 +407,112 @@ def cmd_data_shapes(fv) -> int:
     return EXIT_OK
 
 
+def define_convert_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("images", None, "The folder of images.", flag_values=fv)
+    flags.DEFINE_string("out", None, "Output folder: train-*.tfrecord, val-*.tfrecord, label_map.pbtxt. "
+                        "Written under a temporary name and renamed when complete.", flag_values=fv)
+    flags.DEFINE_float("val_fraction", 0.1, "Share of the images held out for validation (a fixed-seed "
+                       "shuffle: the same files give the same split).", lower_bound=0.0, upper_bound=0.99,
+                       flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the train/val shuffle.", flag_values=fv)
+    flags.DEFINE_boolean("skip_bad", False, "Convert without the annotation files that have problems "
+                         "(and say how many) instead of stopping with exit 2.", flag_values=fv)
+
+
+def define_voc_flags(fv: flags.FlagValues) -> None:
+    define_convert_flags(fv)
+    flags.DEFINE_string("annotations", None, "The folder of Pascal VOC / labelImg .xml files (searched "
+                        "recursively).", flag_values=fv)
+    flags.DEFINE_string("labels", None, "The classes, as an Object Detection API label_map.pbtxt or one "
+                        "name per line (ids from 1 in that order); any other class is an error. "
+                        "Default: every class found, sorted by name.", flag_values=fv)
+
+
+def _convert(what: str, run) -> int:
+    from od_dist.data import records
+
+    try:
+        written, skipped = run()
+    except records.DatasetError as e:
+        raise UsageError(str(e)) from None
+    except records.BadAnnotation as e:
+        # The problems were printed one per line; a lone second-pass problem is printed here.
+        if "bad annotation file" not in str(e):
+            print(f"od-dist {what}: {e}; nothing written", file=sys.stderr)
+        return EXIT_INVALID
+    records.print_summary(written, skipped)
+    return EXIT_OK
+
+
+def _require(fv, *names: str) -> None:
+    for name in names:
+        if not fv[name].value:
+            raise UsageError(f"--{name}: '': required; pass --{name}=...")
+
+
+@command("data voc", "Convert Pascal VOC / labelImg XML to TFRecords (train/val) and label_map.pbtxt.", """
+Reads every .xml under --annotations (Pascal VOC, as labelImg saves it) and its image from
+--images, checks each against its image (readable XML, image present, boxes inside, known classes),
+and writes Model Garden detection records: sharded train-*.tfrecord and val-*.tfrecord (normalized
+boxes, class ids from 1, numeric source ids) and label_map.pbtxt. VOC's 1-based pixel coordinates
+are converted exactly; `difficult` objects are kept as is_crowd=1, which Model Garden leaves out of
+training and COCO evaluation ignores. Any problem: one line per file and exit 2, nothing written
+(or --skip_bad). Prints the num_classes and input paths a pipeline needs.
+
+Example:
+  od-dist data voc --images my_data/images --annotations my_data/annotations --out data/my_data
+""", define_voc_flags)
+def cmd_data_voc(fv) -> int:
+    from od_dist.data import voc
+
+    _require(fv, "images", "annotations", "out")
+    return _convert("data voc", lambda: voc.convert(fv.images, fv.annotations, fv.out, fv.val_fraction,
+                                                    fv.labels, fv.skip_bad, fv.seed))
+
+
+def define_check_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("pipeline", None, "Check the train and validation records of this pipeline "
+                        "(task.train_data / task.validation_data input_path, task.model.num_classes).",
+                        flag_values=fv)
+    flags.DEFINE_string("records", None, "Or check these records: a file, a glob (quote it) or a "
+                        "comma-separated list.", flag_values=fv)
+    flags.DEFINE_integer("num_classes", None, "With --records: the model's num_classes (largest class id "
+                         "+ 1), to check the ids against.", lower_bound=2, flag_values=fv)
+    flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
+
+
+@command("data check", "Read every record a pipeline would use; check images, boxes, ids; count per class.", """
+Reads every record of the pipeline's training and validation data (or --records), decodes each
+image with TensorFlow as training will, and checks: the stored size matches the image, boxes are
+normalized, inside the image and not empty, class ids are in 1..num_classes-1, source ids are
+numeric and unique within a split. Each problem names the file, the record index and source id.
+Then prints images and objects per split and per class. Exit 2 when any problem is found.
+
+Examples:
+  od-dist data check --pipeline pipelines/custom_retinanet.yaml
+  od-dist data check --records 'data/my_data/val-*.tfrecord' --num_classes 4
+""", define_check_flags)
+def cmd_data_check(fv) -> int:
+    if bool(fv.pipeline) == bool(fv.records):
+        raise UsageError("--pipeline/--records: pass exactly one: the pipeline whose data to check, or "
+                         "a records glob")
+    if fv.pipeline:
+        from od_dist.model.pipeline import PipelineError, load_pipeline
+
+        try:
+            params = load_pipeline(fv.pipeline, fv.params_override)
+        except PipelineError as e:
+            raise UsageError(str(e)) from None
+        splits = {"train": params.task.train_data.input_path,
+                  "validation": params.task.validation_data.input_path}
+        num_classes = params.task.model.num_classes
+    else:
+        splits, num_classes = {"records": fv.records}, fv.num_classes
+    from od_dist.data import check
+
+    return EXIT_INVALID if check.check(splits, num_classes, sys.stdout) else EXIT_OK
+
+
 # ----- scripts / k8s (renderers; no TensorFlow) ------------------------------------------------
 
 

@@ -1,0 +1,329 @@
+"""`od-dist data voc|coco|check` on small datasets the tests draw themselves: shapes images, XML
+written the way labelImg writes it (1-based inclusive pixels, a `difficult` object), JSON the way
+COCO writes it. Hostile annotations each give their one-line error, exit 2 and no output."""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from od_dist.data import shapes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = 96
+
+
+def od_dist(*args, cwd=ROOT, timeout=180):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout)
+
+
+def labelimg_xml(filename, width, height, objects):
+    """An annotation exactly as labelImg saves it (its PascalVocWriter's layout)."""
+    parts = [f"<annotation>\n\t<folder>images</folder>\n\t<filename>{filename}</filename>\n"
+             f"\t<path>/home/user/my_data/images/{filename}</path>\n\t<source>\n\t\t<database>Unknown"
+             f"</database>\n\t</source>\n\t<size>\n\t\t<width>{width}</width>\n\t\t<height>{height}"
+             "</height>\n\t\t<depth>3</depth>\n\t</size>\n\t<segmented>0</segmented>\n"]
+    for name, xmin, ymin, xmax, ymax, difficult in objects:
+        parts.append(f"\t<object>\n\t\t<name>{name}</name>\n\t\t<pose>Unspecified</pose>\n"
+                     f"\t\t<truncated>0</truncated>\n\t\t<difficult>{int(difficult)}</difficult>\n"
+                     f"\t\t<bndbox>\n\t\t\t<xmin>{xmin}</xmin>\n\t\t\t<ymin>{ymin}</ymin>\n"
+                     f"\t\t\t<xmax>{xmax}</xmax>\n\t\t\t<ymax>{ymax}</ymax>\n\t\t</bndbox>\n\t</object>\n")
+    parts.append("</annotation>\n")
+    return "".join(parts)
+
+
+def make_voc(root, count=8, seed=0):
+    """images/*.jpg + annotations/*.xml; object 2 of image 0 is difficult. Returns the truth:
+    {filename: [(name, xmin, ymin, xmax, ymax, difficult), ...]} in VOC pixels."""
+    images, anns = os.path.join(root, "images"), os.path.join(root, "annotations")
+    os.makedirs(images)
+    os.makedirs(anns)
+    rng = np.random.default_rng(seed)
+    truth = {}
+    for i in range(count):
+        image, boxes, labels, _ = shapes.make_image(rng, SIZE)
+        while len(labels) < 2 and i == 0:  # image 0 needs two objects (one difficult)
+            image, boxes, labels, _ = shapes.make_image(rng, SIZE)
+        name = f"photo_{i:03d}.jpg"
+        with open(os.path.join(images, name), "wb") as f:
+            f.write(shapes.encode_image(image, "jpeg"))
+        # shapes' boxes: 0-based, max exclusive -> VOC: 1-based, max inclusive.
+        objs = [(shapes.CLASSES[c - 1], x0 + 1, y0 + 1, x1, y1, i == 0 and k == 1)
+                for k, ((y0, x0, y1, x1), c) in enumerate(zip(boxes.tolist(), labels.tolist()))]
+        truth[name] = objs
+        with open(os.path.join(anns, name.replace(".jpg", ".xml")), "w") as f:
+            f.write(labelimg_xml(name, SIZE, SIZE, objs))
+    return images, anns, truth
+
+
+def read_records(pattern):
+    tf = pytest.importorskip("tensorflow")
+    out = []
+    for path in sorted(glob.glob(pattern)):
+        out += [tf.train.Example.FromString(r) for r in tf.data.TFRecordDataset(path).as_numpy_iterator()]
+    return out
+
+
+def feat(ex, key):
+    f = ex.features.feature[key]
+    return list(f.float_list.value or f.int64_list.value or f.bytes_list.value)
+
+
+@pytest.fixture
+def voc(tmp_path):
+    images, anns, truth = make_voc(str(tmp_path / "src"))
+    return images, anns, truth, str(tmp_path / "out")
+
+
+def leftovers(tmp_path):
+    return [p for p in os.listdir(tmp_path) if "partial" in p or p == "out"]
+
+
+# ----- data voc -------------------------------------------------------------------------------
+
+
+def test_voc_converts_labelimg_folder(voc):
+    from od_dist.data import voc as voc_mod
+
+    images, anns, truth, out = voc
+    written, skipped = voc_mod.convert(images, anns, out, val_fraction=0.25)
+    assert skipped == 0 and written.num_classes == 4
+    assert written.images == {"train": 6, "val": 2}
+    with open(os.path.join(out, "label_map.pbtxt")) as f:
+        assert f.read() == ("item {\n  id: 1\n  name: 'circle'\n}\nitem {\n  id: 2\n  name: 'square'\n}\n"
+                            "item {\n  id: 3\n  name: 'triangle'\n}\n")
+    examples = read_records(os.path.join(out, "train-*.tfrecord")) + \
+        read_records(os.path.join(out, "val-*.tfrecord"))
+    assert len(examples) == 8
+    ids = sorted(int(feat(e, "image/source_id")[0]) for e in examples)
+    assert ids == list(range(1, 9))  # numeric and unique: COCO evaluation uses them as image ids
+    ids_of = {"circle": 1, "square": 2, "triangle": 3}
+    for e in examples:
+        name = feat(e, "image/filename")[0].decode()
+        objs = truth[name]
+        assert feat(e, "image/height") == [SIZE] and feat(e, "image/width") == [SIZE]
+        assert feat(e, "image/object/class/label") == [ids_of[o[0]] for o in objs]
+        # 1-based inclusive pixels -> [xmin - 1, xmax] / size: exactly shapes' own box.
+        np.testing.assert_allclose(feat(e, "image/object/bbox/xmin"), [(o[1] - 1) / SIZE for o in objs],
+                                   atol=1e-6)
+        np.testing.assert_allclose(feat(e, "image/object/bbox/ymin"), [(o[2] - 1) / SIZE for o in objs],
+                                   atol=1e-6)
+        np.testing.assert_allclose(feat(e, "image/object/bbox/xmax"), [o[3] / SIZE for o in objs], atol=1e-6)
+        np.testing.assert_allclose(feat(e, "image/object/bbox/ymax"), [o[4] / SIZE for o in objs], atol=1e-6)
+        assert feat(e, "image/object/is_crowd") == [int(o[5]) for o in objs]
+    assert sum(sum(feat(e, "image/object/is_crowd")) for e in examples) == 1  # the difficult one
+
+
+def test_voc_split_is_fixed_and_rerun_replaces_old_shards(voc):
+    from od_dist.data import voc as voc_mod
+
+    images, anns, _, out = voc
+    voc_mod.convert(images, anns, out, val_fraction=0.25)
+    first = [feat(e, "image/source_id") for e in read_records(os.path.join(out, "val-*.tfrecord"))]
+    stale = os.path.join(out, "train-00003-of-00004.tfrecord")  # as if from a bigger earlier run
+    open(stale, "w").close()
+    voc_mod.convert(images, anns, out, val_fraction=0.25)
+    assert [feat(e, "image/source_id") for e in read_records(os.path.join(out, "val-*.tfrecord"))] == first
+    assert not os.path.exists(stale)
+    assert not [p for p in os.listdir(os.path.dirname(out)) if "partial" in p]
+
+
+def test_voc_cli_prints_what_a_pipeline_needs_then_data_check_passes(voc, tmp_path):
+    images, anns, _, out = voc
+    r = od_dist("data", "voc", "--images", images, "--annotations", anns, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "task.model.num_classes: 4" in r.stdout
+    assert f"task.train_data.input_path: {out}/train-*.tfrecord" in r.stdout
+    assert f"task.validation_data.input_path: {out}/val-*.tfrecord" in r.stdout
+    assert "1 difficult/crowd" in r.stdout
+    assert "od-dist data voc | 8/8 images (100%)" in r.stderr  # progress
+    pipeline = tmp_path / "p.yaml"
+    with open(os.path.join(ROOT, "pipelines", "custom_retinanet.yaml")) as f:
+        text = f.read().replace("data/my_data", out)
+    pipeline.write_text(text)
+    r = od_dist("data", "check", "--pipeline", str(pipeline))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok: every record decodes" in r.stdout
+    assert "train: 1 file(s)" in r.stdout and "validation: 1 file(s)" in r.stdout
+    assert "(1 is_crowd/difficult" in r.stdout
+    assert "1 circle" in r.stdout and "3 triangle" in r.stdout
+
+
+def _one_line_error(r, *needles):
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    for needle in needles:
+        assert needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case", ["unreadable_xml", "box_outside", "missing_image", "unknown_class"])
+def test_voc_hostile_annotation_exit_2_nothing_written(voc, tmp_path, case):
+    images, anns, truth, out = voc
+    xml = os.path.join(anns, "photo_003.xml")
+    extra = []
+    if case == "unreadable_xml":
+        with open(xml, "w") as f:
+            f.write("<annotation><filename>photo_003.jpg</filename><object>\n")
+        want = ["photo_003.xml: not readable XML", "fix the file or remove it"]
+    elif case == "box_outside":
+        with open(xml, "w") as f:
+            f.write(labelimg_xml("photo_003.jpg", SIZE, SIZE, [("circle", 10, 10, SIZE + 5, 40, 0)]))
+        want = [f"photo_003.xml: object 1 'circle': box (xmin 10, ymin 10, xmax {SIZE + 5}, ymax 40) "
+                f"outside the {SIZE}x{SIZE} image", "fix the box"]
+    elif case == "missing_image":
+        os.remove(os.path.join(images, "photo_003.jpg"))
+        want = ["photo_003.xml: image 'photo_003.jpg' not found in", "put the image there"]
+    else:
+        labels = tmp_path / "labels.txt"
+        labels.write_text("circle\nsquare\n")  # no triangle
+        extra = ["--labels", str(labels)]
+        bad = sorted(n for n, objs in truth.items() if any(o[0] == "triangle" for o in objs))[0]
+        want = [f"{bad.replace('.jpg', '.xml')}: object", "class 'triangle' is not in --labels",
+                "add it there or fix the name"]
+    r = od_dist("data", "voc", "--images", images, "--annotations", anns, "--out", out, *extra)
+    _one_line_error(r, *want)
+    assert "nothing written" in r.stderr and "--skip_bad" in r.stderr
+    assert leftovers(tmp_path) == []
+
+
+def test_voc_skip_bad_skips_and_says_how_many(voc, tmp_path):
+    images, anns, _, out = voc
+    with open(os.path.join(anns, "photo_003.xml"), "w") as f:
+        f.write("not xml at all")
+    os.remove(os.path.join(images, "photo_005.jpg"))
+    r = od_dist("data", "voc", "--images", images, "--annotations", anns, "--out", out, "--skip_bad")
+    assert r.returncode == 0, r.stderr
+    assert "photo_003.xml: not readable XML" in r.stderr and "photo_005.xml: image" in r.stderr
+    assert "skipped 2 bad annotation file(s)" in r.stdout
+    assert len(read_records(os.path.join(out, "*.tfrecord"))) == 6
+
+
+def test_voc_empty_dataset_and_bad_flags(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = str(tmp_path / "out")
+    r = od_dist("data", "voc", "--images", str(empty), "--annotations", str(empty), "--out", out)
+    _one_line_error(r, f"--annotations: '{empty}': no .xml files")
+    assert r.stderr.count("\n") == 1
+    r = od_dist("data", "voc", "--images", str(tmp_path / "nope"), "--annotations", str(empty), "--out", out)
+    _one_line_error(r, "--images:", "not a directory")
+    r = od_dist("data", "voc", "--images", str(empty), "--annotations", str(empty))
+    _one_line_error(r, "--out: '': required")
+    assert not os.path.exists(out)
+
+
+def test_a_failure_while_writing_leaves_the_old_output(voc, tmp_path, monkeypatch):
+    """An image that turns bad between the check and the write: the previous dataset stays."""
+    from od_dist.data import records
+    from od_dist.data import voc as voc_mod
+
+    images, anns, _, out = voc
+    voc_mod.convert(images, anns, out)
+    before = sorted(os.listdir(out))
+    real = voc_mod.parse
+    calls = []
+
+    def flaky(path, images_dir):
+        calls.append(path)
+        if len(calls) > 10:  # the write pass
+            raise records.BadAnnotation(f"{path}: vanished")
+        return real(path, images_dir)
+
+    monkeypatch.setattr(voc_mod, "parse", flaky)
+    with pytest.raises(records.BadAnnotation):
+        voc_mod.convert(images, anns, out)
+    assert sorted(os.listdir(out)) == before
+    assert not [p for p in os.listdir(tmp_path) if "partial" in p]
+
+
+def test_labels_file_formats(tmp_path):
+    from od_dist.data import records
+
+    pbtxt = tmp_path / "label_map.pbtxt"
+    pbtxt.write_text("item {\n  id: 2\n  name: 'dog'\n}\nitem {\n  name: \"cat\"\n  id: 1\n}\n")
+    assert records.read_labels(str(pbtxt)) == {1: "cat", 2: "dog"}
+    txt = tmp_path / "labels.txt"
+    txt.write_text("cat\n\ndog\n")
+    assert records.read_labels(str(txt)) == {1: "cat", 2: "dog"}
+    bad = tmp_path / "bad.pbtxt"
+    bad.write_text("item { id: 0 name: 'x' }\n")
+    with pytest.raises(records.DatasetError, match="ids start at 1"):
+        records.read_labels(str(bad))
+
+
+def test_data_help_imports_no_tensorflow():
+    code = ("import sys; from od_dist import cli\n"
+            "assert {'data voc', 'data check'} <= set(cli.COMMANDS)\n"
+            "for c in cli.COMMANDS:\n"
+            "    assert cli.main(['od-dist', *c.split(), '--help']) == 0, c\n"
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'official', 'keras', "
+            "'tf_keras', 'matplotlib')]; print('HEAVY', heavy)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "HEAVY []" in r.stdout
+
+
+# ----- data check on hand-made bad records --------------------------------------------------
+
+
+def test_data_check_names_record_and_problem(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(0)
+
+    def example(sid, boxes, labels, h=SIZE):
+        image, *_ = shapes.make_image(rng, SIZE)
+        b = np.asarray(boxes, np.float32).reshape(-1, 4)
+        f = tf.train.Feature
+        feats = {
+            "image/encoded": f(bytes_list=tf.train.BytesList(value=[shapes.encode_image(image)])),
+            "image/source_id": f(bytes_list=tf.train.BytesList(value=[sid.encode()])),
+            "image/height": f(int64_list=tf.train.Int64List(value=[h])),
+            "image/width": f(int64_list=tf.train.Int64List(value=[SIZE])),
+            "image/object/class/label": f(int64_list=tf.train.Int64List(value=labels)),
+        }
+        for i, k in enumerate(("ymin", "xmin", "ymax", "xmax")):
+            feats[f"image/object/bbox/{k}"] = f(float_list=tf.train.FloatList(value=b[:, i].tolist()))
+        return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+    path = str(tmp_path / "bad.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        w.write(example("1", [[0.1, 0.1, 0.5, 0.5]], [1]))        # fine
+        w.write(example("2", [[0.1, 0.1, 1.5, 0.5]], [1]))        # outside
+        w.write(example("3", [[0.5, 0.5, 0.5, 0.6]], [2]))        # no area
+        w.write(example("4", [[0.1, 0.1, 0.5, 0.5]], [4]))        # class id too big
+        w.write(example("photo.jpg", [[0.1, 0.1, 0.5, 0.5]], [1]))  # not numeric
+        w.write(example("1", [[0.1, 0.1, 0.5, 0.5]], [1]))        # repeated
+        w.write(example("7", [[0.1, 0.1, 0.5, 0.5]], [1], h=50))  # stored size wrong
+    with open(str(tmp_path / "cut.tfrecord"), "wb") as f:
+        with open(path, "rb") as g:
+            f.write(g.read()[:-100])
+    r = od_dist("data", "check", "--records", path, "--num_classes", "4")
+    assert r.returncode == 2, r.stdout + r.stderr
+    out = r.stdout
+    assert f"{path}: record 1 (source_id 2): box 1 (ymin 0.1, xmin 0.1, ymax 1.5, xmax 0.5) outside" in out
+    assert f"{path}: record 2 (source_id 3): box 1" in out and "has no area" in out
+    assert f"{path}: record 3 (source_id 4): object 1: class id 4 outside 1..3" in out
+    assert f"{path}: record 4 (source_id photo.jpg): image/source_id 'photo.jpg' is not a number" in out
+    assert f"{path}: record 5 (source_id 1): source_id 1 also used by bad.tfrecord record 0" in out
+    assert f"{path}: record 6 (source_id 7): image/height is 50 but the image is {SIZE}x{SIZE}" in out
+    assert "6 problems" in out
+    assert "records: 1 file(s)" in out and "7 images, 7 objects" in out
+    import io
+
+    from od_dist.data import check  # in-process: TensorFlow is already imported here
+
+    cut, buf = str(tmp_path / "cut.tfrecord"), io.StringIO()
+    assert check.check({"records": cut}, None, buf) == 1
+    assert f"{cut}: record 6: unreadable" in buf.getvalue(), buf.getvalue()
+    buf = io.StringIO()
+    assert check.check({"train": str(tmp_path / "none-*.tfrecord")}, 4, buf) == 1
+    assert "no file matches" in buf.getvalue()
+    r = od_dist("data", "check")
+    _one_line_error(r, "--pipeline/--records: pass exactly one")
