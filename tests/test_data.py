@@ -320,7 +320,7 @@ def test_data_check_names_record_and_problem(tmp_path):
     from od_dist.data import check  # in-process: TensorFlow is already imported here
 
     cut, buf = str(tmp_path / "cut.tfrecord"), io.StringIO()
-    assert check.check({"records": cut}, None, buf) == 1
+    assert check.check({"records": cut}, None, buf) == 5  # 4 bad records before the cut, then the cut
     assert f"{cut}: record 6: unreadable" in buf.getvalue(), buf.getvalue()
     buf = io.StringIO()
     assert check.check({"train": str(tmp_path / "none-*.tfrecord")}, 4, buf) == 1
