@@ -428,19 +428,19 @@ def define_voc_flags(fv: flags.FlagValues) -> None:
                         "Default: every class found, sorted by name.", flag_values=fv)
 
 
-def _convert(what: str, run) -> int:
+def _convert(what: str, run, unit: str = "annotation file(s)") -> int:
     from od_dist.data import records
 
     try:
         written, skipped = run()
     except records.DatasetError as e:
         raise UsageError(str(e)) from None
-    except records.BadAnnotation as e:
-        # The problems were printed one per line; a lone second-pass problem is printed here.
-        if "bad annotation file" not in str(e):
-            print(f"od-dist {what}: {e}; nothing written", file=sys.stderr)
+    except records.ProblemsReported:
+        return EXIT_INVALID  # already printed, one line per problem
+    except records.BadAnnotation as e:  # found while writing (a file changed since it was checked)
+        print(f"od-dist {what}: {e}; nothing written", file=sys.stderr)
         return EXIT_INVALID
-    records.print_summary(written, skipped)
+    records.print_summary(written, skipped, unit=unit)
     return EXIT_OK
 
 
@@ -468,6 +468,31 @@ def cmd_data_voc(fv) -> int:
     _require(fv, "images", "annotations", "out")
     return _convert("data voc", lambda: voc.convert(fv.images, fv.annotations, fv.out, fv.val_fraction,
                                                     fv.labels, fv.skip_bad, fv.seed))
+
+
+def define_coco_flags(fv: flags.FlagValues) -> None:
+    define_convert_flags(fv)
+    flags.DEFINE_string("annotations", None, "The COCO JSON (images, annotations with bbox [x, y, w, h] "
+                        "in pixels, categories).", flag_values=fv)
+
+
+@command("data coco", "Convert COCO JSON to TFRecords (train/val) and label_map.pbtxt.", """
+Reads the COCO detection JSON and its images (file_name relative to --images), checks every image
+and box (image present and of the stated size, boxes inside and not empty, known category and
+image ids) and writes the records with Model Garden's create_coco_tf_record: sharded
+train-*.tfrecord and val-*.tfrecord, image and category ids kept as in the JSON, iscrowd kept
+(ignored in training and scoring), plus label_map.pbtxt. Any problem: one line each and exit 2,
+nothing written (or --skip_bad to leave those images out). Prints what a pipeline needs.
+
+Example:
+  od-dist data coco --images my_data/images --annotations my_data/instances.json --out data/my_data
+""", define_coco_flags)
+def cmd_data_coco(fv) -> int:
+    from od_dist.data import coco
+
+    _require(fv, "images", "annotations", "out")
+    return _convert("data coco", lambda: coco.convert(fv.images, fv.annotations, fv.out, fv.val_fraction,
+                                                      fv.skip_bad, fv.seed), unit="image(s)")
 
 
 def define_check_flags(fv: flags.FlagValues) -> None:
@@ -511,6 +536,110 @@ def cmd_data_check(fv) -> int:
     from od_dist.data import check
 
     return EXIT_INVALID if check.check(splits, num_classes, sys.stdout) else EXIT_OK
+
+
+# ----- export / predict / report --------------------------------------------------------------
+
+
+def define_export_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("pipeline", None, "The pipeline the model was trained with.", flag_values=fv)
+    flags.DEFINE_string("model_dir", None, "The run's model_dir; its latest checkpoint is exported.",
+                        flag_values=fv)
+    flags.DEFINE_string("out", None, "The SavedModel folder to write (replaced if it holds an earlier "
+                        "export).", flag_values=fv)
+    flags.DEFINE_string("checkpoint", None, "Export this checkpoint (e.g. runs/x/ckpt-500) instead of the "
+                        "latest.", flag_values=fv)
+    flags.DEFINE_string("labels", None, "The label_map.pbtxt to ship with the model. Default: the one "
+                        "beside the pipeline's training records.", flag_values=fv)
+    flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
+
+
+@command("export", "Export a trained checkpoint as a SavedModel for serving (image-tensor input).", """
+Writes a TensorFlow SavedModel of the latest checkpoint in --model_dir (or --checkpoint) with
+Model Garden's exporter. Its serving_default signature takes uint8 images [1, H, W, 3] of any size
+and returns detection_boxes ([ymin, xmin, ymax, xmax], normalized to the original image),
+detection_scores, detection_classes (ids from 1) and num_detections. The training data's
+label_map.pbtxt is copied beside it for `od-dist predict`.
+
+Example:
+  od-dist export --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo --out exported/demo
+""", define_export_flags)
+def cmd_export(fv) -> int:
+    _require(fv, "pipeline", "model_dir", "out")
+    from od_dist.model import export
+    from od_dist.model.pipeline import PipelineError, load_pipeline
+
+    try:
+        params = load_pipeline(fv.pipeline, fv.params_override)
+        done = export.export(params, fv.model_dir, fv.out, fv.checkpoint, fv.labels)
+    except PipelineError as e:
+        raise UsageError(str(e)) from None
+    except export.ExportError as e:
+        print(f"od-dist export: {e}", file=sys.stderr)
+        return EXIT_FAILURE if "no checkpoint" in str(e) else EXIT_INVALID
+    print(f"exported {done['checkpoint']} to {done['out']} (input: uint8 images of any size, resized to "
+          f"{done['input_size'][0]}x{done['input_size'][1]} inside; label map: "
+          f"{done['label_map'] or 'none found, classes will show as ids'})", flush=True)
+    return EXIT_OK
+
+
+def define_predict_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("model", None, "The SavedModel folder written by `od-dist export`.", flag_values=fv)
+    flags.DEFINE_multi_string("images", None, "Image files or folders (repeat the flag, or give a "
+                              "comma-free path each time).", flag_values=fv)
+    flags.DEFINE_string("out", None, "Folder for the drawn PNGs and detections.json.", flag_values=fv)
+    flags.DEFINE_float("min_score", 0.3, "Detections below this score are left out.", lower_bound=0.0,
+                       upper_bound=1.0, flag_values=fv)
+
+
+@command("predict", "Run an exported model on images: a PNG per image with boxes drawn, and a JSON.", """
+Runs the SavedModel on each image (files, or every .jpg/.png/.bmp/.gif of a folder) and writes
+<out>/<image name>.png, the image with each detection's box, class name and score drawn, and
+<out>/detections.json: per image its path, size and detections, each a box [xmin, ymin, xmax,
+ymax] in pixels of the original image, a class name and id, and a score.
+
+Example:
+  od-dist predict --model exported/demo --images my_data/test --out predictions --min_score 0.5
+""", define_predict_flags)
+def cmd_predict(fv) -> int:
+    _require(fv, "model", "images", "out")
+    from od_dist.model import predict
+
+    try:
+        done = predict.predict(fv.model, list(fv.images), fv.out, fv.min_score)
+    except predict.PredictError as e:
+        raise UsageError(str(e)) from None
+    count = sum(len(r["detections"]) for r in done["results"])
+    print(f"{len(done['images'])} image(s), {count} detection(s) with score >= {fv.min_score}: "
+          f"{fv.out}/*.png and {done['json']}", flush=True)
+    return EXIT_OK
+
+
+def define_report_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("model_dir", None, "The run's model_dir (its train/ and validation/ event files).",
+                        flag_values=fv)
+    flags.DEFINE_string("out", None, "The PNG to write. Default: <model_dir>/report.png.", flag_values=fv)
+    flags.DEFINE_string("title", None, "The picture's title. Default: the model_dir.", flag_values=fv)
+
+
+@command("report", "Draw a run as one PNG: loss, learning rate, steps/s, AP/AP50 over steps.", """
+Reads the TensorBoard event files Model Garden wrote in --model_dir (train/ and validation/) and
+draws training loss (total, classification, box; validation loss), learning rate, steps/s, and
+COCO AP and AP50 over steps when evaluations exist, into one PNG.
+
+Example:
+  od-dist report --model_dir runs/demo            # writes runs/demo/report.png
+""", define_report_flags)
+def cmd_report(fv) -> int:
+    _require(fv, "model_dir")
+    from od_dist.model import report
+
+    try:
+        done = report.report(fv.model_dir, fv.out, fv.title)
+    except report.ReportError as e:
+        raise UsageError(str(e)) from None
+    print(f"wrote {done['out']}", flush=True)
+    return EXIT_OK
 
 
 # ----- scripts / k8s (renderers; no TensorFlow) ------------------------------------------------

@@ -327,3 +327,103 @@ def test_data_check_names_record_and_problem(tmp_path):
     assert "no file matches" in buf.getvalue()
     r = od_dist("data", "check")
     _one_line_error(r, "--pipeline/--records: pass exactly one")
+
+
+# ----- data coco ------------------------------------------------------------------------------
+
+COCO_IDS = {"circle": 1, "square": 3, "triangle": 7}  # COCO's ids have gaps; they are kept
+
+
+def make_coco(root, count=6, seed=1):
+    """images/*.png + instances.json as COCO writes it (bbox [x, y, w, h] from 0, a crowd box)."""
+    images = os.path.join(root, "images")
+    os.makedirs(images)
+    rng = np.random.default_rng(seed)
+    doc = {"info": {"description": "test", "version": "1.0", "year": 2026}, "licenses": [],
+           "images": [], "annotations": [],
+           "categories": [{"supercategory": "shape", "id": i, "name": n} for n, i in COCO_IDS.items()]}
+    for i in range(count):
+        image, boxes, labels, areas = shapes.make_image(rng, SIZE)
+        name = f"{i:012d}.png"
+        with open(os.path.join(images, name), "wb") as f:
+            f.write(shapes.encode_image(image, "png"))
+        image_id = 1000 + i
+        doc["images"].append({"license": 1, "file_name": name, "coco_url": "", "height": SIZE,
+                              "width": SIZE, "date_captured": "2026-11-22 00:00:00", "flickr_url": "",
+                              "id": image_id})
+        for (y0, x0, y1, x1), c, a in zip(boxes.tolist(), labels.tolist(), areas.tolist()):
+            doc["annotations"].append({
+                "segmentation": [[x0, y0, x1, y0, x1, y1, x0, y1]], "area": float(a),
+                "iscrowd": int(len(doc["annotations"]) == 0), "image_id": image_id,
+                "bbox": [float(x0), float(y0), float(x1 - x0), float(y1 - y0)],
+                "category_id": COCO_IDS[shapes.CLASSES[c - 1]], "id": len(doc["annotations"]) + 1})
+    path = os.path.join(root, "instances.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return images, path, doc
+
+
+@pytest.fixture
+def coco(tmp_path):
+    images, path, doc = make_coco(str(tmp_path / "src"))
+    return images, path, doc, str(tmp_path / "out")
+
+
+def test_coco_converts_with_ids_kept(coco):
+    from od_dist.data import coco as coco_mod
+
+    images, path, doc, out = coco
+    written, skipped = coco_mod.convert(images, path, out, val_fraction=0.34)
+    assert skipped == 0 and written.num_classes == 8  # largest category id + 1
+    assert written.images == {"train": 4, "val": 2}
+    with open(os.path.join(out, "label_map.pbtxt")) as f:
+        assert f.read() == ("item {\n  id: 1\n  name: 'circle'\n}\nitem {\n  id: 3\n  name: 'square'\n}\n"
+                            "item {\n  id: 7\n  name: 'triangle'\n}\n")
+    examples = read_records(os.path.join(out, "*.tfrecord"))
+    assert sorted(int(feat(e, "image/source_id")[0]) for e in examples) == [im["id"] for im in doc["images"]]
+    for e in examples:
+        iid = int(feat(e, "image/source_id")[0])
+        anns = [a for a in doc["annotations"] if a["image_id"] == iid]
+        assert feat(e, "image/format") == [b"png"]
+        assert feat(e, "image/object/class/label") == [a["category_id"] for a in anns]
+        np.testing.assert_allclose(feat(e, "image/object/bbox/xmin"), [a["bbox"][0] / SIZE for a in anns],
+                                   atol=1e-6)
+        np.testing.assert_allclose(feat(e, "image/object/bbox/ymax"),
+                                   [(a["bbox"][1] + a["bbox"][3]) / SIZE for a in anns], atol=1e-6)
+        assert feat(e, "image/object/is_crowd") == [a["iscrowd"] for a in anns]
+
+
+@pytest.mark.parametrize("case", ["box_outside", "missing_image", "unknown_category", "bad_json"])
+def test_coco_hostile_exit_2_nothing_written(coco, tmp_path, case):
+    images, path, doc, out = coco
+    if case == "box_outside":
+        doc["annotations"][2]["bbox"] = [50.0, 50.0, 80.0, 10.0]
+        want = [f"image id {doc['annotations'][2]['image_id']}", f"annotation id 3: bbox [50, 50, 80, 10] "
+                f"outside the {SIZE}x{SIZE} image; fix the box"]
+    elif case == "missing_image":
+        os.remove(os.path.join(images, doc["images"][1]["file_name"]))
+        want = [f"image id 1001 ('{doc['images'][1]['file_name']}'): not found in", "put the image there"]
+    elif case == "unknown_category":
+        doc["annotations"][0]["category_id"] = 5
+        want = ["annotation id 1: category_id 5 is not among the categories (1, 3, 7)"]
+    with open(path, "w") as f:
+        f.write(json.dumps(doc) if case != "bad_json" else json.dumps(doc)[:-20])
+    if case == "bad_json":
+        want = [f"--annotations: '{path}': not readable JSON"]
+    r = od_dist("data", "coco", "--images", images, "--annotations", path, "--out", out)
+    _one_line_error(r, *want)
+    assert leftovers(tmp_path) == []
+    if case == "box_outside":
+        r = od_dist("data", "coco", "--images", images, "--annotations", path, "--out", out, "--skip_bad")
+        assert r.returncode == 0, r.stderr
+        assert "skipped 1 bad image(s)" in r.stdout and "task.model.num_classes: 8" in r.stdout
+        assert len(read_records(os.path.join(out, "*.tfrecord"))) == 5
+
+
+def test_coco_empty(tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}]}))
+    r = od_dist("data", "coco", "--images", str(tmp_path), "--annotations", str(path), "--out",
+                str(tmp_path / "out"))
+    _one_line_error(r, "no images; nothing to convert")
+    assert leftovers(tmp_path) == []

@@ -33,6 +33,10 @@ class BadAnnotation(ValueError):
     """One annotation problem; the message is one line naming the file and the fix."""
 
 
+class ProblemsReported(BadAnnotation):
+    """Problems were already printed one per line (``report_problems``); nothing was written."""
+
+
 class DatasetError(ValueError):
     """The dataset as a whole cannot be converted (no images, a bad flag); one line, exit 2."""
 
@@ -275,13 +279,13 @@ def encoded_image(path: str, fmt: str) -> tuple[bytes, str]:
     return buf.getvalue(), 'png'
 
 
-def print_summary(written: Written, skipped: int, out=sys.stdout) -> None:
+def print_summary(written: Written, skipped: int, out=sys.stdout, unit: str = 'annotation file(s)') -> None:
     """What a pipeline needs: the paths and num_classes."""
     w = written
     print(f"wrote {w.images['train']} train and {w.images['val']} validation images "
           f"({w.objects['train']} + {w.objects['val']} objects, "
           f"{w.ignored['train'] + w.ignored['val']} difficult/crowd kept as is_crowd) "
-          f"to {w.out_dir} in {w.seconds:.1f} s" + (f'; skipped {skipped} bad annotation file(s)'
+          f"to {w.out_dir} in {w.seconds:.1f} s" + (f'; skipped {skipped} bad {unit}'
                                                      if skipped else ''), file=out)
     print('for your pipeline (see pipelines/custom_retinanet.yaml):', file=out)
     print(f'  task.model.num_classes: {w.num_classes}        # background + {len(_names(w))} classes',
@@ -297,15 +301,18 @@ def _names(w: Written) -> list:
         return _ITEM_RE.findall(f.read())
 
 
-def report_problems(problems: list[str], what: str, skip_bad: bool, limit: int = 20) -> None:
-    """Prints each problem on its own line (at most ``limit``) to stderr."""
+def report_problems(problems: list[str], what: str, skip_bad: bool, limit: int = 20,
+                    unit: str = 'annotation file(s)') -> None:
+    """Prints each problem on its own line (at most ``limit``) to stderr; without ``skip_bad`` and
+    with problems, raises ProblemsReported (nothing is written)."""
     for p in problems[:limit]:
         print(f'od-dist {what}: {p}', file=sys.stderr)
     if len(problems) > limit:
         print(f'od-dist {what}: ... and {len(problems) - limit} more', file=sys.stderr)
     if not skip_bad and problems:
-        print(f'od-dist {what}: {len(problems)} bad annotation file(s), nothing written; fix them, or '
+        print(f'od-dist {what}: {len(problems)} bad {unit}, nothing written; fix them, or '
               'pass --skip_bad to convert without them', file=sys.stderr)
+        raise ProblemsReported(f'{len(problems)} bad {unit}')
 
 
 def matching_files(directory: str, suffix: str) -> Iterator[str]:

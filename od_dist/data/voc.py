@@ -162,8 +162,6 @@ def convert(images_dir: str, annotations_dir: str, out_dir: str, val_fraction: f
         raise DatasetError(f"--annotations: '{annotations_dir}': no .xml files; point it at the folder "
                            'labelImg saved into (Pascal VOC format)')
     records.report_problems(problems, 'data voc', skip_bad)
-    if problems and not skip_bad:
-        raise BadAnnotation(f'{len(problems)} bad annotation file(s)')
     if not good:
         raise DatasetError(f"--annotations: '{annotations_dir}': every annotation file was bad; "
                            'nothing to convert')
