@@ -275,3 +275,60 @@ def test_launch_stops_everything_when_a_task_dies(tmp_path, data_dir):
             f"every task. Its log: {os.path.join(model_dir, 'logs', 'worker-1.log')}") in out
     gone = psutil.wait_procs(children, timeout=30)[1]
     assert not gone, f"left running: {gone}"
+
+
+STOP_FROM_MASTER = """
+import json, sys
+import tensorflow as tf
+from od_dist.cluster import spec
+from od_dist.job import server
+cluster = spec.load(sys.argv[1])
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+    tf.train.ClusterSpec(cluster.cluster_spec()), task_type="chief", task_id=0, rpc_layer="grpc")
+tf.config.experimental_connect_to_cluster(resolver, job_name="chief", make_master_device_default=False)
+print("RESULT " + json.dumps(server.send_stop(cluster, [t for t in cluster.tasks() if t.role != "master"])))
+"""
+
+
+def test_a_server_that_cannot_write_its_stop_marker_is_reported_as_such(tmp_path):
+    """The ps runs in a read-only directory: it says so when it starts, and the master reports
+    the marker it could not write, not "could not reach"; the worker, in a writable one, stops."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a read-only directory (root can write into any chmod-ed one)")
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    procs = {}
+    try:
+        for role, cwd in (("ps", ro), ("worker", tmp_path)):
+            procs[role] = subprocess.Popen(
+                [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", f"--role={role}",
+                 f"--model_dir={tmp_path / 'model'}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, cwd=str(cwd), env=env)
+        lines = {}
+        for role, proc in procs.items():
+            lines[role] = []
+            while not lines[role] or "serving on" not in lines[role][-1]:
+                lines[role].append(proc.stdout.readline())
+                assert lines[role][-1], "".join(lines[role])
+        assert any("ps:0: cannot write in its working directory" in line and "Read-only file system" in line
+                   for line in lines["ps"]), lines["ps"]
+        r = subprocess.run([sys.executable, "-c", STOP_FROM_MASTER, cluster], capture_output=True, text=True,
+                           env=dict(env, GRPC_FAIL_FAST="use_caller"), timeout=240)
+        result = json.loads(r.stdout.split("RESULT ", 1)[1]) if "RESULT " in r.stdout else None
+        assert result is not None, r.stdout[-2000:] + r.stderr[-3000:]
+        assert list(result) == ["ps:0"], result
+        assert "could not write its stop marker" in result["ps:0"] and "could not reach" not in result["ps:0"]
+        assert procs["worker"].wait(timeout=60) == 0  # told: it stopped by itself
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        subprocess.run(["umount", str(ro)], capture_output=True)

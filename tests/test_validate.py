@@ -299,3 +299,21 @@ def test_tf_config_shapes_give_clear_errors():
             cluster_mod.from_tf_config(json.dumps(bad))
     cluster, role, index = cluster_mod.from_tf_config(json.dumps(base))
     assert (role, index, cluster.strategy) == ("worker", 0, "parameter_server")
+
+
+def test_stop_markers_name_the_job():
+    """Two jobs sharing a working directory (an NFS home) must not stop each other's servers: the
+    marker names the job (from its cluster), the same in the file and in the TF_CONFIG made from it."""
+    import json
+
+    from od_dist.job import server
+
+    a = load_text(PS_OK)
+    b = load_text(PS_OK.replace("10.0.0.1:2222", "10.0.0.9:2222"))  # another master, same ps and port
+    ps_a, ps_b = a.task("ps", 0), b.task("ps", 0)
+    assert ps_a == ps_b  # the same role, index, host and port
+    assert server.stop_marker(a, ps_a) != server.stop_marker(b, ps_b)
+    assert server.stop_marker(a, ps_a).startswith(".od-dist-stop-")
+    from_env = cluster_mod.from_tf_config(json.dumps(a.tf_config("ps", 0)))[0]
+    assert server.stop_marker(from_env, ps_a) == server.stop_marker(a, ps_a)
+    assert server.stop_marker(load_text(PS_OK + "evaluator: 10.0.0.5\n"), ps_a) == server.stop_marker(a, ps_a)

@@ -6,6 +6,7 @@ TensorFlow's task types (`master` -> `chief`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -104,6 +105,13 @@ class Cluster:
         for t in self.server_tasks():
             spec.setdefault(t.tf_job, []).append(str(t.address))
         return spec
+
+    def job_id(self) -> str:
+        """A short name for this job, from its TensorFlow cluster (every server's address): the same
+        on every machine that reads this file (or the TF_CONFIG made from it), another for any other
+        job. Stop markers carry it, so two jobs sharing a working directory cannot stop each other."""
+        text = json.dumps(self.cluster_spec(), sort_keys=True)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
     def tf_config(self, role: str, index: int = 0) -> dict:
         task = self.task(role, index)

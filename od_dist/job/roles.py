@@ -63,10 +63,10 @@ def run_trainer(config: TrainConfig) -> int:
     trainer.train(params, config.model_dir, dist, data_threads=config.threads.data)
     if config.is_coordinator:
         servers = [t for t in cluster.server_tasks() if t.role in ("ps", "worker")]
-        failed = server.send_stop(servers)
+        failed = server.send_stop(cluster, servers)
         told = [t.name for t in servers if t.name not in failed]
         print(f"master: training done; told {', '.join(told) or 'no server'} to stop"
-              + (f" (could not reach {', '.join(failed)})" if failed else ""), flush=True)
+              + "".join(f"; {name}: {why}" for name, why in failed.items()), flush=True)
     return 0
 
 

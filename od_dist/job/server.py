@@ -35,9 +35,10 @@ class ServerError(RuntimeError):
     """A server that could not start or was abandoned; the message is for the user."""
 
 
-def stop_marker(task: Task) -> str:
-    """Relative on purpose: it resolves in the server's own working directory, on its own machine."""
-    return f".od-dist-stop-{task.tf_job}-{task.index}-{task.address.port}"  # port: two jobs, one folder
+def stop_marker(cluster: Cluster, task: Task) -> str:
+    """Relative on purpose: it resolves in the server's own working directory, on its own machine.
+    It names the job (Cluster.job_id) as well as the task: jobs may share a directory (an NFS home)."""
+    return f".od-dist-stop-{cluster.job_id()}-{task.tf_job}-{task.index}"
 
 
 def is_listening(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -77,9 +78,16 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     import tensorflow as tf
 
     bind_port(task).close()
-    marker = stop_marker(task)
-    if os.path.exists(marker):
-        os.remove(marker)  # left by an earlier run: not a stop request for this one
+    marker = stop_marker(cluster, task)
+    try:
+        # Left by an earlier run, it is no stop request for this one; and the master will write it here.
+        with open(marker, "w"):
+            pass
+        os.remove(marker)
+    except OSError as e:
+        print(f"{task.name}: cannot write in its working directory {os.getcwd()} ({e.strerror}): the master "
+              f"cannot tell it to stop after training, so it will stop {wait_timeout:.0f} s after the master "
+              "is gone; run it from a writable directory", file=sys.stderr, flush=True)
     if devices is not None:
         devices()
     try:
@@ -136,20 +144,35 @@ def _wait_for_master_exit(master, limit_s: float) -> None:
         time.sleep(POLL_S)
 
 
-def send_stop(tasks, timeout_s: float = 30.0) -> list[str]:
+def send_stop(cluster: Cluster, tasks, timeout_s: float = 30.0) -> dict[str, str]:
     """From the connected master: write each server's stop marker through that server, all at
-    once. Returns the names of tasks that could not be told (already gone)."""
+    once. Returns, for each task that could not be told, why: gone ("could not reach"), or its
+    working directory would not take the marker (e.g. read-only)."""
     import tensorflow as tf
+    from tensorflow.python.eager import context, executor as executor_lib
 
     told = set()
+    problems = {}
+    unreachable = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+                   tf.errors.AbortedError)
 
     def write(task):
         try:
-            with tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"):
-                tf.io.write_file(stop_marker(task), "done")
+            # Its own executor: a failed remote op poisons the executor it ran in, and with the
+            # shared one every other task's write would report this task's error.
+            with context.executor_scope(executor_lib.new_executor(enable_async=False)), \
+                    tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"):
+                tf.io.write_file(stop_marker(cluster, task), "done")
+                # A remote op without outputs can return before it ran: reading the marker back
+                # surfaces a write that failed (a read-only directory).
+                tf.io.read_file(stop_marker(cluster, task)).numpy()
             told.add(task.name)
-        except Exception as e:  # noqa: BLE001 - a gone server is reported, not fatal
-            logging.warning("could not tell %s to stop: %s", task.name, e)
+        except unreachable as e:  # a gone server is reported, not fatal
+            logging.info("could not tell %s to stop: %s", task.name, e)
+            problems[task.name] = "could not reach it"
+        except tf.errors.OpError as e:
+            problems[task.name] = ("could not write its stop marker in its working directory "
+                                   f"({e.message.strip().splitlines()[0]})")
 
     threads = [threading.Thread(target=write, args=(t,), daemon=True) for t in tasks]
     for thread in threads:
@@ -157,4 +180,4 @@ def send_stop(tasks, timeout_s: float = 30.0) -> list[str]:
     deadline = time.monotonic() + timeout_s
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    return [t.name for t in tasks if t.name not in told]
+    return {t.name: problems.get(t.name, "could not reach it") for t in tasks if t.name not in told}
