@@ -35,6 +35,14 @@ def ps_cluster(tmp_path, net, workers=(1, 2), **extra):
     return write_cluster(tmp_path, "\n".join(lines) + "\n")
 
 
+def test_the_harness_says_why_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert netns.unavailable() == "simulated machines need root (ip netns add); CI runs as root"
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns.shutil, "which", lambda name: None)
+    assert netns.unavailable() == "the `ip` command (iproute2) is missing: apt-get install iproute2"
+
+
 # ----- the ordering check (no TensorFlow: fast) --------------------------------------------------
 
 
@@ -293,7 +301,7 @@ def test_parameter_server_job_on_four_machines(tmp_path, machines, data_dir):
     scripts, model_dir = write_scripts(tmp_path, cluster, data_dir, steps=10, wait_timeout=120)
     job = Job.from_scripts(tmp_path, net, roles, scripts)
     try:
-        codes = job.wait(list(job.procs), timeout=300)
+        codes = job.wait(list(job.procs), timeout=480)
     finally:
         job.kill()
     out = job.all_output()
@@ -313,7 +321,7 @@ def test_multi_worker_mirrored_pair_on_two_machines(tmp_path, machines, data_dir
     scripts, model_dir = write_scripts(tmp_path, cluster, data_dir, steps=10, wait_timeout=120)
     job = Job.from_scripts(tmp_path, net, roles, scripts)
     try:
-        codes = job.wait(list(job.procs), timeout=300)
+        codes = job.wait(list(job.procs), timeout=480)
     finally:
         job.kill()
     out = job.all_output()
