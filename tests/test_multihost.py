@@ -125,32 +125,38 @@ def test_doctor_tells_listening_not_yet_listening_and_firewalled_peers_apart(tmp
     if not netns.firewall_tool():
         pytest.skip("neither nft nor iptables is installed (apt-get install nftables)")
     net = machines(4)
-    cluster = ps_cluster(tmp_path, net)  # master 0, workers 1 and 2, ps 3; doctor runs on worker 0
-    master_up = net[0].listen(PORT)  # the master is up; worker 1 is not started yet
+    cluster = ps_cluster(tmp_path, net)  # master 0, workers 1 and 2, ps 3; doctor runs on the master
+    worker_up = net[1].listen(PORT)  # worker 0 is up; worker 1 is not started yet
     net[3].drop_tcp(PORT)  # the ps machine's firewall drops the port
     try:
-        r = net[1].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=2")
+        r = net[0].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=2")
         lines = doctor_lines(r)
         assert r.returncode == 1, r.stdout + r.stderr
-        assert f"ok    this machine: worker:0 at {net[1].ip}:{PORT} (found by its addresses)" in lines
-        assert f"ok    master:0 at {net[0].ip}:{PORT}: listening (its task is up)" in lines
+        assert f"ok    this machine: master:0 at {net[0].ip}:{PORT} (found by its addresses)" in lines
+        assert f"ok    worker:0 at {net[1].ip}:{PORT}: listening (its task is up)" in lines
         assert any(line.startswith(f"warn  worker:1 at {net[2].ip}:{PORT}: connection refused: the machine answers "
                                    "and nothing listens on the port yet") for line in lines), r.stdout
         assert any(line.startswith(f"FIX   ps:0 at {net[3].ip}:{PORT}: no answer within 2 s: a firewall drops TCP "
                                    f"port {PORT} on {net[3].ip}") for line in lines), r.stdout
-        assert f"ok    port {PORT} here: free for worker:0" in lines
+        assert f"ok    port {PORT} here: free for master:0" in lines
         assert any(line.startswith("ok    versions: od-dist ") and "TensorFlow 2.20" in line for line in lines)
         assert any(line.startswith("ok    GPUs: ") for line in lines)
         assert lines[-1] == "od-dist doctor: 1 to fix (the FIX lines above)"
 
+        # A worker under parameter_server reaches the ps and the master, never the other worker
+        # (whose firewall may rightly be closed to it).
+        r = net[1].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=2", "--role=worker", "--index=0")
+        peers = [line.split(" at ")[0].split()[-1] for line in doctor_lines(r) if f":{PORT}: " in line]
+        assert sorted(peers) == ["master:0", "ps:0"], r.stdout
+
         net[3].clear_firewall()  # fixed: now the ps machine only has nothing listening yet
-        r = net[1].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=2")
+        r = net[0].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=2")
         assert r.returncode == 0, r.stdout + r.stderr
         assert any(line.startswith(f"warn  ps:0 at {net[3].ip}:{PORT}: connection refused") for line in doctor_lines(r))
         assert doctor_lines(r)[-1].startswith("od-dist doctor: nothing to fix")
     finally:
-        master_up.kill()
-        master_up.wait(timeout=30)
+        worker_up.kill()
+        worker_up.wait(timeout=30)
 
 
 def test_doctor_names_what_is_wrong_on_this_machine(tmp_path, machines):

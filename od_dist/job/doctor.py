@@ -1,8 +1,9 @@
 """`od-dist doctor`: what would stop a job on this machine, checked before anything starts.
 
 One line per check, each `ok`, `warn` (worth a look, not a blocker) or `FIX` (with what to do):
-this machine's entry in the cluster file, every peer's host name resolving, every peer's port
-reachable from here, this machine's own ports free, the installed versions, GPUs vs num_clones.
+this machine's entry in the cluster file, every peer's host name resolving, the port of every peer
+this machine's tasks connect to reachable from here, this machine's own ports free, the installed
+versions, GPUs vs num_clones.
 
 A peer's port is probed with a plain TCP connect; the answer tells the cases apart:
   connected            something listens there (its task is up)                -> ok
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from od_dist.cluster import hostinfo, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.cluster.validate import PARAMETER_SERVER
+from od_dist.render.scripts import connecting_peers
 
 OK, WARN, FIX = "ok", "warn", "FIX"
 CONNECT_TIMEOUT_S = 3.0
@@ -116,6 +118,22 @@ def probe(host: str, port: int, timeout: float) -> tuple[str, str]:
         if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN):
             return FIX, f"no route to host ({e.strerror}): the machine is off or on another network; check its address"
         return FIX, f"cannot connect ({e.strerror or e}); check the address and the network"
+
+
+def peers_to_reach(cluster: Cluster, mine) -> list[Task]:
+    """The tasks whose port a task of this machine connects to (the firewall rules the generated
+    scripts' README asks for; a peer it never reaches may rightly be closed to it). The evaluator
+    watches the master's port. A machine with no entry: every server."""
+    if not mine:
+        return list(cluster.server_tasks())
+    out = []
+    for task in cluster.server_tasks():
+        if task in mine:
+            continue
+        talkers = connecting_peers(cluster, task)
+        if any(m in talkers or (m.role == "evaluator" and task.role == "master") for m in mine):
+            out.append(task)
+    return out
 
 
 def check_peers(peers, timeout: float) -> list[Check]:
@@ -273,10 +291,10 @@ def run(cluster_path: str, role: str | None, index: int | None, allow_public: bo
     head = (f"{cluster_path}: valid, strategy {cluster.strategy}, {len(cluster.tasks())} tasks, "
             f"num_clones {cluster.num_clones}")
     checks, mine = check_entry(cluster, role, index, machine)
-    peers = [t for t in cluster.server_tasks() if t not in mine]
-    name_checks, unresolved = check_names(peers)
+    name_checks, unresolved = check_names([t for t in cluster.server_tasks() if t not in mine])
     checks += name_checks
-    checks += check_peers([t for t in peers if t.address.host not in unresolved], connect_timeout)
+    reach = [t for t in peers_to_reach(cluster, mine) if t.address.host not in unresolved]
+    checks += check_peers(reach, connect_timeout)
     checks += check_ports_here(mine)
     checks += check_versions()
     checks += check_gpus(cluster, mine)
