@@ -332,3 +332,37 @@ def test_a_server_that_cannot_write_its_stop_marker_is_reported_as_such(tmp_path
                     proc.kill()
                     proc.wait()
         subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+def test_evaluator_without_a_master_watches_worker_0(tmp_path, data_dir):
+    """A multi_worker_mirrored cluster without a master: the evaluator keeps waiting for
+    checkpoints while worker 0 (TensorFlow's chief) is up, and stops once it has been gone for
+    --wait_timeout. (Worker 0 here is its open port; the evaluator only probes the port.)"""
+    w0, w1 = free_ports(2)
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"worker: [127.0.0.1:{w0}, 127.0.0.1:{w1}]\nevaluator: 127.0.0.1\n")
+    model_dir = tmp_path / "model"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    lead = socket.socket()
+    lead.bind(("127.0.0.1", w0))
+    lead.listen()
+    proc = subprocess.Popen([sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=evaluator",
+                             f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir),
+                             "--wait_timeout=3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    try:
+        log = model_dir / "logs" / "evaluator-0.log"
+        deadline = time.monotonic() + 240
+        while not (log.exists() and "od-dist device policy" in log.read_text()):  # then it polls
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(1)
+        time.sleep(15)  # five times --wait_timeout: it must still be waiting
+        assert proc.poll() is None, proc.stdout.read()
+        lead.close()
+        assert proc.wait(timeout=120) == 1
+        assert "no checkpoint appeared" in proc.stdout.read()
+    finally:
+        lead.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

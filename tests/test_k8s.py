@@ -84,7 +84,8 @@ def test_manifest_structure():
     job = yaml.safe_load(text)
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "TFJob"
     assert job["metadata"]["name"] == "od-dist-lan-example"
-    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": k8s.BACKOFF_LIMIT}
+    # The evaluator outlives the chief (the final checkpoint): no pod is deleted when the job ends.
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": k8s.BACKOFF_LIMIT}
     specs = job["spec"]["tfReplicaSpecs"]
     assert list(specs) == ["PS", "Chief", "Worker", "Evaluator"]
     assert {rt: s["replicas"] for rt, s in specs.items()} == {"PS": 1, "Chief": 1, "Worker": 2, "Evaluator": 1}
@@ -113,7 +114,11 @@ def test_manifest_structure():
 
 def test_multi_worker_mirrored_has_no_ps(tmp_path):
     (tmp_path / "m.yaml").write_text(MWMS)
-    specs = yaml.safe_load(render(str(tmp_path / "m.yaml")))["spec"]["tfReplicaSpecs"]
+    job = yaml.safe_load(render(str(tmp_path / "m.yaml")))
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"  # an evaluator
+    (tmp_path / "n.yaml").write_text(MWMS.replace("evaluator: 10.1.0.5\n", ""))
+    assert yaml.safe_load(render(str(tmp_path / "n.yaml")))["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
     assert {rt: s["replicas"] for rt, s in specs.items()} == {"Chief": 1, "Worker": 3, "Evaluator": 1}
     assert specs["Worker"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 3001
 

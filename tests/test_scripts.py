@@ -396,14 +396,19 @@ def test_firewall_rules():
         "ps:0": (2224, ("192.168.1.108", "192.168.1.109", "192.168.1.111")),
         "worker:0": (2222, ("192.168.1.108",)),
         "worker:1": (2222, ("192.168.1.108",)),
-        # the servers probe the master's port to stop when it is gone for good
-        "master:0": (2223, ("192.168.1.116", "192.168.1.109", "192.168.1.111")),
+        # the servers probe the master's port to stop when it is gone for good, the evaluator to
+        # know training is alive
+        "master:0": (2223, ("192.168.1.116", "192.168.1.109", "192.168.1.111", "192.168.1.120")),
     }  # the evaluator runs no server
     mwms = cluster_mod.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.1:2223"],
                                       "evaluator": "10.0.0.3"})
-    assert rules_of(mwms) == {"master:0": (2222, ("10.0.0.2",)),  # its peer on the same host needs no rule
+    assert rules_of(mwms) == {"master:0": (2222, ("10.0.0.2", "10.0.0.3")),  # its peer on the same host needs no rule
                               "worker:0": (2222, ("10.0.0.1",)),
                               "worker:1": (2223, ("10.0.0.2",))}
+    # No master: the evaluator probes worker 0, TensorFlow's chief, and gets its port.
+    chiefless = cluster_mod.from_document({"worker": ["10.0.0.1:2222", "10.0.0.2:2222"], "evaluator": "10.0.0.3"})
+    assert chiefless.lead_task().name == "worker:0"
+    assert rules_of(chiefless) == {"worker:0": (2222, ("10.0.0.2", "10.0.0.3")), "worker:1": (2222, ("10.0.0.1",))}
     (ps_rule,) = [r for r in scripts.inbound_rules(lan) if r.task.role == "ps"]
     win_lines = scripts.firewall_lines(ps_rule, "windows")
     assert win_lines[0].startswith("New-NetFirewallRule -DisplayName 'od-dist ps 0' -Direction Inbound -Protocol TCP "
@@ -430,7 +435,7 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     # The Windows master's port is open to the servers, which probe it; nothing else on Windows.
     assert readme.count("New-NetFirewallRule") == 1
     assert ("New-NetFirewallRule -DisplayName 'od-dist master 0' -Direction Inbound -Protocol TCP -LocalPort 2223 "
-            "-RemoteAddress 192.168.1.116,192.168.1.109,192.168.1.111 -Action Allow") in readme
+            "-RemoteAddress 192.168.1.116,192.168.1.109,192.168.1.111,192.168.1.120 -Action Allow") in readme
     assert "### 192.168.1.116: ps 0, port 2224" in readme
     assert "No inbound port: evaluator 0 (192.168.1.120)." in readme
 

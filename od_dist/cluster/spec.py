@@ -126,6 +126,12 @@ class Cluster:
     def clones_for(self, host: str) -> int:
         return self.host_settings(host).num_clones or self.num_clones
 
+    def lead_task(self) -> Task | None:
+        """The task whose port says training is alive, which the evaluator probes: the master, or
+        worker 0 (TensorFlow's chief) in a multi_worker_mirrored cluster without one."""
+        leads = self.tasks_of("master") or self.tasks_of("worker")
+        return leads[0] if leads else None
+
     def runs_replicas(self, role: str) -> bool:
         """Whether this role's processes run --num_clones replicas: the workers, and the master under
         multi_worker_mirrored. A ps holds variables, the parameter_server master coordinates and the

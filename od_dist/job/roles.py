@@ -80,7 +80,8 @@ def run_evaluator(config: TrainConfig) -> int:
 
     params = _params(config)
     devices.apply_policy()  # it often shares a GPU machine with a worker
-    master = config.selected.cluster.master if config.selected.cluster else None
+    lead = config.selected.cluster.lead_task() if config.selected.cluster else None
+    master = lead.address if lead else None  # the master, or worker 0 when the cluster has none
     last_seen = [time.monotonic()]
 
     def keep_waiting() -> bool:

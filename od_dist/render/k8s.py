@@ -45,8 +45,13 @@ HEADER = """\
 #   checkpoint in model_dir, which lives on the volume. Under multi_worker_mirrored every trainer
 #   that loses a peer exits 138 the same way, so the whole group restarts and resumes together.
 # - runPolicy.backoffLimit stops a job that keeps failing (e.g. a bad pipeline) after {backoff}
-#   restarts; cleanPodPolicy Running removes the pods still running (the evaluator) when the job ends.
+#   restarts; cleanPodPolicy {clean_pods}.
 """
+CLEAN_PODS = {
+    "None": "None: the job ends when the chief is done, but the evaluator still has the final\n"
+            "#   checkpoint to evaluate and must not be deleted; it and the servers exit by themselves",
+    "Running": "Running removes the pods still running when the job ends (the servers exit by themselves)",
+}
 
 
 class K8sError(ValueError):
@@ -113,6 +118,12 @@ def replica_clones(cluster: Cluster, role: str, train_args: list[str]) -> int | 
     return next(iter(counts.values()))
 
 
+def clean_pod_policy(cluster: Cluster) -> str:
+    """The TFJob succeeds when its chief does; "Running" would then delete the evaluator before it
+    evaluated the final checkpoint."""
+    return "None" if cluster.tasks_of("evaluator") else "Running"
+
+
 def manifest(cluster: Cluster, image: str, train_args: list[str], name: str, namespace: str | None,
              pvc: str | None, mount_path: str) -> dict:
     """The TFJob as a dict. `train_args` are the `od-dist train` flags, model_dir already as seen in
@@ -149,7 +160,7 @@ def manifest(cluster: Cluster, image: str, train_args: list[str], name: str, nam
         "kind": "TFJob",
         "metadata": metadata,
         "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": BACKOFF_LIMIT},
+            "runPolicy": {"cleanPodPolicy": clean_pod_policy(cluster), "backoffLimit": BACKOFF_LIMIT},
             "tfReplicaSpecs": specs,
         },
     }
@@ -174,7 +185,7 @@ def render(cluster: Cluster, cluster_path: str, image: str, passed_on: list[str]
         if re.search(r"[\x00-\x1f\x7f]", value):
             raise K8sError(f"{what}: {value!r} contains a control character: remove it")
     header = HEADER.format(cluster_path=cluster_path, image=image, pvc=pvc or "(none)", volume_note=volume_note,
-                           backoff=BACKOFF_LIMIT)
+                           backoff=BACKOFF_LIMIT, clean_pods=CLEAN_PODS[clean_pod_policy(cluster)])
     strategy_note = ("# Strategy: parameter_server (PS replicas hold the variables; Chief coordinates).\n"
                      if cluster.strategy == PARAMETER_SERVER else
                      "# Strategy: multi_worker_mirrored (Chief and Workers train in sync; no PS).\n")

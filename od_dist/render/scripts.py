@@ -304,14 +304,19 @@ def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
     to every ps and worker and the workers reach the ps, and every ps and worker checks that the
     master's port is still open (od-dist's servers stop once the master stays gone past
     --wait_timeout); under multi_worker_mirrored every trainer talks to every other. The evaluator
-    runs no server: nothing connects to it."""
+    runs no server: nothing connects to it; it probes the lead task's port (the master, else
+    worker 0) to know training is alive, so that port is open to it too."""
     masters, workers = cluster.tasks_of("master"), cluster.tasks_of("worker")
     if task.role == "evaluator" or task.address.port is None:
         return ()
     if cluster.strategy == PARAMETER_SERVER:
         servers = cluster.tasks_of("ps") + workers
-        return {"ps": masters + workers, "worker": masters, "master": servers}.get(task.role, ())
-    return tuple(t for t in masters + workers if t != task)
+        peers = {"ps": masters + workers, "worker": masters, "master": servers}.get(task.role, ())
+    else:
+        peers = tuple(t for t in masters + workers if t != task)
+    if task == cluster.lead_task():
+        peers += cluster.tasks_of("evaluator")
+    return peers
 
 
 @dataclass(frozen=True)
@@ -403,7 +408,9 @@ def render_readme(cluster: Cluster, cluster_path: str, items: list[Launch], comm
                   "port to them too.")
     else:
         md.append("Under multi_worker_mirrored every trainer (master and workers) talks to every other.")
-    md += ["The evaluator runs no server and needs no inbound port. Outbound connections must be "
+    md += ["The evaluator runs no server and needs no inbound port; it checks that the "
+           f"{'master' if cluster.master else 'worker 0 (the chief)'}'s port is open, to know training is "
+           "alive, so that port is open to it too. Outbound connections must be "
            "allowed (they are by default). The TensorFlow server has no authentication: open its "
            "port to these peers only, never to the internet.", ""]
     rules = inbound_rules(cluster)
