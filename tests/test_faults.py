@@ -29,6 +29,14 @@ def saved_step(model_dir):
     return int(m.group(1)) if m else None
 
 
+def wait_for_checkpoint(model_dir, timeout=120):
+    deadline = time.monotonic() + timeout
+    while saved_step(model_dir) is None:
+        assert time.monotonic() < deadline, f"no checkpoint in {model_dir} after {timeout} s"
+        time.sleep(0.2)
+    return saved_step(model_dir)
+
+
 class Job:
     """An od-dist command in its own session, its output read line by line with arrival times;
     every process it ever started is remembered and must be gone at the end."""
@@ -41,10 +49,16 @@ class Job:
         self.seen = {}  # pid -> psutil.Process: every descendant ever seen
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        threading.Thread(target=self._watch, daemon=True).start()
 
     def _read(self):
         for line in self.proc.stdout:
             self.lines.append((time.monotonic(), line))
+
+    def _watch(self):
+        while self.proc.poll() is None:
+            self.track()
+            time.sleep(0.5)
 
     @property
     def out(self):
@@ -57,7 +71,7 @@ class Job:
         except psutil.NoSuchProcess:
             pass
 
-    def wait_for(self, pattern, timeout=180, after=0):
+    def wait_for(self, pattern, timeout=300, after=0):
         """The first line (from index `after`) matching pattern: (index, time, match)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -76,23 +90,49 @@ class Job:
         return next(p for p in psutil.Process(self.proc.pid).children(recursive=True)
                     if f"--role={role}" in p.cmdline() and f"--index={index}" in p.cmdline())
 
-    def finish(self, timeout=240):
+    def finish(self, timeout=300):
+        """Waits for the command's exit; then every process it ever started must be gone."""
         try:
             self.proc.wait(timeout)
-        finally:
+        except subprocess.TimeoutExpired:
             self.close()
+            raise
+        self.reader.join(10)
+        alive = psutil.wait_procs(list(self.seen.values()), timeout=30)[1]
+        self.close()
+        assert not alive, f"left running: {alive}"
         return self.proc.returncode
 
     def close(self):
+        """Kills whatever is left (a failed test): the command, then each process it started."""
+        self.track()
         if self.proc.poll() is None:
-            self.track()
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        for p in self.seen.values():
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(list(self.seen.values()), timeout=30)
         self.reader.join(10)
-        alive = psutil.wait_procs(list(self.seen.values()), timeout=30)[1]
-        for p in alive:
-            p.kill()
-        assert not alive, f"left running: {alive}"
+
+
+def wait_in_log(path, run, pattern, timeout=300):
+    """The first match of pattern in the run-th run (1-based) of a launch log (runs are appended,
+    each after a '----- ... started -----' line): the log has every line, the console may not."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            runs = re.split(r"^----- .* started -----$", open(path, errors="replace").read(), flags=re.M)
+        except OSError:
+            runs = []
+        if len(runs) > run:
+            m = re.search(pattern, runs[run], re.M)
+            if m:
+                return time.monotonic(), m
+        time.sleep(0.5)
+    raise AssertionError(f"no {pattern!r} in run {run} of {path}")
 
 
 @pytest.fixture
@@ -122,13 +162,13 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, dat
     i, back, _ = job.wait_for(r"\[worker:1\] worker:1 serving on", after=i)
     print(f"\nlost parameter_server worker: serving again {back - killed:.1f} s after kill -9")
     i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/60", after=i)
-    step = saved_step(model_dir)
-    assert step is not None
+    step = wait_for_checkpoint(model_dir)
     job.task("ps", 0).kill()
     killed = time.monotonic()
     i, _, _ = job.wait_for(r"od-dist launch: ps:0 died \(exit 137, killed\); restart 2/2 of every task in 4 s",
                            after=i)
-    i, resumed_at, m = job.wait_for(r"\[master:0\] .*train \| step:\s+(\d+) \| training until step 60", after=i)
+    resumed_at, m = wait_in_log(os.path.join(model_dir, "logs", "master-0.log"), 2,
+                                r"train \| step:\s+(\d+) \| training until step 60")
     assert int(m.group(1)) >= step, job.out[-5000:]
     _, first_step, m = job.wait_for(r"\[master:0\] od-dist train \| step (\d+)/60", after=i)
     assert int(m.group(1)) > step
@@ -138,6 +178,59 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, dat
     assert saved_step(model_dir) == 60
     log = open(os.path.join(model_dir, "logs", "master-0.log")).read()
     assert log.count(" master:0 started -----") == 2  # the restarted master appended to its log
+
+
+def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, data_dir, jobs):
+    cluster = write_cluster(tmp_path, ps=0, workers=1)
+    model_dir = str(tmp_path / "model")
+    job = jobs(*launch_args(tmp_path, data_dir, cluster, 30, "--max_restarts=1"), cwd=str(tmp_path))
+    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/30")
+    step = wait_for_checkpoint(model_dir)  # a kill during the save would leave none to resume from
+    job.task("worker", 0).kill()
+    killed = time.monotonic()
+    i, _, _ = job.wait_for(r"od-dist launch: worker:0 died \(exit 137, killed\); restart 1/1 of every task in 2 s",
+                           after=i)
+    _, m = wait_in_log(os.path.join(model_dir, "logs", "master-0.log"), 2,
+                       r"train \| step:\s+(\d+) \| training until step 30")
+    assert int(m.group(1)) >= step
+    _, first_step, m = job.wait_for(r"\[master:0\] od-dist train \| step (\d+)/30", after=i)
+    print(f"\nlost multi_worker_mirrored trainer: training again at step {m.group(1)} (last checkpoint {step}) "
+          f"{first_step - killed:.1f} s after kill -9")
+    assert job.finish() == 0, job.out[-5000:]
+    assert saved_step(model_dir) == 30
+    assert job.out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
+
+
+def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, jobs):
+    """Ctrl+C in a terminal reaches the launcher's whole process group; the tasks, in their own
+    groups, hear only what the launcher sends: the master first, the servers after it."""
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    job = jobs(*launch_args(tmp_path, data_dir, cluster, 100000), cwd=str(tmp_path))
+    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/100000")
+    os.killpg(job.proc.pid, signal.SIGINT)
+    start = time.monotonic()
+    i, _, _ = job.wait_for(r"od-dist launch: SIGINT: asking master:0 to save a checkpoint and stop", after=i)
+    assert job.finish(timeout=150) == 130, job.out[-5000:]
+    print(f"\nCtrl+C under launch: every task gone {time.monotonic() - start:.1f} s after SIGINT")
+    # The servers were stopped by the launcher's SIGTERM (15), after the master, not by the SIGINT (2).
+    for name in ("ps:0", "worker:0"):
+        job.wait_for(rf"\[{name}\] {name}: stopped by signal 15", after=i, timeout=1)
+
+
+def test_train_max_restarts_restarts_its_own_task(tmp_path, data_dir, jobs):
+    """One machine's `od-dist train --max_restarts`: its task is killed, restarted, finishes."""
+    model_dir = str(tmp_path / "model")
+    job = jobs("train", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir, steps=20),
+               "--max_restarts=1", cwd=str(tmp_path))
+    i, _, _ = job.wait_for(r"^od-dist train \| step \d+/20")
+    child = next(p for p in psutil.Process(job.proc.pid).children() if "--max_restarts=0" in p.cmdline())
+    child.kill()
+    killed = time.monotonic()
+    i, _, _ = job.wait_for(r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/1 in 2 s$", after=i)
+    _, again, _ = job.wait_for(r"^od-dist train \| step \d+/20", after=i)
+    print(f"\ntrain --max_restarts: training again {again - killed:.1f} s after kill -9")
+    assert job.finish() == 0, job.out[-5000:]
+    assert saved_step(model_dir) == 20
 
 
 def test_a_permanent_error_is_not_retried(tmp_path, jobs):
