@@ -58,6 +58,7 @@ def export(params, model_dir: str, out_dir: str, checkpoint: str | None = None,
                           'data')
     from official.vision.serving import export_saved_model_lib  # pylint: disable=g-import-not-at-top
 
+    tf.get_logger().setLevel('ERROR')  # a page of "Skipping full serialization of layer" warnings
     params.task.export_config.output_normalized_coordinates = True
     size = list(params.task.model.input_size[:2])
     out_dir = os.path.normpath(out_dir)

@@ -74,10 +74,13 @@ def report(model_dir: str, out: str | None = None, title: str | None = None) -> 
     ax_loss.set_title('loss')
     if drew:
         ax_loss.legend(fontsize=8)
+        if all(v > 0 for line in ax_loss.get_lines() for v in line.get_ydata()):
+            ax_loss.set_yscale('log')  # box loss is ~1/50 of the classification loss
     plot(ax_lr, train.get('learning_rate'), 'learning rate')
     ax_lr.set_title('learning rate')
     plot(ax_speed, train.get('steps_per_second'), 'steps/s')
     ax_speed.set_title('training speed (steps/s)')
+    ax_speed.set_ylim(bottom=0)
     if plot(ax_ap, val.get('AP'), 'AP (0.5:0.95)') | plot(ax_ap, val.get('AP50'), 'AP50'):
         ax_ap.set_ylim(0, 1)
         ax_ap.legend(fontsize=8)
