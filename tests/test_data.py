@@ -143,7 +143,7 @@ def test_voc_cli_prints_what_a_pipeline_needs_then_data_check_passes(voc, tmp_pa
     assert f"task.train_data.input_path: {out}/train-*.tfrecord" in r.stdout
     assert f"task.validation_data.input_path: {out}/val-*.tfrecord" in r.stdout
     assert "1 difficult/crowd" in r.stdout
-    assert "od-dist data voc | 8/8 images (100%)" in r.stderr  # progress
+    assert "od-dist data voc: writing | 8/8 images (100%)" in r.stderr  # progress
     pipeline = tmp_path / "p.yaml"
     with open(os.path.join(ROOT, "pipelines", "custom_retinanet.yaml")) as f:
         text = f.read().replace("data/my_data", out)

@@ -113,7 +113,9 @@ def convert(images_dir: str, annotations_path: str, out_dir: str, val_fraction: 
         if isinstance(a, dict):
             by_image[a.get('image_id')].append(a)
     problems, good, seen = [], [], set()
+    progress = records.Progress('data coco: checking', len(doc['images']))
     for n, image in enumerate(doc['images']):
+        progress.step()
         iid = image.get('id') if isinstance(image, dict) else None
         if not isinstance(iid, int) or isinstance(iid, bool) or iid < 0:
             problems.append(f'{annotations_path}: images[{n}]: id {iid!r} is not a whole number; '

@@ -185,7 +185,7 @@ def write_dataset(out_dir: str, items: Sequence, splits: Sequence[str], make_exa
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become the dataset's mode
     result = Written(out_dir, os.path.join(out_dir, LABEL_MAP_FILE), max(names) + 1 if names else 1)
-    progress = Progress(what, len(items), stream=progress_stream)
+    progress = Progress(what + ': writing', len(items), stream=progress_stream)
     try:
         for split_name in SPLITS:
             chosen = [(item, sid) for sid, (item, s) in enumerate(zip(items, splits), start=1)

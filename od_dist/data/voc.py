@@ -129,7 +129,10 @@ def _scan(annotations_dir: str, images_dir: str, labels: dict[int, str] | None, 
     """Pass 1: (good XML paths, problems, class names in sorted order)."""
     good, problems, seen = [], [], set()
     known = set(labels.values()) if labels else None
-    for xml_path in records.matching_files(annotations_dir, '.xml'):
+    paths = list(records.matching_files(annotations_dir, '.xml'))
+    progress = records.Progress('data voc: checking', len(paths))
+    for xml_path in paths:
+        progress.step()
         try:
             image = parse(xml_path, images_dir)
             for n, obj in enumerate(image.objects, start=1):
