@@ -113,3 +113,14 @@ def test_gpus_against_num_clones():
 def test_count_gpus_says_how():
     gpus, how = doctor.count_gpus()
     assert gpus >= 0 and how
+
+
+def test_peers_to_reach_follow_the_traffic():
+    c = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.2:1", "10.0.0.3:1"],
+                                   "ps": ["10.0.0.4:1"], "evaluator": "10.0.0.5"})
+    names = lambda role, i=0: sorted(t.name for t in doctor.peers_to_reach(c, (c.task(role, i),)))  # noqa: E731
+    assert names("master") == ["ps:0", "worker:0", "worker:1"]
+    assert names("worker", 1) == ["master:0", "ps:0"]  # never the other worker
+    assert names("ps") == ["master:0"]
+    assert names("evaluator") == ["master:0"]
+    assert len(doctor.peers_to_reach(c, ())) == 4  # a machine in no entry: every server

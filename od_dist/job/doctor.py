@@ -122,8 +122,8 @@ def probe(host: str, port: int, timeout: float) -> tuple[str, str]:
 
 def peers_to_reach(cluster: Cluster, mine) -> list[Task]:
     """The tasks whose port a task of this machine connects to (the firewall rules the generated
-    scripts' README asks for; a peer it never reaches may rightly be closed to it). The evaluator
-    watches the master's port. A machine with no entry: every server."""
+    scripts' README asks for; a peer it never reaches may rightly be closed to it). A machine with
+    no entry: every server."""
     if not mine:
         return list(cluster.server_tasks())
     out = []
@@ -131,7 +131,7 @@ def peers_to_reach(cluster: Cluster, mine) -> list[Task]:
         if task in mine:
             continue
         talkers = connecting_peers(cluster, task)
-        if any(m in talkers or (m.role == "evaluator" and task.role == "master") for m in mine):
+        if any(m in talkers for m in mine):
             out.append(task)
     return out
 
