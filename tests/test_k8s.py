@@ -196,3 +196,24 @@ def test_file_num_clones_reaches_every_trainer_pod(tmp_path):
     (tmp_path / "d.yaml").write_text(MWMS + "hosts: {10.1.0.2: {num_clones: 2}}\n")
     r = od_dist("k8s", f"--cluster={tmp_path / 'd.yaml'}", "--pipeline=p", "--model_dir=m", "--image=i")
     assert r.returncode == 2 and "same num_clones" in r.stderr and "worker:0=2, worker:1=1" in r.stderr
+
+
+def test_header_values_are_checked():
+    """A newline in --pvc used to end the header comment and add a second Kubernetes document."""
+    base = [f"--cluster={LAN}", "--pipeline=p", "--model_dir=m", "--image=registry.example/od-dist:1"]
+    for extra, fragment in [
+        (["--pvc=claim\nkind: Secret"], "--pvc: 'claim\\nkind: Secret': contains a control character"),
+        (["--pvc=Claim_1"], "--pvc: 'Claim_1': not a PersistentVolumeClaim name"),
+        (["--namespace=ml\n---"], "--namespace: 'ml\\n---': contains a control character"),
+        (["--namespace=ML.team"], "--namespace: 'ML.team': not a Kubernetes namespace"),
+        (["--mount_path=mnt/od-dist"], "--mount_path: 'mnt/od-dist': not an absolute path"),
+        (["--mount_path=/mnt\n# x"], "--mount_path: '/mnt\\n# x': contains a control character"),
+        (["--params_override=a: 1\nb: 2"], "--params_override: '--params_override=a: 1\\nb: 2': contains a control"),
+    ]:
+        r = od_dist("k8s", *base, *extra)
+        assert r.returncode == 2 and fragment in r.stderr, (extra, r.stderr)
+    r = od_dist("k8s", *base[:3], "--image=registry.example/od dist")
+    assert r.returncode == 2 and "--image" in r.stderr
+    r = od_dist("k8s", *base, "--pvc=runs.claim-1", "--namespace=ml-team", "--mount_path=/data")
+    assert r.returncode == 0, r.stderr
+    assert len(list(yaml.safe_load_all(r.stdout))) == 1

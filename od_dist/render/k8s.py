@@ -72,6 +72,33 @@ def check_job_name(name: str) -> str:
     return name
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_values(cluster_path: str, image: str, passed_on: list[str], namespace: str | None, pvc: str | None,
+                 mount_path: str) -> None:
+    """Every value written into the manifest, checked before anything is written: a newline in one
+    of them would end the header comment and start YAML of its own (a second document), and
+    Kubernetes refuses names that are not DNS names."""
+    for what, value in [("--cluster", cluster_path), ("--image", image), ("--pvc", pvc or ""),
+                        ("--namespace", namespace or ""), ("--mount_path", mount_path)] + \
+            [(arg.split("=", 1)[0], arg) for arg in passed_on]:
+        if _CONTROL.search(value):
+            raise K8sError(f"{what}: {value!r}: contains a control character (newline, tab, ...); remove it")
+    if not image.strip() or re.search(r"\s", image):
+        raise K8sError(f"--image: '{image}': not an image reference; write it as REGISTRY/IMAGE:TAG, without spaces")
+    if namespace is not None and not _DNS_LABEL.fullmatch(namespace):
+        raise K8sError(f"--namespace: '{namespace}': not a Kubernetes namespace; use up to 63 lower-case letters, "
+                       "digits and '-', starting and ending with a letter or digit")
+    if pvc is not None and not (len(pvc) <= 253 and _DNS_SUBDOMAIN.fullmatch(pvc)):
+        raise K8sError(f"--pvc: '{pvc}': not a PersistentVolumeClaim name; use lower-case letters, digits, '-' "
+                       "and '.', starting and ending with a letter or digit")
+    if not posixpath.isabs(mount_path) or ":" in mount_path:
+        raise K8sError(f"--mount_path: '{mount_path}': not an absolute path in the pod; write it like /mnt/od-dist")
+
+
 def volume_model_dir(model_dir: str, mount_path: str) -> tuple[str, bool]:
     """(model_dir inside the pods, whether the volume is needed). Relative paths go on the volume;
     URLs such as gs://bucket/dir need no volume."""
@@ -171,6 +198,7 @@ def render(cluster: Cluster, cluster_path: str, image: str, passed_on: list[str]
     """The manifest as YAML, with a header that explains it. `passed_on` are the train flags as the
     user gave them (`--model_dir=` is rewritten to its place on the volume)."""
     name = check_job_name(name or job_name(cluster_path))
+    check_values(cluster_path, image, passed_on, namespace, pvc, mount_path)
     args, needs_volume = [], False
     for arg in passed_on:
         if arg.startswith("--model_dir="):
@@ -181,9 +209,6 @@ def render(cluster: Cluster, cluster_path: str, image: str, passed_on: list[str]
     doc = manifest(cluster, image, args, name, namespace, pvc, posixpath.normpath(mount_path))
     volume_note = (f"ReadWriteMany, mounted at {posixpath.normpath(mount_path)}\n# (the chief writes checkpoints "
                    "there, the evaluator reads them)" if pvc else "not needed, model_dir is not a local path")
-    for what, value in (("--image", image), ("--cluster", cluster_path)):
-        if re.search(r"[\x00-\x1f\x7f]", value):
-            raise K8sError(f"{what}: {value!r} contains a control character: remove it")
     header = HEADER.format(cluster_path=cluster_path, image=image, pvc=pvc or "(none)", volume_note=volume_note,
                            backoff=BACKOFF_LIMIT, clean_pods=CLEAN_PODS[clean_pod_policy(cluster)])
     strategy_note = ("# Strategy: parameter_server (PS replicas hold the variables; Chief coordinates).\n"
