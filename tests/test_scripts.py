@@ -237,7 +237,8 @@ def test_ps1_scripts(tmp_path):
         assert values.get("Set-Location") == launch.settings.workdir
         assert values.get("$env:VIRTUAL_ENV") == launch.settings.venv
         if launch.program == "od-dist":
-            assert "Get-Command -Name 'od-dist' -CommandType Application" in text
+            assert ("Get-Command -Name ([System.Management.Automation.WildcardPattern]::Escape('od-dist')) "
+                    "-CommandType Application") in text
         else:
             assert values["$exe"] == launch.program
         assert "$start.WorkingDirectory = $PWD.ProviderPath" in text
@@ -446,6 +447,76 @@ def test_num_clones_only_for_the_roles_that_run_replicas():
     assert "--num_clones=2" in args["worker:0"] and "--num_clones=2" in args["worker:1"]
     for name in ("ps:0", "master:0", "evaluator:0"):  # parameter_server: no replicas there
         assert "--num_clones=2" not in args[name] and "--wait_timeout=9" in args[name], name
+
+
+def test_machines_of_unknown_os_get_all_three_scripts(tmp_path):
+    doc = {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.3:2222"], "ps": ["10.0.0.4:2222"],
+           "hosts": {"10.0.0.2": {"os": "linux"}, "10.0.0.3": {"workdir": "/srv/od"}, "10.0.0.4": {"os": "windows"}}}
+    scripts.write_scripts(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"], str(tmp_path), "cmd", 300)
+    assert sorted(os.listdir(tmp_path)) == [
+        "README.md", "master-0.cmd", "master-0.ps1", "master-0.sh",  # no hosts entry
+        "ps-0.cmd", "ps-0.ps1",  # declared windows
+        "worker-0.sh",  # declared linux
+        "worker-1.cmd", "worker-1.ps1", "worker-1.sh"]  # an entry without os
+    readme = (tmp_path / "README.md").read_text()
+    assert "| 10.0.0.1 | not declared | master 0 |" in readme
+    # Its firewall lines for both systems.
+    master = readme.split("### 10.0.0.1: master 0")[1].split("###")[0]
+    assert "sudo ufw allow" in master and "New-NetFirewallRule" in master
+
+
+def test_home_in_paths(tmp_path):
+    """`~` in workdir/venv/python works in a .sh (bash's $HOME) and is refused for Windows."""
+    home = tmp_path / "home"
+    (home / "venv" / "bin").mkdir(parents=True)
+    (home / "work dir").mkdir()
+    install_sh(home / "venv" / "bin" / "od-dist")
+    doc = {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"],
+           "hosts": {"10.0.0.1": {"os": "linux", "venv": "~/venv", "workdir": "~/work dir"}}}
+    (launch,) = [l for l in scripts.launches(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"])
+                 if l.task.role == "master"]
+    script = tmp_path / "master-0.sh"
+    script.write_text(scripts.render_sh(launch))
+    record = tmp_path / "record"
+    env = dict(os.environ, HOME=str(home), OD_DIST_RECORD=str(record))
+    assert subprocess.run(["bash", str(script)], env=env, timeout=30).returncode == 0
+    cwd, venv, _, *argv = record.read_bytes().decode().split("\0")[:-1]
+    assert (cwd, venv) == (str(home / "work dir"), str(home / "venv"))
+    assert argv == list(launch.args)
+    for settings, fragment in [({"os": "windows", "workdir": "~/od"}, "means nothing to Windows"),
+                               ({"venv": "~/venv"}, "declare 'os: linux'"),  # all three scripts
+                               ({"os": "linux", "python": "~bob/python"}, "only '~' and '~/...'")]:
+        doc["hosts"] = {"10.0.0.1": settings}
+        with pytest.raises(scripts.ScriptError, match=fragment):
+            scripts.launches(cluster_mod.from_document(doc), "c.yaml", [])
+
+
+def outside_single_quotes(line):
+    """A PowerShell line without its single-quoted literals (where nothing expands), and the literals."""
+    rest, kept, literals = line, [], []
+    while rest:
+        if rest[0] in PS_SINGLE_QUOTES:
+            value, rest = ps_unquote(rest)
+            literals.append(value)
+        else:
+            kept.append(rest[0])
+            rest = rest[1:]
+    return "".join(kept), literals
+
+
+def test_ps1_python_with_powershell_metacharacters():
+    python = "py\"$(Start-Process calc)`*[x]'’;&"  # no path separator: found by Get-Command
+    doc = {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"],
+           "hosts": {"10.0.0.1": {"os": "windows", "python": python}}}
+    (launch,) = [l for l in scripts.launches(cluster_mod.from_document(doc), "c.yaml", []) if l.task.role == "master"]
+    code = [line for line in scripts.render_ps1(launch).split("\r\n") if line and not line.startswith("#")]
+    seen = []
+    for line in code:
+        bare, literals = outside_single_quotes(line)
+        assert "Start-Process" not in bare and "$(" not in bare, line  # the value never reaches code
+        seen += [l for l in literals if "Start-Process" in l]
+    assert python in seen  # Get-Command gets it exactly (escaped for -Name's wildcards by PowerShell itself)
+    assert any(l.startswith(python + " must be an .exe") for l in seen)
 
 
 def test_checked_in_lan_example_is_current(tmp_path):

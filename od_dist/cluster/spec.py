@@ -59,7 +59,7 @@ class Task:
 
 @dataclass(frozen=True)
 class HostSettings:
-    os: str = "linux"
+    os: str | None = None  # linux or windows; None: not declared (scripts for both are written)
     python: str | None = None  # an interpreter: scripts run `<python> -m od_dist`
     venv: str | None = None  # a virtual environment: scripts activate it
     workdir: str | None = None

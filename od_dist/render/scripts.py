@@ -21,12 +21,13 @@ functions (tested on their own and by running the scripts: bash for real, cmd un
   right for Windows PowerShell 5.1 and PowerShell 7.x alike. Files are UTF-8 with BOM (5.1 reads
   BOM-less files in the ANSI code page).
 
-Scripts fit each host's `os` (hosts settings, default linux): `.sh` for linux hosts, `.cmd` and
-`.ps1` for windows hosts. No TensorFlow here.
+Scripts fit each host's `os` (hosts settings): `.sh` for linux hosts, `.cmd` and `.ps1` for
+windows hosts, all three for a host whose OS is not declared. No TensorFlow here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -140,6 +141,15 @@ class Launch:
         return self.settings.os == "windows"
 
     @property
+    def oses(self) -> tuple[str, ...]:
+        """The systems to write scripts for: the declared one, else both."""
+        return (self.settings.os,) if self.settings.os else ("linux", "windows")
+
+    def on(self, os_name: str) -> "Launch":
+        """This launch as written for one system."""
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, os=os_name))
+
+    @property
     def stem(self) -> str:
         return f"{self.task.role}-{self.task.index}"
 
@@ -161,7 +171,8 @@ class Launch:
 
     @property
     def files(self) -> tuple[str, ...]:
-        return (f"{self.stem}.cmd", f"{self.stem}.ps1") if self.windows else (f"{self.stem}.sh",)
+        names = {"linux": (f"{self.stem}.sh",), "windows": (f"{self.stem}.cmd", f"{self.stem}.ps1")}
+        return sum((names[o] for o in self.oses), ())
 
     def describe(self) -> str:
         return f"{self.task.role} {self.task.index} ({self.task.address}) of {self.cluster_path}"
@@ -186,8 +197,31 @@ def launches(cluster: Cluster, cluster_path: str, passed_on: list[str]) -> list[
             value = getattr(settings, name)
             if value is not None:
                 _check(value, f"hosts.{host}.{name}")
+                _check_home(value, f"hosts.{host}.{name}", settings.os)
         out.append(Launch(task, host, settings, args, cluster_path))
     return out
+
+
+def _check_home(value: str, what: str, os_name: str | None) -> None:
+    """`~` and `~/...` become $HOME in a .sh; Windows shells have no `~`, and `~user` is refused."""
+    if not value.startswith("~"):
+        return
+    if value != "~" and not value.startswith("~/"):
+        raise ScriptError(f"{what}: '{value}': only '~' and '~/...' (the user's home) are understood; "
+                          "write the full path")
+    if os_name != "linux":
+        hint = "" if os_name else ", or declare 'os: linux' for this host"
+        raise ScriptError(f"{what}: '{value}': '~' means nothing to Windows cmd and PowerShell scripts; write the "
+                          f"full path{hint}")
+
+
+def sh_path(value: str) -> str:
+    """A path as one bash word, `~` or `~/` at its start expanded to $HOME as bash would."""
+    if value == "~":
+        return '"$HOME"'
+    if value.startswith("~/"):
+        return '"$HOME"' + bash_quote(value[1:])
+    return bash_quote(value)
 
 
 # ----- renderers ---------------------------------------------------------------------------------
@@ -202,13 +236,13 @@ def render_sh(launch: Launch) -> str:
         "set -e",
     ]
     if s.workdir:
-        lines.append(f"cd -- {bash_quote(s.workdir)}")
+        lines.append(f"cd -- {sh_path(s.workdir)}")
     if s.venv:  # what the venv's bin/activate does, without its prompt and shell-function side effects
-        lines += [f"export VIRTUAL_ENV={bash_quote(s.venv)}",
+        lines += [f"export VIRTUAL_ENV={sh_path(s.venv)}",
                   'export PATH="$VIRTUAL_ENV/bin:$PATH"',
                   "unset PYTHONHOME"]
     head = list(launch.args[:launch.args.index("train") + 1])  # [-m od_dist] train, then one flag a line
-    words = [" ".join(bash_quote(w) for w in [launch.program, *head])]
+    words = [" ".join([sh_path(launch.program)] + [bash_quote(w) for w in head])]
     words += [bash_quote(a) for a in launch.args[len(head):]]
     lines.append("exec " + " \\\n  ".join(words))
     return "\n".join(lines) + "\n"
@@ -254,10 +288,12 @@ def _ps_program(launch: Launch) -> list[str]:
     program = launch.program
     if re.search(r"[\\/:]", program):  # a path: relative ones are relative to the working directory
         return [f"$exe = [System.IO.Path]::Combine($PWD.ProviderPath, {ps_quote(program)})"]
-    return [f"$exe = (Get-Command -Name {ps_quote(program)} -CommandType Application -ErrorAction Stop |"
-            " Select-Object -First 1).Path",
+    # The name only ever inside single quotes (nothing expands there), escaped for -Name's wildcards.
+    return [f"$exe = (Get-Command -Name ([System.Management.Automation.WildcardPattern]::Escape({ps_quote(program)}))"
+            " -CommandType Application -ErrorAction Stop | Select-Object -First 1).Path",
             "if ([System.IO.Path]::GetExtension($exe) -ne '.exe') {",
-            f"    throw \"{program} must be an .exe (found $exe): a .cmd/.bat would parse the arguments again\"",
+            f"    throw ({ps_quote(program + ' must be an .exe (found ')} + $exe + "
+            f"{ps_quote('): a .cmd/.bat would parse the arguments again')})",
             "}"]
 
 
@@ -369,8 +405,9 @@ def render_readme(cluster: Cluster, cluster_path: str, items: list[Launch], comm
           "Generated by `od-dist scripts` (regenerate after every change to the cluster file):", "",
           f"    {command}", "",
           f"Strategy: `{cluster.strategy}`. One script per task, in the shell of its machine's `os` "
-          "(the cluster file's `hosts:` settings, default linux): `.sh` for Linux, `.cmd` (cmd) and "
-          "`.ps1` (PowerShell; either one) for Windows.", "",
+          "(the cluster file's `hosts:` settings): `.sh` for Linux, `.cmd` (cmd) and `.ps1` (PowerShell; "
+          "either one) for Windows, all three for a machine whose `os` is not declared (use the one "
+          "that fits).", "",
           "## Which machine runs which script", "",
           "| machine | os | task | address | run | working directory | od-dist from |",
           "|---|---|---|---|---|---|---|"]
@@ -378,7 +415,7 @@ def render_readme(cluster: Cluster, cluster_path: str, items: list[Launch], comm
         s = launch.settings
         run = " or ".join(_run_line(launch, f) for f in launch.files)
         source = (f"`{s.python} -m od_dist`" if s.python else f"venv `{s.venv}`" if s.venv else "`od-dist` on PATH")
-        md.append(f"| {launch.host} | {s.os} | {launch.task.role} {launch.task.index} | {launch.task.address} | "
+        md.append(f"| {launch.host} | {s.os or 'not declared'} | {launch.task.role} {launch.task.index} | {launch.task.address} | "
                   f"{run} | {f'`{s.workdir}`' if s.workdir else 'where you run it'} | {source} |")
     md += ["",
            "Copy each script to its machine. It changes to the working directory, activates the Python "
@@ -428,7 +465,8 @@ def render_readme(cluster: Cluster, cluster_path: str, items: list[Launch], comm
                    f"Allow TCP port {rule.port} from {', '.join(rule.sources)} "
                    f"({', '.join(t.name for t in connecting_peers(cluster, rule.task) if t.address.host != host)}).",
                    "", "```"]
-            md += firewall_lines(rule, launch.settings.os)
+            for os_name in launch.oses:
+                md += firewall_lines(rule, os_name)
             md += ["```", ""]
     no_inbound = [l for l in items if not any(r.task == l.task for r in rules)]
     if no_inbound:
@@ -455,7 +493,8 @@ def write_scripts(cluster: Cluster, cluster_path: str, passed_on: list[str], out
                   wait_timeout: int, max_restarts: int = 0) -> list[str]:
     """Writes every task's scripts and README.md into out_dir; returns the paths written."""
     items = launches(cluster, cluster_path, passed_on)
-    rendered = [(f, RENDERERS[os.path.splitext(f)[1]](launch)) for launch in items for f in launch.files]
+    rendered = [(f, RENDERERS[os.path.splitext(f)[1]](launch.on(os_name)))
+                for launch in items for os_name in launch.oses for f in launch.on(os_name).files]
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for name, text in rendered + [("README.md", render_readme(cluster, cluster_path, items, command, wait_timeout,
