@@ -668,9 +668,8 @@ def define_scripts_flags(fv: flags.FlagValues) -> None:
 @command("scripts", "Write a launch script per task (bash / cmd / PowerShell) and a README for the machines.", """
 Writes, for every task of the cluster, <out>/<role>-<index>.sh when its host is Linux, .cmd and
 .ps1 when it is Windows, all three when its os is not declared (the cluster file's hosts:
-settings), plus <out>/README.md:
-which machine runs which script, that the order does not matter, and the firewall lines (inbound
-port, from which peers). Each script changes to the host's workdir, activates its venv (or runs
+settings), plus <out>/README.md: which machine runs which script, that the order does not
+matter, and the firewall lines (inbound port, from which peers). Each script changes to the host's workdir, activates its venv (or runs
 its python -m od_dist) and runs `od-dist train` with the task's --role/--index, --cluster and the
 given train flags, quoted for its shell (spaces, &, %, ^, !, quotes and non-ASCII arrive intact).
 
