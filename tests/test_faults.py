@@ -180,6 +180,31 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, dat
     assert log.count(" master:0 started -----") == 2  # the restarted master appended to its log
 
 
+def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, data_dir, jobs):
+    cluster = write_cluster(tmp_path, ps=0, workers=1)
+    model_dir = str(tmp_path / "model")
+    # Model Garden's own preemption handler restores the chief alone before training, which puts
+    # the two trainers' collectives out of step after a resume; od-dist's trainer turns it off.
+    args = launch_args(tmp_path, data_dir, cluster, 30, "--max_restarts=1")
+    args[4] += ",trainer.preemption_on_demand_checkpoint=false"
+    job = jobs(*args, cwd=str(tmp_path))
+    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/30")
+    step = wait_for_checkpoint(model_dir)  # a kill during the save would leave none to resume from
+    job.task("worker", 0).kill()
+    killed = time.monotonic()
+    i, _, _ = job.wait_for(r"od-dist launch: worker:0 died \(exit 137, killed\); restart 1/1 of every task in 2 s",
+                           after=i)
+    _, m = wait_in_log(os.path.join(model_dir, "logs", "master-0.log"), 2,
+                       r"train \| step:\s+(\d+) \| training until step 30")
+    assert int(m.group(1)) >= step
+    _, first_step, m = job.wait_for(r"\[master:0\] od-dist train \| step (\d+)/30", after=i)
+    print(f"\nlost multi_worker_mirrored trainer: training again at step {m.group(1)} (last checkpoint {step}) "
+          f"{first_step - killed:.1f} s after kill -9")
+    assert job.finish() == 0, job.out[-5000:]
+    assert saved_step(model_dir) == 30
+    assert job.out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
+
+
 def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, jobs):
     """Ctrl+C in a terminal reaches the launcher's whole process group; the tasks, in their own
     groups, hear only what the launcher sends: the master first, the servers after it."""

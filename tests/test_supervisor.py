@@ -179,3 +179,12 @@ def test_no_child_left_when_the_supervisor_fails():
         job.sup.run()
     assert all(p.poll() is not None for p in job.procs)
     assert not [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_nothing_restarts_once_training_is_over():
+    """Under multi_worker_mirrored a trainer left behind by the one that finished may exit 138
+    (or hang in TensorFlow's shutdown): the job is done, exit 0, no restart."""
+    job = Job(MWMS, [MASTER, W0], lambda t, n: exits(0, 0.3) if t.role == "master" else exits(138, 1.0))
+    assert job.run() == 0, job.lines
+    assert len(job.started) == 2
+    assert "worker:0 exited after training finished (exit 138, lost a peer); not restarted" in job.lines

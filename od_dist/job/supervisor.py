@@ -234,7 +234,7 @@ class Supervisor:
 
     def _loop(self) -> int:
         trainers = [t for t in self.tasks if is_trainer(self.strategy, t.role)]
-        finished: set[str] = set()  # tasks done for good (exit 0, or a server after training)
+        finished: set[str] = set()  # tasks done for good (exit 0, or any exit after training)
         trainers_done_at = None
         while True:
             if self.signals:
@@ -250,36 +250,40 @@ class Supervisor:
                 code = r.proc.poll()
                 if code is not None:
                     exits.append((r.task, code))
-            training_over = bool(trainers) and all(t.name in finished for t in trainers)
+            # Training is over once a trainer finished (exit 0): under multi_worker_mirrored they
+            # all reach the last step together, and a trainer left behind may hang in TensorFlow's
+            # shutdown or exit 138 for the one that finished first; nothing is restarted then.
+            training_over = any(t.name in finished for t in trainers)
             if exits:
                 result = self._handle(exits, finished, training_over)
                 if result is not None:
                     return result
-                training_over = bool(trainers) and all(t.name in finished for t in trainers)
+                training_over = any(t.name in finished for t in trainers)
             if not self.running and not self.pending:
                 self.say("every task finished")
                 return exit_codes.OK
-            # Training is over when every trainer finished; the servers must stop by themselves
-            # soon (the master's stop marker), the evaluator after the final checkpoint.
+            # Once training is over the servers must stop by themselves soon (the master's stop
+            # marker), the other trainers too; the evaluator after the final checkpoint.
             if training_over and trainers_done_at is None:
                 trainers_done_at = time.monotonic()
-                for t in self.tasks:  # a server lost meanwhile has nothing left to serve
-                    if t.role in ("ps", "worker") and self.pending.pop(t.name, None) is not None:
+                for t in self.tasks:  # a task lost meanwhile has nothing left to do
+                    if t.role != "evaluator" and self.pending.pop(t.name, None) is not None:
                         finished.add(t.name)
             if trainers_done_at is not None and time.monotonic() - trainers_done_at > SERVER_GRACE_S:
-                servers = [r.task.name for r in self.running.values() if r.task.role in ("ps", "worker")]
-                if servers and all(r.task.role in ("ps", "worker") for r in self.running.values()):
-                    self.say(f"{', '.join(servers)} still running {SERVER_GRACE_S:.0f} s after training "
-                             "finished; stopping them")
-                    return exit_codes.FAILED
+                stuck = [r.task for r in self.running.values() if r.task.role != "evaluator"]
+                if stuck and len(stuck) == len(self.running):
+                    self.say(f"{', '.join(t.name for t in stuck)} still running {SERVER_GRACE_S:.0f} s after "
+                             "training finished; stopping them")
+                    servers = [t for t in stuck if not is_trainer(self.strategy, t.role)]
+                    return exit_codes.FAILED if servers else exit_codes.OK
             time.sleep(POLL_S)
 
     def _handle(self, exits: list[tuple[Task, int]], finished: set[str], training_over: bool) -> int | None:
         """Acts on the tasks that just exited; returns the job's exit status when it is over."""
         for task, code in exits:
             r = self.running[task.name]
-            if code == 0 or (training_over and task.role in ("ps", "worker")):
-                # Done; or a server lost after training: nothing left for it to serve.
+            if code == 0 or (training_over and task.role != "evaluator"):
+                # Done; or lost after training: nothing left for it to do.
                 if code != 0:
                     self.say(f"{task.name} exited after training finished ({describe(code)}); not restarted")
                 finished.add(task.name)
