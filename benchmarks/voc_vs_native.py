@@ -28,7 +28,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 PIPELINE = os.path.join(_REPO, 'pipelines', 'shapes_retinanet.yaml')
-RESULT = re.compile(r'step (\d+): AP ([\d.]+)\s+AP50 ([\d.]+)\s+AP75 ([\d.]+)')
+RESULT = re.compile(r'step (\d+)[:|\s]+AP ([\d.]+)[|\s]+AP50 ([\d.]+)[|\s]+AP75 ([\d.]+)')
 
 
 def records_to_labelimg(record_path: str, folder: str) -> int:
@@ -64,9 +64,10 @@ def od_dist(*args: str) -> str:
     return r.stdout + r.stderr
 
 
-def train_and_eval(name: str, train: str, val: str, steps: int, work: str):
+def train_and_eval(name: str, train: str, val: str, steps: int, work: str, fresh: bool):
     model_dir = os.path.join(work, f'run_{name}')
-    shutil.rmtree(model_dir, ignore_errors=True)
+    if fresh:
+        shutil.rmtree(model_dir, ignore_errors=True)  # otherwise a finished run is only evaluated
     override = (f'task.train_data.input_path={train},task.validation_data.input_path={val},'
                 f'trainer.train_steps={steps},trainer.optimizer_config.learning_rate.cosine.decay_steps={steps}')
     t0 = time.time()
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--steps', type=int, default=1000)
     parser.add_argument('--work', default=os.path.join('runs', 'voc_vs_native'))
+    parser.add_argument('--fresh', action='store_true', help='train again even when --work holds the runs')
     args = parser.parse_args(argv)
     from od_dist.data import shapes  # pylint: disable=g-import-not-at-top
 
@@ -97,10 +99,11 @@ def main(argv=None) -> int:
         print(f'{split}: {count} images -> labelImg folder -> od-dist data voc -> {voc_out[split]}', flush=True)
     results = {
         'native shapes records': train_and_eval('native', os.path.join(native, shapes.TRAIN_FILE),
-                                                os.path.join(native, shapes.VAL_FILE), args.steps, args.work),
+                                                os.path.join(native, shapes.VAL_FILE), args.steps, args.work,
+                                                args.fresh),
         'od-dist data voc records': train_and_eval('voc', os.path.join(voc_out['train'], 'train-*.tfrecord'),
                                                    os.path.join(voc_out['val'], 'train-*.tfrecord'),
-                                                   args.steps, args.work),
+                                                   args.steps, args.work, args.fresh),
     }
     print(f'\n{"records":<26} {"AP":>6} {"AP50":>6} {"AP75":>6} {"train s":>8}')
     for name, (ap, ap50, ap75, seconds, _) in results.items():
