@@ -82,7 +82,7 @@ def report(model_dir: str, out: str | None = None, title: str | None = None) -> 
     ax_speed.set_title('training speed (steps/s)')
     ax_speed.set_ylim(bottom=0)
     if plot(ax_ap, val.get('AP'), 'AP (0.5:0.95)') | plot(ax_ap, val.get('AP50'), 'AP50'):
-        ax_ap.set_ylim(0, 1)
+        ax_ap.set_ylim(0, 1.03)
         ax_ap.legend(fontsize=8)
         last = val.get('AP')[-1] if val.get('AP') else None
         ax_ap.set_title('COCO AP' + (f' (step {last[0]}: AP {last[1]:.3f})' if last else ''))
@@ -90,7 +90,10 @@ def report(model_dir: str, out: str | None = None, title: str | None = None) -> 
         ax_ap.set_title('COCO AP')
         ax_ap.text(0.5, 0.5, 'no evaluation yet\n(od-dist eval, or an evaluator task)', ha='center',
                    va='center', transform=ax_ap.transAxes, color='gray')
+    last_step = max([v[-1][0] for v in list(train.values()) + list(val.values())], default=0)
     for ax in axes.flat:
+        if last_step:
+            ax.set_xlim(0, last_step * 1.03)  # the same steps on every panel, even with one evaluation
         ax.set_xlabel('step')
         ax.grid(alpha=0.3)
     fig.suptitle(title or f'od-dist run: {os.path.abspath(model_dir)}', fontsize=11)
