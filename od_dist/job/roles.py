@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import sys
+
+from od_dist.job import exit_codes
 from od_dist.job.config import TrainConfig
 
 
@@ -50,7 +53,7 @@ def run_server(config: TrainConfig) -> int:
 
 def run_trainer(config: TrainConfig) -> int:
     """The master, an all-reduce worker, or a single machine."""
-    from od_dist.job import devices, server, strategy, trainer
+    from od_dist.job import devices, server, strategy, trainer, watch
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
     cluster, task = config.selected.cluster, config.selected.task
@@ -60,7 +63,26 @@ def run_trainer(config: TrainConfig) -> int:
         raise RoleError(str(e)) from None
     print(f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
           f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}", flush=True)
-    trainer.train(params, config.model_dir, dist, data_threads=config.threads.data)
+    who = task.name if task else "single"
+    peers = [t for t in cluster.server_tasks() if t != task] if cluster else []
+    try:
+        with watch.Watch(who, _watched(config, peers)):
+            trainer.train(params, config.model_dir, dist, data_threads=config.threads.data, who=who)
+    except trainer.Stopped as e:
+        # A stop is a pause: under parameter_server the servers stay up (within --wait_timeout)
+        # for the master's restart, as after a crash.
+        saved = f"saved {e.path}" if e.path else "the master saved it"
+        print(f"{who}: stopped at step {e.step} ({e.why}); {saved}; exit {e.code}", flush=True)
+        return e.code
+    except trainer.ResumeMismatch as e:
+        print(f"od-dist: {who}: {e}", file=sys.stderr, flush=True)
+        return exit_codes.INVALID
+    except Exception as e:  # noqa: BLE001 - TensorFlow's error for a lost peer: name it, exit 138
+        lost = watch.lost_in_error(str(e), peers) if _is_peer_error(e) else []
+        if not lost:
+            raise
+        watch.exit_lost(who, f"lost {', '.join(f'{t.name} at {t.address}' for t in lost)} "
+                             f"({type(e).__name__}); {_after_loss(config)}")
     if config.is_coordinator:
         servers = [t for t in cluster.server_tasks() if t.role in ("ps", "worker")]
         failed = server.send_stop(cluster, servers)
@@ -68,6 +90,34 @@ def run_trainer(config: TrainConfig) -> int:
         print(f"master: training done; told {', '.join(told) or 'no server'} to stop"
               + "".join(f"; {name}: {why}" for name, why in failed.items()), flush=True)
     return 0
+
+
+def _after_loss(config: TrainConfig) -> str:
+    if config.is_coordinator:
+        return "restart the job (every task) to resume from the last checkpoint"
+    return "multi_worker_mirrored cannot go on without every trainer; restart all of them to resume " \
+        "from the last checkpoint"
+
+
+def _watched(config: TrainConfig, peers) -> list:
+    """What a trainer watches: under parameter_server, the workers (the job goes on while one is
+    left) and each ps; under multi_worker_mirrored, every other trainer."""
+    from od_dist.job import watch
+
+    if config.is_coordinator:
+        workers = [t for t in peers if t.role == "worker"]
+        return [(workers, True, config.wait_timeout, "every worker is gone, so nothing trains; restart them "
+                 "on the same addresses to rejoin, or restart the job to resume from the last checkpoint"),
+                ([t for t in peers if t.role == "ps"], False, config.wait_timeout, _after_loss(config))]
+    if config.strategy_name == "multi_worker_mirrored":
+        return [(peers, False, watch.TRAINER_GONE_S, _after_loss(config))]
+    return []
+
+
+def _is_peer_error(e: Exception) -> bool:
+    import tensorflow as tf
+
+    return isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError))
 
 
 def run_evaluator(config: TrainConfig) -> int:

@@ -25,6 +25,7 @@ import time
 from absl import logging
 
 from od_dist.cluster.spec import Cluster, Task
+from od_dist.job import exit_codes
 
 POLL_S = 0.5
 MASTER_PROBE_S = 5.0
@@ -74,7 +75,7 @@ def bind_port(task: Task) -> socket.socket:
 
 def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> int:
     """Runs this task's server until the master says done (0), a signal (0), or the master stays
-    unreachable for wait_timeout seconds (1)."""
+    unreachable for wait_timeout seconds (LOST_PEER, 138: it never came, or it died)."""
     import tensorflow as tf
 
     bind_port(task).close()
@@ -125,10 +126,10 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
                 if is_listening(master.host, master.port):
                     last_seen = now
                 elif now - last_seen > wait_timeout:
-                    print(f"{task.name}: the master at {master} has not been reachable for "
-                          f"{wait_timeout:.0f} s; stopping (raise --wait_timeout to wait longer)",
-                          file=sys.stderr, flush=True)
-                    return 1
+                    print(f"{task.name}: lost the master at {master} (unreachable for {wait_timeout:.0f} s); "
+                          f"stopping, exit {exit_codes.LOST_PEER} (restart the job to resume from the last "
+                          "checkpoint, or raise --wait_timeout to wait longer)", file=sys.stderr, flush=True)
+                    return exit_codes.LOST_PEER
         print(f"{task.name}: stopped by signal {received[0]}", flush=True)
         return 0
     finally:

@@ -24,6 +24,7 @@ import functools
 import json
 import math
 import os
+import re
 import time
 from typing import Any, Optional
 
@@ -32,6 +33,18 @@ _PREFIX = 'od-dist'
 
 class TrainerError(RuntimeError):
     """A run that cannot proceed; the message is one line, for the user."""
+
+
+class ResumeMismatch(TrainerError):
+    """multi_worker_mirrored trainers restored different steps (model_dir not shared)."""
+
+
+class Stopped(Exception):
+    """Training stopped on a signal after saving a checkpoint; ``code`` is the exit status."""
+
+    def __init__(self, code: int, step: int, path: Optional[str], why: str):
+        super().__init__(why)
+        self.code, self.step, self.path, self.why = code, step, path, why
 
 
 def _format_eta(seconds: float) -> str:
@@ -83,8 +96,9 @@ def _controller_cls():
         """orbit.Controller plus progress lines, eval JSON, and a bounded continuous eval."""
 
         def __init__(self, *args, od_model_dir: str, od_batch_size: int,
-                     od_train_steps: int, od_keep_waiting=None, **kwargs):
+                     od_train_steps: int, od_keep_waiting=None, od_stop=None, **kwargs):
             self._od_keep_waiting = od_keep_waiting
+            self._od_stop = od_stop
             self._od_model_dir = od_model_dir
             self._od_batch = od_batch_size
             self._od_train_steps = od_train_steps
@@ -116,10 +130,58 @@ def _controller_cls():
         def _od_capture(self, output):
             self._od_last_train_output = output or {}
 
+        def _od_all_trainers(self, *values: int) -> list:
+            """(trainer name, *values) of every trainer: one all-gather under
+            multi_worker_mirrored (every trainer must call it at the same point), else ours."""
+            me = _trainer_name(self.strategy)
+            if not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+                return [(me, *values)]
+            row = [_trainer_id(self.strategy), *values]
+            gathered = self.strategy.gather(
+                self.strategy.run(lambda: tf.constant([row], tf.int64)), axis=0)
+            rows = {tuple(int(v) for v in r) for r in gathered.numpy().tolist()}  # one per replica
+            names = _trainer_names(self.strategy)
+            return sorted((names[r[0]], *r[1:]) for r in rows)
+
+        def train(self, steps: int, checkpoint_at_completion: bool = True):
+            step = int(self.global_step.numpy())
+            resumed = self._od_all_trainers(step)
+            if len({s for _, s in resumed}) > 1:
+                shown = ', '.join(f'{name} at step {s}' for name, s in resumed)
+                raise ResumeMismatch(
+                    f'--model_dir: {self._od_model_dir!r}: the trainers resumed from different steps '
+                    f'({shown}): each must see the checkpoints the master writes there; give every '
+                    'trainer the same shared folder (a network share) as --model_dir')
+            super().train(steps, checkpoint_at_completion)
+
+        def _od_stop_if_asked(self):
+            """At a loop boundary: if any trainer got a stop signal, every trainer saves a
+            checkpoint at this same step, then raises Stopped."""
+            if self._od_stop is None:
+                return
+            asked = [(name, code) for name, code in self._od_all_trainers(self._od_stop.code) if code]
+            if not asked:
+                return
+            step = int(self.global_step.numpy())
+            path = None
+            if self.checkpoint_manager is not None:
+                path = self.checkpoint_manager.save(checkpoint_number=step, check_interval=False,
+                                                    options=self._checkpoint_options)
+            self._sync_on_async_checkpointing()
+            if not self.strategy.extended.should_checkpoint:
+                path = None  # a multi_worker_mirrored worker's copy, in a temporary folder
+            why = (self._od_stop.name if self._od_stop.requested else
+                   ', '.join(f'{name} was stopped' for name, _ in asked))
+            raise Stopped(max(code for _, code in asked), step, path, why)
+
         def _train_n_steps(self, num_steps: int):
             step0 = int(self.global_step.numpy())
             t0 = time.time()
             super()._train_n_steps(num_steps)
+            self._od_print_progress(step0, t0)
+            self._od_stop_if_asked()
+
+        def _od_print_progress(self, step0: int, t0: float):
             elapsed = max(time.time() - t0, 1e-9)
             step = int(self.global_step.numpy())
             rate = (step - step0) / elapsed
@@ -172,6 +234,30 @@ def _controller_cls():
             return output
 
     return OdController
+
+
+def _resolver(strategy):
+    return getattr(strategy, '_cluster_resolver', None) or getattr(strategy, 'cluster_resolver', None)
+
+
+def _trainer_names(strategy) -> list:
+    """multi_worker_mirrored trainers by TensorFlow's id in cluster (chief 0, worker i -> i+1)."""
+    resolver = _resolver(strategy)
+    spec = resolver.cluster_spec() if resolver else None
+    if not spec or not spec.jobs:
+        return ['single']
+    return ['master:0'] + [f'worker:{i}' for i in range(spec.num_tasks('worker') if 'worker' in spec.jobs else 0)]
+
+
+def _trainer_id(strategy) -> int:
+    resolver = _resolver(strategy)
+    if not resolver or not resolver.cluster_spec().jobs:
+        return 0
+    return 0 if resolver.task_type == 'chief' else int(resolver.task_id) + 1
+
+
+def _trainer_name(strategy) -> str:
+    return _trainer_names(strategy)[_trainer_id(strategy)]
 
 
 def _num_ps_workers(strategy) -> int:
@@ -240,7 +326,7 @@ def _prepare(params) -> None:
         performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
 
 
-def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None, data_threads: int = 0):
+def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None, data_threads: int = 0, stop=None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from official.core import task_factory  # pylint: disable=g-import-not-at-top
     from official.core import train_lib  # pylint: disable=g-import-not-at-top
@@ -263,7 +349,7 @@ def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None, data_th
         _controller_cls(), od_model_dir=model_dir,
         od_batch_size=int(params.task.train_data.global_batch_size),
         od_train_steps=int(params.trainer.train_steps),
-        od_keep_waiting=keep_waiting)
+        od_keep_waiting=keep_waiting, od_stop=stop)
     holder = {}
 
     def make_controller(**kwargs):
@@ -276,25 +362,74 @@ def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None, data_th
     return holder['controller']
 
 
-def train(params, model_dir: str, strategy, data_threads: int = 0) -> None:
-    """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``.
+def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = 'single') -> int:
+    """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``; returns the
+    final step.
 
     Resumes from the latest checkpoint in ``model_dir``; returns at once if that
     checkpoint is already at ``trainer.train_steps``. Saves ``params.yaml`` there as
     Model Garden does (on the chief only). ``data_threads`` > 0 caps the input pipeline's
-    tf.data thread pool (tasks sharing a machine).
+    tf.data thread pool (tasks sharing a machine). SIGTERM/SIGINT/SIGBREAK stop it at the end of the
+    current loop with a checkpoint: raises Stopped (see od_dist.job.stop).
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from official.core import train_utils  # pylint: disable=g-import-not-at-top
+    from od_dist.job import stop as stop_mod  # pylint: disable=g-import-not-at-top
     strategy = strategy or tf.distribute.get_strategy()
     tf.io.gfile.makedirs(model_dir)
     if strategy.extended.should_checkpoint:
         train_utils.serialize_config(params, model_dir)
+        for path in clean_partial_checkpoints(model_dir):
+            print(f'{_PREFIX} train | removed {path}, left by a save that did not finish', flush=True)
+    # Model Garden's own SIGTERM handler (SaveCheckpointIfPreempted, multi_worker_mirrored only)
+    # saves one loop later and keeps training; od-dist's stop replaces it.
+    params = params.replace()
+    params.override({'trainer': {'preemption_on_demand_checkpoint': False}}, is_strict=True)
     start = time.time()
-    controller = _run(params, model_dir, strategy, 'train', data_threads=data_threads)
+    with stop_mod.StopRequest(who) as stop:
+        controller = _run(params, model_dir, strategy, 'train', data_threads=data_threads, stop=stop)
     step = int(controller.global_step.numpy())
     print(f'{_PREFIX} train | done at step {step} in {time.time() - start:.1f} s; '
           f'checkpoints in {model_dir}', flush=True)
+    return step
+
+
+_CHECKPOINT_FILE = re.compile(r'^(ckpt-(\d+))(\.index|\.data-\d+-of-\d+|_temp)$')
+
+
+def clean_partial_checkpoints(model_dir: str) -> list:
+    """Removes what a save killed midway leaves in ``model_dir``; returns the paths removed.
+
+    TensorFlow writes a checkpoint's shards under ``ckpt-N_temp/`` (each first as a
+    ``*.tempstate*`` file), renames them to ``ckpt-N.data-*``, writes ``ckpt-N.index``, and only
+    then names ``ckpt-N`` in the ``checkpoint`` state file (replaced atomically). A kill
+    anywhere in between leaves the state file naming the previous checkpoint, which is what
+    every reader (restore, the evaluator) uses; so a ``ckpt-N`` newer than the latest one named
+    there, temporary shards, and ``*.tempstate*`` files are leftovers, never read.
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if not tf.io.gfile.isdir(model_dir):
+        return []
+    state = tf.train.get_checkpoint_state(model_dir)
+    named = [state.model_checkpoint_path, *state.all_model_checkpoint_paths] if state else []
+    named_steps = {int(m.group(2)) for m in (_CHECKPOINT_FILE.match(os.path.basename(p) + '.index')
+                                               for p in named) if m}
+    newest = max(named_steps, default=-1)
+    removed = []
+    for name in sorted(tf.io.gfile.listdir(model_dir)):
+        name = name.rstrip('/')
+        path = os.path.join(model_dir, name)
+        m = _CHECKPOINT_FILE.match(name)
+        partial = ('.tempstate' in name or
+                   (m and (m.group(3) == '_temp' or int(m.group(2)) > newest)))
+        if not partial:
+            continue
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+        else:
+            tf.io.gfile.remove(path)
+        removed.append(path)
+    return removed
 
 
 def _eval_params(params):

@@ -1,0 +1,264 @@
+"""Faults on loopback with real TensorFlow processes: a trainer stopped by a signal saves a
+checkpoint, a kill during a save is harmless, lost peers end the survivors with one line and
+exit 138 (LOST_PEER), a lost parameter-server worker is tolerated and rejoins.
+
+Every process is started here and killed in `finally`; every wait is bounded."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+OVERRIDE = ("trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
+            "trainer.checkpoint_interval={interval},trainer.validation_interval=1000,"
+            "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord")
+PROGRESS = re.compile(r"od-dist train \| step (\d+)/")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    from od_dist.data import shapes
+
+    out = str(tmp_path_factory.mktemp("shapes"))
+    shapes.write_dataset(out, num_train=48, num_val=8, seed=1)
+    return out
+
+
+def free_ports(n):
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def write_cluster(tmp_path, ps=1, workers=2, strategy=None):
+    ports = iter(free_ports(1 + workers + ps))
+    lines = [f"strategy: {strategy}"] if strategy else []
+    lines.append(f"master: 127.0.0.1:{next(ports)}")
+    lines.append("worker: [" + ", ".join(f"127.0.0.1:{next(ports)}" for _ in range(workers)) + "]")
+    if ps:
+        lines.append("ps: [" + ", ".join(f"127.0.0.1:{next(ports)}" for _ in range(ps)) + "]")
+    path = tmp_path / "cluster.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def checkpoint_step(model_dir):
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(model_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+class Proc:
+    """One od-dist process whose output is collected in a file (no pipe to fill up)."""
+
+    def __init__(self, tmp_path, name, args, prefix=()):
+        self.name = name
+        self.log = tmp_path / f"{name}.log"
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, *prefix, "-m", "od_dist", *args], stdout=out,
+                                         stderr=subprocess.STDOUT, cwd=str(tmp_path), env=env)
+
+    @property
+    def out(self):
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, predicate, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.out
+            if predicate(out):
+                return out
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited {self.proc.returncode} before {what}:\n{out[-3000:]}")
+            time.sleep(0.5)
+        raise AssertionError(f"{self.name}: no {what} within {timeout} s:\n{self.out[-3000:]}")
+
+    def step(self):
+        steps = [int(s) for s in PROGRESS.findall(self.out)]
+        return steps[-1] if steps else 0
+
+    def wait_step(self, above, timeout):
+        self.wait_for(lambda out: any(int(s) > above for s in PROGRESS.findall(out)), timeout, f"step > {above}")
+        return self.step()
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout} s:\n{self.out[-3000:]}") from None
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def procs():
+    """Every process a test starts; all killed at the end, whatever happened."""
+    started = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def train_args(cluster, role, index, model_dir, data, steps=100000, interval=1000, wait=60):
+    args = ["train", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", f"--wait_timeout={wait}",
+            "--params_override=" + OVERRIDE.format(steps=steps, interval=interval, data=data)]
+    if cluster:
+        args += [f"--cluster={cluster}", f"--role={role}", f"--index={index}"]
+    return args
+
+
+# A wrapper that SIGKILLs the trainer while it saves ckpt-10: after the shards and the index are
+# written, before the `checkpoint` state file names it (the last step of TensorFlow's save).
+KILL_DURING_SAVE = """
+import os, signal, sys
+from tensorflow.python.checkpoint import checkpoint_management as cm
+record = cm.update_checkpoint_state_internal
+def record_or_die(directory, model_checkpoint_path, *args, **kwargs):
+    if model_checkpoint_path.endswith("ckpt-10"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return record(directory, model_checkpoint_path, *args, **kwargs)
+cm.update_checkpoint_state_internal = record_or_die
+from od_dist import cli
+sys.argv = ["od-dist"] + sys.argv[1:]
+cli.run()
+"""
+
+
+def test_kill_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, data_dir, procs):
+    model_dir = tmp_path / "model"
+    wrapper = tmp_path / "kill_during_save.py"
+    wrapper.write_text(KILL_DURING_SAVE)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = train_args(None, None, None, model_dir, data_dir, steps=15, interval=5)
+    r = subprocess.run([sys.executable, str(wrapper), *args], capture_output=True, text=True, env=env,
+                       cwd=str(tmp_path), timeout=400)
+    assert r.returncode == -signal.SIGKILL, (r.stdout + r.stderr)[-3000:]
+    names = sorted(os.listdir(model_dir))
+    assert "ckpt-10.index" in names and checkpoint_step(str(model_dir)) == 5, names  # killed mid-save
+    # What a kill at an earlier point of a save leaves, named as TensorFlow names them: shards
+    # still under ckpt-15_temp/ (each written as *.tempstate<random> first), a state file being
+    # replaced. The contents are garbage: reading any of them would fail the run.
+    (model_dir / "ckpt-15_temp").mkdir()
+    (model_dir / "ckpt-15_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate8411").write_bytes(b"x" * 64)
+    (model_dir / "ckpt-15_temp" / "part-00000-of-00001.index").write_bytes(b"garbage")
+    (model_dir / "checkpoint.tempstate2207").write_text('model_checkpoint_path: "ckpt-15"\n')
+    (model_dir / "ckpt-10.index").write_bytes(b"garbage")  # also the unnamed ckpt-10 is never read
+
+    second = Proc(tmp_path, "second", args)
+    procs.append(second)
+    assert second.wait(400) == 0, second.out[-3000:]
+    out = second.out
+    assert re.search(r"restored (model )?from .*ckpt-5\b", out), out[-3000:]
+    assert [int(s) for s in PROGRESS.findall(out)] == [10, 15]
+    for name in ("ckpt-10.index", "ckpt-10.data-00000-of-00001", "ckpt-15_temp", "checkpoint.tempstate2207"):
+        assert re.search(rf"removed .*{re.escape(name)}, left by a save that did not finish", out), out[-3000:]
+    assert checkpoint_step(str(model_dir)) == 15
+    assert not [n for n in os.listdir(model_dir) if "temp" in n]
+
+
+STOPPED = re.compile(r"(\S+): stopped at step (\d+) \(([^)]*)\); (saved (\S+)|the master saved it); exit (\d+)")
+
+
+def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data_dir, procs):
+    model_dir = tmp_path / "model"
+    first = Proc(tmp_path, "first", train_args(None, None, None, model_dir, data_dir))
+    procs.append(first)
+    before = first.wait_step(5, 400)
+    first.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    assert first.wait(180) == 143, first.out[-3000:]
+    took = time.monotonic() - sent
+    out = first.out
+    assert "single: SIGTERM received; saving a checkpoint at the end of this loop" in out
+    m = STOPPED.search(out)
+    assert m and m.group(1) == "single" and m.group(3) == "SIGTERM" and m.group(6) == "143", out[-3000:]
+    step = int(m.group(2))
+    # Saved where it stopped, at most one loop (5 steps) after the signal: not at an interval.
+    assert before <= step <= first.step() <= before + 10 and step == first.step()
+    assert checkpoint_step(str(model_dir)) == step and m.group(5).endswith(f"ckpt-{step}")
+    print(f"\nsingle machine: SIGTERM to exit 143 with ckpt-{step}: {took:.1f} s")
+
+    second = Proc(tmp_path, "second", train_args(None, None, None, model_dir, data_dir, steps=step + 5))
+    procs.append(second)
+    assert second.wait(400) == 0, second.out[-3000:]
+    assert re.search(rf"restored (model )?from .*ckpt-{step}\b", second.out), second.out[-3000:]
+    assert [int(s) for s in PROGRESS.findall(second.out)] == [step + 5]
+
+
+def cpu_seconds(proc):
+    times = psutil.Process(proc.proc.pid).cpu_times()
+    return times.user + times.system
+
+
+def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path, data_dir, procs):
+    """kill -9 of a worker: the master trains on; the worker restarted by hand rejoins (it burns
+    CPU on steps again); SIGTERM to the master mid-loop saves a checkpoint (exit 143) while the
+    servers wait; the master restarted resumes from it and finishes (exit 0), the servers too."""
+    cluster = write_cluster(tmp_path, ps=1, workers=2)
+    model_dir = tmp_path / "model"
+
+    def task(role, index, name=None, **kw):
+        p = Proc(tmp_path, name or f"{role}{index}", train_args(cluster, role, index, model_dir, data_dir, **kw))
+        procs.append(p)
+        return p
+
+    ps, w0, w1, master = task("ps", 0), task("worker", 0), task("worker", 1), task("master", 0)
+    step = master.wait_step(5, 400)
+    w1.proc.kill()
+    killed = time.monotonic()
+    after_kill = master.wait_step(step + 10, 240)  # two more loops without worker:1
+    print(f"\nparameter_server: 10 steps after kill -9 of worker:1 in {time.monotonic() - killed:.1f} s")
+
+    w1 = task("worker", 1, name="worker1-restarted")
+    w1.wait_for(lambda out: "worker:1 serving on" in out, 240, "serving")
+    restarted = time.monotonic()
+    # Rejoined: it runs steps again, so it burns CPU like worker:0 (an idle server burns none).
+    deadline = time.monotonic() + 240
+    while True:
+        cpu0, cpu1, at = cpu_seconds(w0), cpu_seconds(w1), master.wait_step(master.step(), 120)
+        master.wait_step(at + 5, 120)
+        d0, d1 = cpu_seconds(w0) - cpu0, cpu_seconds(w1) - cpu1
+        if d1 > 0.25 * d0:
+            break
+        assert time.monotonic() < deadline, f"worker:1 did not rejoin: {d1:.1f} s CPU vs {d0:.1f} s on worker:0"
+    print(f"parameter_server: worker:1 restarted to running steps again in {time.monotonic() - restarted:.1f} s "
+          f"(CPU over 5 steps: worker:0 {d0:.1f} s, worker:1 {d1:.1f} s)")
+    assert after_kill > step
+
+    master.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    assert master.wait(180) == 143, master.out[-3000:]
+    print(f"parameter_server: SIGTERM to master exit 143 in {time.monotonic() - sent:.1f} s")
+    m = STOPPED.search(master.out)
+    assert m and m.group(1) == "master:0" and m.group(3) == "SIGTERM", master.out[-3000:]
+    stopped = int(m.group(2))
+    assert stopped == master.step() and checkpoint_step(str(model_dir)) == stopped
+    assert all(p.proc.poll() is None for p in (ps, w0, w1))  # the servers wait for the master's restart
+
+    master = task("master", 0, name="master-restarted", steps=stopped + 10)
+    assert master.wait(400) == 0, master.out[-3000:]
+    assert re.search(rf"restored (model )?from .*ckpt-{stopped}\b", master.out), master.out[-3000:]
+    assert [int(s) for s in PROGRESS.findall(master.out)] == [stopped + 5, stopped + 10]
+    for p in (ps, w0, w1):
+        assert p.wait(90) == 0, p.out[-2000:]

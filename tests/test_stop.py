@@ -1,0 +1,68 @@
+"""Stop signals without TensorFlow: the first asks for a stop, one within a second of it is the
+same request, a later one exits at once even while the main thread is busy in C code."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from od_dist.job import exit_codes, stop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The main thread blocks in one long C call (as in a TensorFlow loop) until a stop is requested.
+CHILD = """
+import sys, time, select
+from od_dist.job import stop
+with stop.StopRequest("child") as s:
+    print("ready", flush=True)
+    while not s.requested:
+        time.sleep(0.05)
+    print("asked", s.name, s.code, flush=True)
+    select.select([], [], [], 60)  # a 60 s C call: only the wakeup thread can act now
+print("returned", flush=True)
+"""
+
+
+def start_child():
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX signals")
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_first_signal_asks_second_exits_at_once(signum, code):
+    proc = start_child()
+    try:
+        proc.send_signal(signum)
+        assert proc.stdout.readline().startswith(f"child: {signum.name} received; saving a checkpoint")
+        assert proc.stdout.readline().split() == ["asked", signum.name, str(code)]
+        proc.send_signal(signum)  # within SAME_REQUEST_S: the same request (a forwarded copy)
+        time.sleep(stop.SAME_REQUEST_S + 0.5)
+        assert proc.poll() is None
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+        assert time.monotonic() - start < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == exit_codes.INTERRUPTED
+    assert "SIGINT received again; exiting now without a checkpoint" in out
+    assert "returned" not in out
+
+
+def test_codes_and_restore():
+    assert stop.code_for(signal.SIGTERM) == exit_codes.TERMINATED == 143
+    assert stop.code_for(signal.SIGINT) == exit_codes.INTERRUPTED == 130
+    before = signal.getsignal(signal.SIGINT)
+    with stop.StopRequest() as s:
+        assert signal.getsignal(signal.SIGINT) is not before
+        assert not s.requested and s.code == 0
+    assert signal.getsignal(signal.SIGINT) is before
