@@ -262,3 +262,70 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
     assert [int(s) for s in PROGRESS.findall(master.out)] == [stopped + 5, stopped + 10]
     for p in (ps, w0, w1):
         assert p.wait(90) == 0, p.out[-2000:]
+
+
+def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, procs):
+    """With no worker left for --wait_timeout the master exits 138 naming them (TensorFlow alone
+    would wait an hour); the ps, its master gone for --wait_timeout, exits 138 naming it."""
+    wait = 45
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    model_dir = tmp_path / "model"
+    ps, w0, master = (Proc(tmp_path, name, train_args(cluster, role, 0, model_dir, data_dir, wait=wait))
+                      for name, role in (("ps", "ps"), ("worker", "worker"), ("master", "master")))
+    procs.extend([ps, w0, master])
+    master.wait_step(0, 400)
+    w0.proc.kill()
+    killed = time.monotonic()
+    assert master.wait(wait + 60) == 138, master.out[-3000:]
+    took = time.monotonic() - killed
+    assert wait <= took <= wait + 30
+    assert re.search(rf"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ \(unreachable for {wait} s\); "
+                     r"every worker is gone.*; exit 138$", master.out, re.M), master.out[-3000:]
+    master_gone = time.monotonic()
+    assert ps.wait(wait + 60) == 138, ps.out[-3000:]
+    assert re.search(rf"ps:0: lost the master at 127\.0\.0\.1:\d+ \(unreachable for {wait} s\)", ps.out)
+    print(f"\nparameter_server: master exit 138 {took:.1f} s after kill -9 of its only worker "
+          f"(--wait_timeout {wait}); ps exit 138 {time.monotonic() - master_gone:.1f} s after the master")
+
+
+def test_multi_worker_mirrored_stop_resume_check_and_lost_trainer(tmp_path, data_dir, procs):
+    """SIGTERM to the worker: both trainers save the same step and exit 143. Restarted with a
+    model_dir the worker does not share: both exit 2 naming the steps. Restarted right, the worker
+    killed: the master exits 138 naming it, within seconds."""
+    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
+    model_dir, elsewhere = tmp_path / "model", tmp_path / "not-shared"
+
+    def pair(name, worker_dir=model_dir, **kw):
+        started = [Proc(tmp_path, f"{name}-master", train_args(cluster, "master", 0, model_dir, data_dir, **kw)),
+                   Proc(tmp_path, f"{name}-worker", train_args(cluster, "worker", 0, worker_dir, data_dir, **kw))]
+        procs.extend(started)
+        return started
+
+    master, worker = pair("first")
+    worker.wait_step(0, 600)
+    worker.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    assert worker.wait(240) == 143, worker.out[-3000:]
+    assert master.wait(60) == 143, master.out[-3000:]
+    print(f"\nmulti_worker_mirrored: SIGTERM to the worker to both exit 143: {time.monotonic() - sent:.1f} s")
+    m, w = STOPPED.search(master.out), STOPPED.search(worker.out)
+    assert m and w, master.out[-2000:] + worker.out[-2000:]
+    assert m.group(2) == w.group(2) and m.group(3) == "worker:0 was stopped" and w.group(3) == "SIGTERM"
+    step = int(m.group(2))
+    assert checkpoint_step(str(model_dir)) == step and w.group(4) == "the master saved it"
+
+    master, worker = pair("unshared", worker_dir=elsewhere)
+    for p in (master, worker):
+        assert p.wait(400) == 2, p.out[-3000:]
+        assert re.search(rf"--model_dir: .*: the trainers resumed from different steps \(master:0 at step "
+                         rf"{step}, worker:0 at step 0\)", p.out), p.out[-3000:]
+
+    master, worker = pair("lost")
+    master.wait_for(lambda out: re.search(rf"restored (model )?from .*ckpt-{step}\b", out), 400, "restore")
+    worker.wait_for(lambda out: "training until step" in out, 400, "training")
+    worker.proc.kill()
+    killed = time.monotonic()
+    assert master.wait(60) == 138, master.out[-3000:]
+    print(f"multi_worker_mirrored: master exit 138 {time.monotonic() - killed:.1f} s after kill -9 of the worker")
+    assert re.search(r"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ .*restart all of them.*; exit 138$",
+                     master.out, re.M), master.out[-3000:]
