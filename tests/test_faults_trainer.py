@@ -187,6 +187,8 @@ def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data
     before = first.wait_step(5, 400)
     first.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
+    first.wait_for(lambda out: STOPPED.search(out), 180, "the stopped line")
+    saved = time.monotonic() - sent
     assert first.wait(180) == 143, first.out[-3000:]
     took = time.monotonic() - sent
     out = first.out
@@ -197,7 +199,7 @@ def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data
     # Saved where it stopped, at most one loop (5 steps) after the signal: not at an interval.
     assert before <= step <= first.step() <= before + 10 and step == first.step()
     assert checkpoint_step(str(model_dir)) == step and m.group(5).endswith(f"ckpt-{step}")
-    print(f"\nsingle machine: SIGTERM to exit 143 with ckpt-{step}: {took:.1f} s")
+    print(f"\nsingle machine: SIGTERM to ckpt-{step} saved in {saved:.1f} s, exit 143 in {took:.1f} s")
 
     second = Proc(tmp_path, "second", train_args(None, None, None, model_dir, data_dir, steps=step + 5))
     procs.append(second)
@@ -219,7 +221,10 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
     model_dir = tmp_path / "model"
 
     def task(role, index, name=None, **kw):
-        p = Proc(tmp_path, name or f"{role}{index}", train_args(cluster, role, index, model_dir, data_dir, **kw))
+        # --wait_timeout 180: the servers wait that long for the master's restart (a TensorFlow
+        # process can take a minute to start on a loaded machine).
+        p = Proc(tmp_path, name or f"{role}{index}",
+                 train_args(cluster, role, index, model_dir, data_dir, wait=180, **kw))
         procs.append(p)
         return p
 
@@ -248,8 +253,10 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
 
     master.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
+    master.wait_for(lambda out: STOPPED.search(out), 180, "the stopped line")
+    saved = time.monotonic() - sent
     assert master.wait(180) == 143, master.out[-3000:]
-    print(f"parameter_server: SIGTERM to master exit 143 in {time.monotonic() - sent:.1f} s")
+    print(f"parameter_server: SIGTERM to master saved in {saved:.1f} s, exit 143 in {time.monotonic() - sent:.1f} s")
     m = STOPPED.search(master.out)
     assert m and m.group(1) == "master:0" and m.group(3) == "SIGTERM", master.out[-3000:]
     stopped = int(m.group(2))
