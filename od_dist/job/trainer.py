@@ -113,6 +113,8 @@ def _controller_cls():
             # CheckpointManager at a temporary directory; resume it from model_dir
             # (a shared filesystem) so every worker starts from the same step.
             manager = self.checkpoint_manager
+            if self.trainer is not None and checkpoint_path is None:  # training starts here
+                self._od_check_same_start(tf.train.latest_checkpoint(self._od_model_dir))
             if (checkpoint_path is None and manager is not None and
                 os.path.abspath(manager.directory) != os.path.abspath(self._od_model_dir)):
                 checkpoint_path = tf.train.latest_checkpoint(self._od_model_dir)
@@ -143,16 +145,18 @@ def _controller_cls():
             names = _trainer_names(self.strategy)
             return sorted((names[r[0]], *r[1:]) for r in rows)
 
-        def train(self, steps: int, checkpoint_at_completion: bool = True):
-            step = int(self.global_step.numpy())
-            resumed = self._od_all_trainers(step)
-            if len({s for _, s in resumed}) > 1:
-                shown = ', '.join(f'{name} at step {s}' for name, s in resumed)
+        def _od_check_same_start(self, latest: Optional[str]):
+            """Before any restore (restoring is itself collective under multi_worker_mirrored,
+            and trainers that restore different steps fail in it or train apart): every trainer
+            must find the same latest checkpoint in model_dir."""
+            step = int(latest.rsplit('-', 1)[1]) if latest else 0
+            starts = self._od_all_trainers(step)
+            if len({s for _, s in starts}) > 1:
+                shown = ', '.join(f'{name} at step {s}' for name, s in starts)
                 raise ResumeMismatch(
-                    f'--model_dir: {self._od_model_dir!r}: the trainers resumed from different steps '
-                    f'({shown}): each must see the checkpoints the master writes there; give every '
-                    'trainer the same shared folder (a network share) as --model_dir')
-            super().train(steps, checkpoint_at_completion)
+                    f'--model_dir: {self._od_model_dir!r}: the trainers would resume from different steps '
+                    f'({shown}; 0: no checkpoint): each must see the checkpoints the master writes there; '
+                    'give every trainer the same shared folder (a network share) as --model_dir')
 
         def _od_stop_if_asked(self):
             """At a loop boundary: if any trainer got a stop signal, every trainer saves a
