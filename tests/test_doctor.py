@@ -124,3 +124,20 @@ def test_peers_to_reach_follow_the_traffic():
     assert names("ps") == ["master:0"]
     assert names("evaluator") == ["master:0"]
     assert len(doctor.peers_to_reach(c, ())) == 4  # a machine in no entry: every server
+
+
+def test_entry_of_a_machine_with_several_tasks_or_none():
+    from od_dist.cluster.hostinfo import ThisMachine
+
+    c = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.1:2", "10.0.0.2:1"],
+                                   "ps": ["10.0.0.3:1"]})
+    here = ThisMachine(frozenset({"box"}), frozenset({"10.0.0.1"}))
+    checks, mine = doctor.check_entry(c, None, None, here)
+    assert [str(x) for x in checks] == ["ok    this machine: runs worker:0, master:0: start each with --role/--index, "
+                                        "or all with od-dist launch"]
+    assert [t.name for t in mine] == ["worker:0", "master:0"]
+    checks, mine = doctor.check_entry(c, "worker", 0, here)
+    assert checks[0].status == doctor.OK and [t.name for t in mine] == ["worker:0"]
+    elsewhere = ThisMachine(frozenset({"box"}), frozenset({"10.0.0.9"}))
+    checks, mine = doctor.check_entry(c, None, None, elsewhere)
+    assert checks[0].status == doctor.FIX and not mine

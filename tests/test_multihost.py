@@ -214,7 +214,8 @@ def job_cluster(tmp_path, net, roles):
     """A cluster file for `roles` ({machine index: 'master' | 'worker' | 'ps'}), whose hosts run
     this test's interpreter from a working directory of their own (the namespaces share the file
     system, as machines with the same install would)."""
-    by_role = {r: [f"{net[i].ip}:{PORT}" for i, rr in sorted(roles.items()) if rr == r] for r in ("master", "worker", "ps")}
+    by_role = {r: [f"{net[i].ip}:{PORT}" for i, role in sorted(roles.items()) if role == r]
+               for r in ("master", "worker", "ps")}
     lines = [f"master: {by_role['master'][0]}", f"worker: [{', '.join(by_role['worker'])}]"]
     if by_role["ps"]:
         lines.append(f"ps: [{', '.join(by_role['ps'])}]")

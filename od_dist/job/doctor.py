@@ -73,7 +73,8 @@ def check_entry(cluster: Cluster, role: str | None, index: int | None, machine) 
     if len(mine) == 1:
         return [Check(OK, "this machine", f"{mine[0].name} at {mine[0].address} (found by its addresses)")], mine
     names = ", ".join(t.name for t in mine)
-    return [Check(OK, "this machine", f"runs {names}: start each with --role/--index, or all with od-dist launch")], mine
+    return [Check(OK, "this machine", f"runs {names}: start each with --role/--index, "
+                  "or all with od-dist launch")], mine
 
 
 # ----- peers ----------------------------------------------------------------------------------------
