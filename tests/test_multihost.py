@@ -353,7 +353,7 @@ def test_train_without_role_on_each_machine_then_one_machine_cut_off(tmp_path, m
     expected = {"ps:0": net[3], "worker:0": net[1], "worker:1": net[2], "master:0": net[0]}
     job = Job(tmp_path, {name: (m, train) for name, m in expected.items()}, cwd=str(tmp_path))
     survivors = ["ps:0", "worker:0", "worker:1"]
-    bound = wait_timeout + 45  # a probe every 5 s, and slack for a loaded machine
+    bound = wait_timeout + 60  # a probe every 5 s, and slack for a loaded machine
     try:
         assert job.wait_for_line("master:0", r"od-dist train \| step \d+/100000", timeout=300), job.all_output()
         net[0].cut_off()
