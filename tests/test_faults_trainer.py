@@ -229,3 +229,21 @@ def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, 
     assert re.search(rf"ps:0: lost the master at 127\.0\.0\.1:\d+ \(unreachable for {wait} s\)", ps.out)
     print(f"\nparameter_server: master exit 138 {took:.1f} s after kill -9 of its only worker "
           f"(--wait_timeout {wait}); ps exit 138 {time.monotonic() - master_gone:.1f} s after the master")
+
+
+def test_multi_worker_mirrored_trainer_lost(tmp_path, data_dir, procs):
+    """The worker killed once both trainers train: the master exits 138 naming it, within
+    seconds, instead of waiting on a collective."""
+    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
+    model_dir = tmp_path / "model"
+    master, worker = (Proc(tmp_path, role, train_args(cluster, role, 0, model_dir, data_dir))
+                      for role in ("master", "worker"))
+    procs.extend([master, worker])
+    for p in (master, worker):  # past the start-up check and the restore: in the first loop
+        p.wait_for(lambda out: "training until step" in out, 600, "training")
+    worker.proc.kill()
+    killed = time.monotonic()
+    assert master.wait(60) == 138, master.out[-3000:]
+    print(f"\nmulti_worker_mirrored: master exit 138 {time.monotonic() - killed:.1f} s after kill -9 of the worker")
+    assert re.search(r"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ .*restart all of them.*; exit 138$",
+                     master.out, re.M), master.out[-3000:]
