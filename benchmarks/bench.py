@@ -144,10 +144,12 @@ def _role_of(cmdline: list[str], top: str) -> str:
 
 
 class PeakRss:
-    """Samples the RSS of a process and its descendants until stopped; the peak per role."""
+    """Samples the RSS of a process and its descendants until stopped; the peak per role, and the
+    CPU seconds (user + system) each had used at its last sample."""
 
     def __init__(self, pid: int, top: str, interval: float = 0.2):
         self.peak: dict[str, int] = {}
+        self.cpu: dict[str, float] = {}
         self._stop = threading.Event()
         self._pid, self._top, self._interval = pid, top, interval
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -167,9 +169,11 @@ class PeakRss:
                 try:
                     role = _role_of(p.cmdline(), self._top)
                     rss = p.memory_info().rss
+                    times = p.cpu_times()
                 except psutil.Error:
                     continue
                 self.peak[role] = max(self.peak.get(role, 0), rss)
+                self.cpu[role] = max(self.cpu.get(role, 0.0), times.user + times.system)
             self._stop.wait(self._interval)
 
     def stop(self) -> dict[str, int]:
@@ -229,7 +233,8 @@ def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config:
             raise
         wall = time.time() - start
         peak = rss.stop()
-    result = {"case": case, "exit": code, "wall_s": wall, "rss_mib": {k: v / 2**20 for k, v in peak.items()}}
+    result = {"case": case, "exit": code, "wall_s": wall, "rss_mib": {k: v / 2**20 for k, v in peak.items()},
+              "cpu_s": dict(rss.cpu)}
     summaries = steps_per_second(model_dir)
     steady = [v for step, _, v in summaries if step > args.steps_per_loop]
     if code != 0 or not summaries or not steady:
@@ -309,13 +314,20 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
             lines.append(f"| {LABELS[case]} | {num(m['steady_sps'], '.2f')} | {r} | {first} | "
                          f"{num(m['wall_s'], '.0f')} | {ok}/{len(rs)} |")
         lines.append("")
-        lines += ["| case | peak RSS per process (MiB, max over rounds) |", "|---|---|"]
+        lines += ["| case | peak RSS per process (MiB, max over rounds) | CPU seconds per process (median) |",
+                  "|---|---|---|"]
         for case, rs in results.items():
             peak: dict[str, float] = {}
+            cpu: dict[str, list[float]] = {}
             for r in rs:
                 for role, mib in r["rss_mib"].items():
                     peak[role] = max(peak.get(role, 0.0), mib)
-            lines.append(f"| {case} | {', '.join(f'{k} {v:.0f}' for k, v in sorted(peak.items()))} |")
+                for role, seconds in r.get("cpu_s", {}).items():
+                    cpu.setdefault(role, []).append(seconds)
+            cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
+            lines.append(f"| {case} | {', '.join(f'{k} {v:.0f}' for k, v in sorted(peak.items()))} | "
+                         f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(cpu_med.items()))}, "
+                         f"total {sum(cpu_med.values()):.0f} |")
         lines.append("")
     if cli:
         base = statistics.median(cli["python -c pass"])
