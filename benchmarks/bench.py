@@ -134,13 +134,13 @@ def write_cluster(path: str, kind: str) -> str:
     return path
 
 
-def _role_of(cmdline: list[str], top: str) -> str:
+def _role_of(cmdline: list[str], top: str, is_root: bool) -> str:
     text = " ".join(cmdline)
     role = re.search(r"--role=(\w+)", text)
     if role:
         index = re.search(r"--index=(\d+)", text)
         return f"{role.group(1)}:{index.group(1) if index else 0}"
-    return top
+    return top if is_root else f"{top}-child"  # e.g. launch's pipeline check before the tasks start
 
 
 class PeakRss:
@@ -167,7 +167,7 @@ class PeakRss:
                 break
             for p in procs:
                 try:
-                    role = _role_of(p.cmdline(), self._top)
+                    role = _role_of(p.cmdline(), self._top, p.pid == self._pid)
                     rss = p.memory_info().rss
                     times = p.cpu_times()
                 except psutil.Error:
@@ -384,18 +384,22 @@ def main() -> int:
                 yaml.safe_dump(doc, f)
         results: dict[str, list[dict]] = {c: [] for c in train_cases}
         cli: dict[str, list[float]] = {}
-        for r in range(args.rounds):
-            order = cases[r % len(cases):] + cases[:r % len(cases)]  # rotate: no case always first
-            for case in order:
-                if case == "cli":
-                    for name, times in time_cli(args.cli_runs).items():
-                        cli.setdefault(name, []).extend(times)
-                    continue
-                result = run_case(case, work, f"r{r}-{case}", args, data_dir, raw_config)
-                results[case].append(result)
-                print(f"round {r + 1}/{args.rounds} {case:<10} steady {result.get('steady_sps', 0):6.2f} steps/s  "
-                      f"first step {result.get('first_step_s', 0):5.1f} s  wall {result['wall_s']:5.0f} s  "
-                      f"({time.time() - started:.0f} s so far)", flush=True)
+        try:
+            for r in range(args.rounds):
+                order = cases[r % len(cases):] + cases[:r % len(cases)]  # rotate: no case always first
+                for case in order:
+                    if case == "cli":
+                        for name, times in time_cli(args.cli_runs).items():
+                            cli.setdefault(name, []).extend(times)
+                        continue
+                    result = run_case(case, work, f"r{r}-{case}", args, data_dir, raw_config)
+                    results[case].append(result)
+                    print(f"round {r + 1}/{args.rounds} {case:<10} steady {result.get('steady_sps', 0):6.2f} "
+                          f"steps/s  first step {result.get('first_step_s', 0):5.1f} s  wall "
+                          f"{result['wall_s']:5.0f} s  ({time.time() - started:.0f} s so far)", flush=True)
+        except (KeyboardInterrupt, SystemExit):
+            print("interrupted: the table holds the runs that finished", flush=True)
+        results = {c: rs for c, rs in results.items() if rs}
         loads.append(tuple(round(x, 1) for x in os.getloadavg()))
         table = report(results, cli, args, loads)
         print()
