@@ -18,7 +18,9 @@ falls on every case alike. Cases:
 Per case: steady steps/s (the median of Model Garden's `steps_per_second` summaries in
 <model_dir>/train, the first loop left out), the time from process start to the first finished step
 (the first summary's wall time minus the rest of the first loop at the steady rate), the wall time,
-and the peak RSS of each process (psutil, sampled every 0.2 s). Every step is one global batch
+the peak RSS and the CPU seconds of each process (psutil, sampled every 0.2 s), and where the steady
+phase's CPU goes: milliseconds of CPU per training step, by process (from the first to the last
+summary; unlike wall-clock rates it changes little when other jobs load the machine). Every step is one global batch
 (8 images) in every case, so steps/s compare as examples/s. Prints medians over the rounds and the
 ratios: train vs raw, and each cluster vs one `od-dist train` process on the same cores.
 """
@@ -150,6 +152,7 @@ class PeakRss:
     def __init__(self, pid: int, top: str, interval: float = 0.2):
         self.peak: dict[str, int] = {}
         self.cpu: dict[str, float] = {}
+        self.history: list[tuple[float, dict[str, float]]] = []  # (time, CPU seconds by role)
         self._stop = threading.Event()
         self._pid, self._top, self._interval = pid, top, interval
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -174,7 +177,17 @@ class PeakRss:
                     continue
                 self.peak[role] = max(self.peak.get(role, 0), rss)
                 self.cpu[role] = max(self.cpu.get(role, 0.0), times.user + times.system)
+            self.history.append((time.time(), dict(self.cpu)))
             self._stop.wait(self._interval)
+
+    def cpu_between(self, t0: float, t1: float) -> dict[str, float]:
+        """CPU seconds each role used between two wall-clock times (the samples nearest before them)."""
+        def at(t):
+            before = [cpu for when, cpu in self.history if when <= t]
+            return before[-1] if before else {}
+
+        start, end = at(t0), at(t1)
+        return {role: end[role] - start.get(role, 0.0) for role in end}
 
     def stop(self) -> dict[str, int]:
         self._stop.set()
@@ -244,6 +257,11 @@ def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config:
         result["failed"] = True
         return result
     result["steady_sps"] = statistics.median(steady)
+    # Where the steady phase's CPU went: milliseconds per training step, by process.
+    (step0, t0, _), (step1, t1, _) = summaries[0], summaries[-1]
+    if step1 > step0:
+        result["steady_cpu_ms_per_step"] = {role: 1000 * cpu / (step1 - step0)
+                                            for role, cpu in rss.cpu_between(t0, t1).items()}
     first_wall = summaries[0][1]
     result["first_step_s"] = first_wall - start - (args.steps_per_loop - 1) / result["steady_sps"]
     return result
@@ -314,8 +332,8 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
             lines.append(f"| {LABELS[case]} | {num(m['steady_sps'], '.2f')} | {r} | {first} | "
                          f"{num(m['wall_s'], '.0f')} | {ok}/{len(rs)} |")
         lines.append("")
-        lines += ["| case | peak RSS per process (MiB, max over rounds) | CPU seconds per process (median) |",
-                  "|---|---|---|"]
+        lines += ["| case | peak RSS per process (MiB, max over rounds) | CPU seconds per process (median) | "
+                  "steady phase: CPU ms per step, by process |", "|---|---|---|---|"]
         for case, rs in results.items():
             peak: dict[str, float] = {}
             cpu: dict[str, list[float]] = {}
@@ -325,9 +343,16 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
                 for role, seconds in r.get("cpu_s", {}).items():
                     cpu.setdefault(role, []).append(seconds)
             cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
+            per_step: dict[str, list[float]] = {}
+            for r in rs:
+                for role, ms in r.get("steady_cpu_ms_per_step", {}).items():
+                    per_step.setdefault(role, []).append(ms)
+            step_med = {k: statistics.median(v) for k, v in per_step.items()}
             lines.append(f"| {case} | {', '.join(f'{k} {v:.0f}' for k, v in sorted(peak.items()))} | "
                          f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(cpu_med.items()))}, "
-                         f"total {sum(cpu_med.values()):.0f} |")
+                         f"total {sum(cpu_med.values()):.0f} | "
+                         f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(step_med.items()) if v >= 0.5)}"
+                         f"{', total ' + format(sum(step_med.values()), '.0f') if step_med else '-'} |")
         lines.append("")
     if cli:
         base = statistics.median(cli["python -c pass"])
