@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -247,3 +248,66 @@ def test_multi_worker_mirrored_trainer_lost(tmp_path, data_dir, procs):
     print(f"\nmulti_worker_mirrored: master exit 138 {time.monotonic() - killed:.1f} s after kill -9 of the worker")
     assert re.search(r"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ .*restart all of them.*; exit 138$",
                      master.out, re.M), master.out[-3000:]
+
+
+def cpu_seconds(proc):
+    times = psutil.Process(proc.proc.pid).cpu_times()
+    return times.user + times.system
+
+
+def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path, data_dir, procs):
+    """kill -9 of a worker: the master trains on; the worker restarted by hand rejoins (it burns
+    CPU on steps again); SIGTERM to the master mid-loop saves a checkpoint (exit 143) while the
+    servers wait; the master restarted resumes from it and finishes (exit 0), the servers too."""
+    cluster = write_cluster(tmp_path, ps=1, workers=2)
+    model_dir = tmp_path / "model"
+
+    def task(role, index, name=None, **kw):
+        # --wait_timeout 180: the servers wait that long for the master's restart (a TensorFlow
+        # process can take a minute to start on a loaded machine).
+        p = Proc(tmp_path, name or f"{role}{index}",
+                 train_args(cluster, role, index, model_dir, data_dir, wait=180, **kw))
+        procs.append(p)
+        return p
+
+    ps, w0, w1, master = task("ps", 0), task("worker", 0), task("worker", 1), task("master", 0)
+    step = master.wait_step(5, 400)
+    w1.proc.kill()
+    killed = time.monotonic()
+    after_kill = master.wait_step(step + 10, 240)  # two more loops without worker:1
+    print(f"\nparameter_server: 10 steps after kill -9 of worker:1 in {time.monotonic() - killed:.1f} s")
+
+    w1 = task("worker", 1, name="worker1-restarted")
+    w1.wait_for(lambda out: "worker:1 serving on" in out, 240, "serving")
+    restarted = time.monotonic()
+    # Rejoined: it runs steps again, so it burns CPU like worker:0 (an idle server burns none).
+    deadline = time.monotonic() + 240
+    while True:
+        cpu0, cpu1, at = cpu_seconds(w0), cpu_seconds(w1), master.wait_step(master.step(), 120)
+        master.wait_step(at + 5, 120)
+        d0, d1 = cpu_seconds(w0) - cpu0, cpu_seconds(w1) - cpu1
+        if d1 > 0.25 * d0:
+            break
+        assert time.monotonic() < deadline, f"worker:1 did not rejoin: {d1:.1f} s CPU vs {d0:.1f} s on worker:0"
+    print(f"parameter_server: worker:1 restarted to running steps again in {time.monotonic() - restarted:.1f} s "
+          f"(CPU over 5 steps: worker:0 {d0:.1f} s, worker:1 {d1:.1f} s)")
+    assert after_kill > step
+
+    master.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    master.wait_for(lambda out: STOPPED.search(out), 180, "the stopped line")
+    saved = time.monotonic() - sent
+    assert master.wait(180) == 143, master.out[-3000:]
+    print(f"parameter_server: SIGTERM to master saved in {saved:.1f} s, exit 143 in {time.monotonic() - sent:.1f} s")
+    m = STOPPED.search(master.out)
+    assert m and m.group(1) == "master:0" and m.group(3) == "SIGTERM", master.out[-3000:]
+    stopped = int(m.group(2))
+    assert stopped == master.step() and checkpoint_step(str(model_dir)) == stopped
+    assert all(p.proc.poll() is None for p in (ps, w0, w1))  # the servers wait for the master's restart
+
+    master = task("master", 0, name="master-restarted", steps=stopped + 10)
+    assert master.wait(400) == 0, master.out[-3000:]
+    assert re.search(rf"restored (model )?from .*ckpt-{stopped}\b", master.out), master.out[-3000:]
+    assert [int(s) for s in PROGRESS.findall(master.out)] == [stopped + 5, stopped + 10]
+    for p in (ps, w0, w1):
+        assert p.wait(90) == 0, p.out[-2000:]
