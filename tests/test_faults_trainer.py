@@ -311,3 +311,20 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
     assert [int(s) for s in PROGRESS.findall(master.out)] == [stopped + 5, stopped + 10]
     for p in (ps, w0, w1):
         assert p.wait(90) == 0, p.out[-2000:]
+
+
+def test_multi_worker_mirrored_trainers_must_share_model_dir(tmp_path, data_dir, procs):
+    """The master finds ckpt-5 in its model_dir, the worker (another folder) none: both exit 2
+    naming the steps, before any restore (which is collective and would fail inside TensorFlow)."""
+    model_dir, elsewhere = tmp_path / "model", tmp_path / "not-shared"
+    single = Proc(tmp_path, "single", train_args(None, None, None, model_dir, data_dir, steps=5, interval=5))
+    procs.append(single)
+    assert single.wait(600) == 0, single.out[-3000:]
+    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
+    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, data_dir))
+    worker = Proc(tmp_path, "worker", train_args(cluster, "worker", 0, elsewhere, data_dir))
+    procs.extend([master, worker])
+    for p in (master, worker):
+        assert p.wait(600) == 2, p.out[-3000:]
+        assert re.search(r"--model_dir: .*: the trainers would resume from different steps \(master:0 at step 5, "
+                         r"worker:0 at step 0; 0: no checkpoint\)", p.out), p.out[-3000:]
