@@ -328,3 +328,23 @@ def test_multi_worker_mirrored_trainers_must_share_model_dir(tmp_path, data_dir,
         assert p.wait(600) == 2, p.out[-3000:]
         assert re.search(r"--model_dir: .*: the trainers would resume from different steps \(master:0 at step 5, "
                          r"worker:0 at step 0; 0: no checkpoint\)", p.out), p.out[-3000:]
+
+
+def test_multi_worker_mirrored_stop_saves_the_same_step_on_every_trainer(tmp_path, data_dir, procs):
+    """SIGTERM to the worker only: at the next loop boundary both trainers save the same step
+    (the master into model_dir) and exit 143."""
+    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
+    model_dir = tmp_path / "model"
+    master, worker = (Proc(tmp_path, role, train_args(cluster, role, 0, model_dir, data_dir))
+                      for role in ("master", "worker"))
+    procs.extend([master, worker])
+    worker.wait_step(0, 600)
+    worker.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    assert worker.wait(240) == 143, worker.out[-3000:]
+    assert master.wait(60) == 143, master.out[-3000:]
+    print(f"\nmulti_worker_mirrored: SIGTERM to the worker to both exit 143: {time.monotonic() - sent:.1f} s")
+    m, w = STOPPED.search(master.out), STOPPED.search(worker.out)
+    assert m and w, master.out[-2000:] + worker.out[-2000:]
+    assert m.group(2) == w.group(2) and m.group(3) == "worker:0 was stopped" and w.group(3) == "SIGTERM"
+    assert checkpoint_step(str(model_dir)) == int(m.group(2)) and w.group(4) == "the master saved it"
