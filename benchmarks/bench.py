@@ -36,7 +36,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import struct
 import subprocess
@@ -49,6 +48,8 @@ import psutil
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from loopback import free_ports  # noqa: E402 (the tests' loopback helpers)
 PIPELINE = os.path.join(REPO, "pipelines", "shapes_retinanet.yaml")
 PY = sys.executable
 TF_DEFAULT_THREADS = ["--intra_op_threads=0", "--inter_op_threads=0", "--data_threads=0"]
@@ -118,16 +119,6 @@ def steady_rates(summaries: list[tuple[int, float, float]], steps_per_loop: int)
     """The steady loops' steps/s: the first loop traces the model, and orbit's rate for the second
     includes the checkpoint written after the first (orbit saves when there is none yet)."""
     return [v for step, _, v in summaries if step > 2 * steps_per_loop]
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def write_cluster(path: str, kind: str) -> str:

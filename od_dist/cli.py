@@ -707,6 +707,11 @@ def define_k8s_flags(fv: flags.FlagValues) -> None:
                         "Default: <name>-model-dir.", flag_values=fv)
     flags.DEFINE_string("mount_path", "/mnt/od-dist", "Where the volume is mounted in the pods; a relative "
                         "--model_dir is placed on it.", flag_values=fv)
+    flags.DEFINE_integer("grace_period", 120, "The pods' terminationGracePeriodSeconds: the time between "
+                         "SIGTERM and SIGKILL in which a trainer finishes its loop and saves a checkpoint "
+                         "(Kubernetes' default, 30 s, is often less than one loop plus a save); make it "
+                         "longer than one trainer.steps_per_loop loop plus a save.", lower_bound=1,
+                         flag_values=fv)
 
 
 @command("k8s", "Write a Kubeflow TFJob manifest for the cluster (stdout, or --out).", """
@@ -727,7 +732,7 @@ def cmd_k8s(fv) -> int:
         raise UsageError("--image: '': required; pass --image=REGISTRY/IMAGE:TAG (od-dist installed in it)")
     try:
         text = k8s.render(cluster, fv.cluster, fv.image, passed_on, name=fv.name, namespace=fv.namespace,
-                          pvc=fv.pvc, mount_path=fv.mount_path)
+                          pvc=fv.pvc, mount_path=fv.mount_path, grace_period=fv.grace_period)
     except k8s.K8sError as e:
         raise UsageError(str(e)) from None
     if fv.out:

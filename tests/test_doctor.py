@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from loopback import free_ports
 from od_dist.cluster import spec as cluster_mod
 from od_dist.job import doctor
 
@@ -17,16 +18,6 @@ def od_dist(*args):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=60)
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def loopback_cluster(tmp_path, ports, extra=""):

@@ -14,7 +14,8 @@ import time
 import psutil
 import pytest
 
-from test_distributed import PIPELINE, data_dir, tiny, write_cluster  # noqa: F401 (data_dir: a fixture)
+from loopback import write_cluster
+from test_distributed import PIPELINE, data_dir, tiny  # noqa: F401 (data_dir: a fixture)
 
 pytestmark = pytest.mark.slow
 

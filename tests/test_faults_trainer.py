@@ -14,6 +14,8 @@ import time
 import psutil
 import pytest
 
+from loopback import write_cluster
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 OVERRIDE = ("trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
@@ -31,30 +33,6 @@ def data_dir(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("shapes"))
     shapes.write_dataset(out, num_train=48, num_val=8, seed=1)
     return out
-
-
-def free_ports(n):
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def write_cluster(tmp_path, ps=1, workers=2, strategy=None):
-    ports = iter(free_ports(1 + workers + ps))
-    lines = [f"strategy: {strategy}"] if strategy else []
-    lines.append(f"master: 127.0.0.1:{next(ports)}")
-    lines.append("worker: [" + ", ".join(f"127.0.0.1:{next(ports)}" for _ in range(workers)) + "]")
-    if ps:
-        lines.append("ps: [" + ", ".join(f"127.0.0.1:{next(ports)}" for _ in range(ps)) + "]")
-    path = tmp_path / "cluster.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
 
 
 def checkpoint_step(model_dir):
@@ -311,6 +289,27 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
     assert [int(s) for s in PROGRESS.findall(master.out)] == [stopped + 5, stopped + 10]
     for p in (ps, w0, w1):
         assert p.wait(90) == 0, p.out[-2000:]
+
+
+def test_ctrl_c_to_the_parameter_server_master_stops_the_servers(tmp_path, data_dir, procs):
+    """Ctrl+C is a person ending the job: the master saves, tells the servers, and every process
+    exits (the master 130, the servers 0) instead of the servers waiting --wait_timeout and then
+    being restarted by their supervisors."""
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    model_dir = tmp_path / "model"
+    # --wait_timeout 600: a server that exits within the test's bounds was told, not timed out.
+    ps, w0, master = (Proc(tmp_path, f"{role}{index}", train_args(cluster, role, index, model_dir, data_dir, wait=600))
+                      for role, index in (("ps", 0), ("worker", 0), ("master", 0)))
+    procs.extend([ps, w0, master])
+    master.wait_step(0, 400)
+    master.proc.send_signal(signal.SIGINT)
+    assert master.wait(180) == 130, master.out[-3000:]
+    m = STOPPED.search(master.out)
+    assert m and m.group(3) == "SIGINT" and checkpoint_step(str(model_dir)) == int(m.group(2)), master.out[-3000:]
+    assert "master: was stopped (Ctrl+C); told ps:0, worker:0 to stop" in master.out, master.out[-3000:]
+    for p in (ps, w0):
+        assert p.wait(90) == 0, p.out[-2000:]
+        assert "the master was stopped (Ctrl+C); stopping" in p.out, p.out[-2000:]
 
 
 def test_multi_worker_mirrored_trainers_must_share_model_dir(tmp_path, data_dir, procs):

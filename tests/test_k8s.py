@@ -106,6 +106,8 @@ def test_manifest_structure():
         assert container["args"] == ["train", "--pipeline=pipelines/shapes_retinanet.yaml",
                                      "--model_dir=/mnt/od-dist/runs/lan", "--wait_timeout=600", *clones]
         assert ("resources" in container) == (rt == "Worker")
+        # SIGTERM to SIGKILL: the trainer's loop plus a save, not Kubernetes' 30 s.
+        assert pod["terminationGracePeriodSeconds"] == k8s.DEFAULT_GRACE_PERIOD
         assert not any(a.startswith(("--cluster", "--role", "--index")) for a in container["args"])
         assert container["volumeMounts"] == [{"name": "model-dir", "mountPath": "/mnt/od-dist"}]
         assert pod["volumes"] == [{"name": "model-dir",
@@ -121,6 +123,16 @@ def test_multi_worker_mirrored_has_no_ps(tmp_path):
     assert yaml.safe_load(render(str(tmp_path / "n.yaml")))["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
     assert {rt: s["replicas"] for rt, s in specs.items()} == {"Chief": 1, "Worker": 3, "Evaluator": 1}
     assert specs["Worker"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 3001
+
+
+def test_grace_period_reaches_every_pod():
+    job = yaml.safe_load(render(LAN, "--grace_period=900"))
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert {rt: s["template"]["spec"]["terminationGracePeriodSeconds"] for rt, s in specs.items()} == \
+        {"PS": 900, "Chief": 900, "Worker": 900, "Evaluator": 900}
+    r = od_dist("k8s", f"--cluster={LAN}", "--pipeline=p.yaml", "--model_dir=runs/x", "--image=img",
+                "--grace_period=0")
+    assert r.returncode == 2 and "grace_period" in r.stderr, r.stderr
 
 
 def test_out_file_name_namespace_pvc(tmp_path):

@@ -59,7 +59,12 @@ def run_trainer(config: TrainConfig) -> int:
     cluster, task = config.selected.cluster, config.selected.task
     try:
         dist = strategy.make(cluster, task, config.num_clones, config.clone_on_cpu, config.wait_timeout)
-    except (strategy.PeerTimeout, devices.DeviceError, server.ServerError) as e:
+    except strategy.PeerTimeout as e:
+        # Retryable, like a peer lost later: a peer that is late (a pod still scheduling, a machine
+        # still booting) is there at the next try; the server side exits 138 the same way.
+        print(f"od-dist: {e}; exit {exit_codes.LOST_PEER}", file=sys.stderr, flush=True)
+        return exit_codes.LOST_PEER
+    except (devices.DeviceError, server.ServerError) as e:
         raise RoleError(str(e)) from None
     print(f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
           f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}", flush=True)
@@ -69,10 +74,14 @@ def run_trainer(config: TrainConfig) -> int:
         with watch.Watch(who, _watched(config, peers)):
             trainer.train(params, config.model_dir, dist, data_threads=config.threads.data, who=who)
     except trainer.Stopped as e:
-        # A stop is a pause: under parameter_server the servers stay up (within --wait_timeout)
-        # for the master's restart, as after a crash.
         saved = f"saved {e.path}" if e.path else "the master saved it"
         print(f"{who}: stopped at step {e.step} ({e.why}); {saved}; exit {e.code}", flush=True)
+        if config.is_coordinator and e.code == exit_codes.INTERRUPTED:
+            # Ctrl+C (or Ctrl+Break) is a person ending the job: the servers stop too, instead of
+            # waiting --wait_timeout for a master that will not come back and then restarting.
+            # SIGTERM is a pause (a drained node, an orchestrator's restart): they stay up for the
+            # master's return, as after a crash.
+            _stop_servers(cluster, "was stopped (Ctrl+C)")
         return e.code
     except trainer.ResumeMismatch as e:
         print(f"od-dist: {who}: {e}", file=sys.stderr, flush=True)
@@ -84,12 +93,19 @@ def run_trainer(config: TrainConfig) -> int:
         watch.exit_lost(who, f"lost {', '.join(f'{t.name} at {t.address}' for t in lost)} "
                              f"({type(e).__name__}); {_after_loss(config)}")
     if config.is_coordinator:
-        servers = [t for t in cluster.server_tasks() if t.role in ("ps", "worker")]
-        failed = server.send_stop(cluster, servers)
-        told = [t.name for t in servers if t.name not in failed]
-        print(f"master: training done; told {', '.join(told) or 'no server'} to stop"
-              + "".join(f"; {name}: {why}" for name, why in failed.items()), flush=True)
+        _stop_servers(cluster, server.DONE)
     return 0
+
+
+def _stop_servers(cluster, why: str) -> None:
+    """Tells the ps and parameter_server workers to exit 0 (their stop marker says `why`)."""
+    from od_dist.job import server
+
+    servers = [t for t in cluster.server_tasks() if t.role in ("ps", "worker")]
+    failed = server.send_stop(cluster, servers, why)
+    told = [t.name for t in servers if t.name not in failed]
+    print(f"master: {why}; told {', '.join(told) or 'no server'} to stop"
+          + "".join(f"; {name}: {reason}" for name, reason in failed.items()), flush=True)
 
 
 def _after_loss(config: TrainConfig) -> str:

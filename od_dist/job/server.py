@@ -30,6 +30,7 @@ from od_dist.job import exit_codes
 POLL_S = 0.5
 MASTER_PROBE_S = 5.0
 MASTER_EXIT_WAIT_S = 30.0
+DONE = "finished training"  # the stop marker's text when the master is done
 
 
 class ServerError(RuntimeError):
@@ -117,7 +118,7 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     try:
         while not stop.wait(POLL_S):
             if os.path.exists(marker):
-                print(f"{task.name}: the master finished training; stopping", flush=True)
+                print(f"{task.name}: the master {_read_marker(marker)}; stopping", flush=True)
                 _wait_for_master_exit(master, wait_timeout)
                 return 0
             now = time.monotonic()
@@ -137,6 +138,15 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
             os.remove(marker)
 
 
+def _read_marker(path: str) -> str:
+    """What the master wrote: why the job ends (send_stop's `why`)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(200).strip() or DONE
+    except OSError:
+        return DONE
+
+
 def _wait_for_master_exit(master, limit_s: float) -> None:
     """Let the master exit first: if its servers vanish under it, TensorFlow prints a burst of
     harmless but alarming 'connection refused' errors as the master releases remote functions."""
@@ -145,9 +155,9 @@ def _wait_for_master_exit(master, limit_s: float) -> None:
         time.sleep(POLL_S)
 
 
-def send_stop(cluster: Cluster, tasks, timeout_s: float = 30.0) -> dict[str, str]:
-    """From the connected master: write each server's stop marker through that server, all at
-    once. Returns, for each task that could not be told, why: gone ("could not reach"), or its
+def send_stop(cluster: Cluster, tasks, why: str = DONE, timeout_s: float = 30.0) -> dict[str, str]:
+    """From the connected master: write each server's stop marker (`why` the job ends, which the
+    server prints) through that server, all at once. Returns, for each task that could not be told, why: gone ("could not reach"), or its
     working directory would not take the marker (e.g. read-only)."""
     import tensorflow as tf
     from tensorflow.python.eager import context, executor as executor_lib
@@ -163,7 +173,7 @@ def send_stop(cluster: Cluster, tasks, timeout_s: float = 30.0) -> dict[str, str
             # shared one every other task's write would report this task's error.
             with context.executor_scope(executor_lib.new_executor(enable_async=False)), \
                     tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"):
-                tf.io.write_file(stop_marker(cluster, task), "done")
+                tf.io.write_file(stop_marker(cluster, task), why)
                 # A remote op without outputs can return before it ran: reading the marker back
                 # surfaces a write that failed (a read-only directory).
                 tf.io.read_file(stop_marker(cluster, task)).numpy()

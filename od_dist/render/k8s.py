@@ -21,6 +21,7 @@ CONTAINER = "tensorflow"  # the operator finds the TF container and its port by 
 PORT_NAME = "tfjob-port"
 DEFAULT_PORT = 2222  # the operator's default; used for the evaluator, which runs no server
 BACKOFF_LIMIT = 5
+DEFAULT_GRACE_PERIOD = 120  # s; the same default as launch's --grace_period
 REPLICA_TYPES = (("PS", "ps"), ("Chief", "master"), ("Worker", "worker"), ("Evaluator", "evaluator"))
 # Kubeflow's ExitCode policy restarts a replica (a new pod, same service name) when it exits with a
 # retryable code (130, 137, 138, 143: od_dist.job.exit_codes.RETRYABLE) and fails the job on any
@@ -44,6 +45,9 @@ HEADER = """\
 #   is restarted, and a restarted chief (or ps) reconnects to the servers and resumes from the
 #   checkpoint in model_dir, which lives on the volume. Under multi_worker_mirrored every trainer
 #   that loses a peer exits 138 the same way, so the whole group restarts and resumes together.
+# - terminationGracePeriodSeconds {grace}: a trainer asked to stop (SIGTERM: a drained node, a
+#   deleted pod) finishes its loop and saves a checkpoint in that time, then exits 143
+#   (`od-dist k8s --grace_period=N` sets it; Kubernetes' own default of 30 s is often too short).
 # - runPolicy.backoffLimit stops a job that keeps failing (e.g. a bad pipeline) after {backoff}
 #   restarts; cleanPodPolicy {clean_pods}.
 """
@@ -152,9 +156,10 @@ def clean_pod_policy(cluster: Cluster) -> str:
 
 
 def manifest(cluster: Cluster, image: str, train_args: list[str], name: str, namespace: str | None,
-             pvc: str | None, mount_path: str) -> dict:
+             pvc: str | None, mount_path: str, grace_period: int = DEFAULT_GRACE_PERIOD) -> dict:
     """The TFJob as a dict. `train_args` are the `od-dist train` flags, model_dir already as seen in
-    the pods; `pvc` None means no volume."""
+    the pods; `pvc` None means no volume; `grace_period` the seconds a pod gets from SIGTERM to
+    SIGKILL (a trainer saves a checkpoint in them)."""
     ports = replica_ports(cluster)
     specs = {}
     shared = [a for a in train_args if not a.startswith("--num_clones=")]
@@ -173,7 +178,7 @@ def manifest(cluster: Cluster, image: str, train_args: list[str], name: str, nam
         if clones and clones > 1 and "--clone_on_cpu" not in train_args:
             # --num_clones N means the first N GPUs: ask the scheduler for them.
             container["resources"] = {"limits": {"nvidia.com/gpu": clones}}
-        pod = {"containers": [container]}
+        pod = {"terminationGracePeriodSeconds": grace_period, "containers": [container]}
         if pvc:
             container["volumeMounts"] = [{"name": "model-dir", "mountPath": mount_path}]
             pod["volumes"] = [{"name": "model-dir", "persistentVolumeClaim": {"claimName": pvc}}]
@@ -194,7 +199,8 @@ def manifest(cluster: Cluster, image: str, train_args: list[str], name: str, nam
 
 
 def render(cluster: Cluster, cluster_path: str, image: str, passed_on: list[str], name: str | None = None,
-           namespace: str | None = None, pvc: str | None = None, mount_path: str = "/mnt/od-dist") -> str:
+           namespace: str | None = None, pvc: str | None = None, mount_path: str = "/mnt/od-dist",
+           grace_period: int = DEFAULT_GRACE_PERIOD) -> str:
     """The manifest as YAML, with a header that explains it. `passed_on` are the train flags as the
     user gave them (`--model_dir=` is rewritten to its place on the volume)."""
     name = check_job_name(name or job_name(cluster_path))
@@ -206,11 +212,11 @@ def render(cluster: Cluster, cluster_path: str, image: str, passed_on: list[str]
             arg = f"--model_dir={inside}"
         args.append(arg)
     pvc = (pvc or f"{name}-model-dir") if needs_volume else None
-    doc = manifest(cluster, image, args, name, namespace, pvc, posixpath.normpath(mount_path))
+    doc = manifest(cluster, image, args, name, namespace, pvc, posixpath.normpath(mount_path), grace_period)
     volume_note = (f"ReadWriteMany, mounted at {posixpath.normpath(mount_path)}\n# (the chief writes checkpoints "
                    "there, the evaluator reads them)" if pvc else "not needed, model_dir is not a local path")
     header = HEADER.format(cluster_path=cluster_path, image=image, pvc=pvc or "(none)", volume_note=volume_note,
-                           backoff=BACKOFF_LIMIT, clean_pods=CLEAN_PODS[clean_pod_policy(cluster)])
+                           backoff=BACKOFF_LIMIT, grace=grace_period, clean_pods=CLEAN_PODS[clean_pod_policy(cluster)])
     strategy_note = ("# Strategy: parameter_server (PS replicas hold the variables; Chief coordinates).\n"
                      if cluster.strategy == PARAMETER_SERVER else
                      "# Strategy: multi_worker_mirrored (Chief and Workers train in sync; no PS).\n")
