@@ -1,6 +1,6 @@
 """od-dist's benchmark suite: its overhead and its distributed modes, side by side, in one go.
 
-    python benchmarks/bench.py [--rounds 3] [--steps 250] [--steps_per_loop 50] [--before]
+    python benchmarks/bench.py [--rounds 3] [--steps 200] [--steps_per_loop 50] [--before]
 
 Runs the demo pipeline (pipelines/shapes_retinanet.yaml) on a generated shapes dataset, each case
 once per round, interleaved (the order rotates every round), so that the load of the machine
@@ -13,6 +13,8 @@ falls on every case alike. Cases:
   mwm          od-dist launch on a loopback master + 1 worker (multi_worker_mirrored)
   ps-tfdef,    the same two with TensorFlow's default thread pools in every task
   mwm-tfdef    (--intra_op_threads=0 --inter_op_threads=0 --data_threads=0): the "before"; --before
+  train-1t     one od-dist train process with --intra_op_threads=1 (what a computing task of a
+               two-task machine gets); --before
   cli          `od-dist validate`, `od-dist --help` and a bare interpreter, --cli_runs times a round
 
 Per case: steady steps/s (the median of Model Garden's `steps_per_second` summaries in
@@ -54,7 +56,7 @@ PIPELINE = os.path.join(REPO, "pipelines", "shapes_retinanet.yaml")
 PY = sys.executable
 TF_DEFAULT_THREADS = ["--intra_op_threads=0", "--inter_op_threads=0", "--data_threads=0"]
 TRAIN_CASES = ("raw", "train", "ps", "mwm")
-BEFORE_CASES = ("ps-tfdef", "mwm-tfdef")
+BEFORE_CASES = ("ps-tfdef", "mwm-tfdef", "train-1t")
 LABELS = {
     "raw": "raw Model Garden (python -m official.vision.train)",
     "train": "od-dist train (one process)",
@@ -62,6 +64,7 @@ LABELS = {
     "mwm": "launch multi_worker_mirrored (master + 1 worker)",
     "ps-tfdef": "  same, TensorFlow default threads (before)",
     "mwm-tfdef": "  same, TensorFlow default threads (before)",
+    "train-1t": "od-dist train (one process), --intra_op_threads=1",
 }
 
 
@@ -224,6 +227,8 @@ def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config:
         argv = [PY, "-m", "od_dist", "launch", f"--cluster={cluster}", *common, "--wait_timeout=120"]
     if case.endswith("-tfdef"):
         argv += TF_DEFAULT_THREADS
+    if case == "train-1t":
+        argv.append("--intra_op_threads=1")
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_NUM_INTRAOP_THREADS",
                                                            "TF_NUM_INTEROP_THREADS")}
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -324,6 +329,8 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
             base = "raw" if case == "train" else "train" if case != "raw" else None
             r = ratio(m["steady_sps"], med.get(base, {}).get("steady_sps")) if base else "1.00"
             r += f" vs {base}" if base else ""
+            if case.split("-")[0] in ("ps", "mwm") and med.get("train-1t", {}).get("steady_sps"):
+                r += f" ({ratio(m['steady_sps'], med['train-1t']['steady_sps'])} vs train-1t)"
             first = num(m["first_step_s"], ".1f")
             if case == "train" and "raw" in med and m["first_step_s"] is not None and med["raw"]["first_step_s"]:
                 first += f" ({m['first_step_s'] - med['raw']['first_step_s']:+.1f} vs raw)"
@@ -369,12 +376,13 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians over them)")
-    parser.add_argument("--steps", type=int, default=250, help="training steps per run")
+    parser.add_argument("--steps", type=int, default=200, help="training steps per run")
     parser.add_argument("--steps_per_loop", type=int, default=50, help="steps per loop (and per summary)")
     parser.add_argument("--cases", default=",".join(TRAIN_CASES + ("cli",)),
-                        help="comma-separated: raw, train, ps, mwm, ps-tfdef, mwm-tfdef, cli")
+                        help="comma-separated: raw, train, ps, mwm, ps-tfdef, mwm-tfdef, train-1t, cli")
     parser.add_argument("--before", action="store_true",
-                        help="add ps-tfdef and mwm-tfdef (TensorFlow's default threads in every task)")
+                        help="add ps-tfdef and mwm-tfdef (TensorFlow's default threads in every task, "
+                        "before the budgets) and train-1t (one process with 1 intra-op thread)")
     parser.add_argument("--cli_runs", type=int, default=5, help="runs of each CLI command per round")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
     parser.add_argument("--json", help="also write every run's figures here")

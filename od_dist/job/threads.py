@@ -1,19 +1,21 @@
 """CPU thread budgets for tasks that share a machine.
 
 TensorFlow sizes its thread pools for the whole machine in every process: four tasks of a loopback
-cluster on two cores start four pools of two intra-op threads, two inter-op threads and tf.data
-threads each, and spend their time preempting each other (torchrun sets OMP_NUM_THREADS=1 for its
-local processes for the same reason). So a task that knows how many tasks share its machine takes
-its share of the cores:
+cluster on two cores start four pools of two intra-op threads each and spend their time
+preempting each other (torchrun sets OMP_NUM_THREADS=1 for its local processes for the same
+reason). So a task that knows how many tasks share its machine takes its share of the cores:
 
 - tasks that mostly wait (a ps, the parameter_server coordinator, an evaluator between
-  checkpoints) get 1 intra-op thread, 2 inter-op threads and 1 tf.data thread;
-- the tasks that compute (workers; the master under multi_worker_mirrored; one machine alone)
-  split the cores evenly;
+  checkpoints) get 1 intra-op thread and 2 inter-op threads;
+- the tasks that compute (workers; the master under multi_worker_mirrored) split the cores
+  evenly between their intra-op pools;
 - a task alone on its machine keeps TensorFlow's defaults (all cores).
 
-Inter-op parallelism is never set below 2: with 1, the parameter_server coordinator deadlocks
-(its closures wait on each other; measured here). 0 means TensorFlow's own default everywhere.
+tf.data keeps its own default everywhere: capping its private pool at one thread made a
+multi_worker_mirrored pair on two cores run at 4.6 steps/s against 8.6 uncapped, each trainer
+burning twice the CPU per step (benchmarks/bench.py, BENCHMARKS.md). Inter-op parallelism is
+never set below 2: with 1, the parameter_server coordinator deadlocks (its closures wait on each
+other; measured here). 0 means TensorFlow's own default everywhere.
 
 Which tasks share a machine comes from the cluster: tasks whose hosts are the same string, or all
 loopback. No TensorFlow import at module level: the budget is decided with the other flags.
@@ -64,10 +66,10 @@ def budget(cores: int, role: str, strategy: str, roles_here: list[str]) -> Threa
     if len(roles_here) <= 1:
         return Threads()  # alone: all of the machine, as TensorFlow sizes it
     if is_light(role, strategy):
-        return Threads(1, MIN_INTER_OP, 1)
+        return Threads(1, MIN_INTER_OP)
     heavy = sum(1 for r in roles_here if not is_light(r, strategy))
     share = max(1, cores // max(1, heavy))
-    return Threads(share, max(MIN_INTER_OP, share), share)
+    return Threads(share, max(MIN_INTER_OP, share))
 
 
 def _same_machine(a: str, b: str) -> bool:
