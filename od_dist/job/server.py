@@ -31,6 +31,7 @@ POLL_S = 0.5
 MASTER_PROBE_S = 5.0
 MASTER_EXIT_WAIT_S = 30.0
 DONE = "finished training"  # the stop marker's text when the master is done
+MARKER_WRITE_POLLS = 4  # polls a stop marker may stay empty (being written) before it counts as DONE
 
 
 class ServerError(RuntimeError):
@@ -115,10 +116,15 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     master = cluster.master
     last_seen = time.monotonic()
     next_probe = 0.0
+    unwritten = 0
     try:
         while not stop.wait(POLL_S):
             if os.path.exists(marker):
-                print(f"{task.name}: the master {_read_marker(marker)}; stopping", flush=True)
+                why = _read_marker(marker)
+                if not why and unwritten < MARKER_WRITE_POLLS:  # seen between its creation and its text
+                    unwritten += 1
+                    continue
+                print(f"{task.name}: the master {why or DONE}; stopping", flush=True)
                 _wait_for_master_exit(master, wait_timeout)
                 return 0
             now = time.monotonic()
@@ -139,12 +145,12 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
 
 
 def _read_marker(path: str) -> str:
-    """What the master wrote: why the job ends (send_stop's `why`)."""
+    """What the master wrote: why the job ends (send_stop's `why`); "" while not yet written."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(200).strip() or DONE
+            return f.read(200).strip()
     except OSError:
-        return DONE
+        return ""
 
 
 def _wait_for_master_exit(master, limit_s: float) -> None:
