@@ -163,8 +163,9 @@ def _wait_for_master_exit(master, limit_s: float) -> None:
 
 def send_stop(cluster: Cluster, tasks, why: str = DONE, timeout_s: float = 30.0) -> dict[str, str]:
     """From the connected master: write each server's stop marker (`why` the job ends, which the
-    server prints) through that server, all at once. Returns, for each task that could not be told, why: gone ("could not reach"), or its
-    working directory would not take the marker (e.g. read-only)."""
+    server prints) through that server, all at once. Returns, for each task that could not be
+    told, the reason: gone ("could not reach"), or its working directory would not take the
+    marker (e.g. read-only)."""
     import tensorflow as tf
     from tensorflow.python.eager import context, executor as executor_lib
 
