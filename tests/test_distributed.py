@@ -215,7 +215,8 @@ def test_every_role_applies_the_device_policy(tmp_path, data_dir):
     try:
         for name, proc in procs.items():
             out = proc.communicate(timeout=240)[0]
-            assert proc.returncode == 1, out  # no peers, no checkpoint: each gives up, after the policy
+            # No peers (the master: 138, retryable), no checkpoint (1): each gives up, after the policy.
+            assert proc.returncode == (138 if name == "master-0" else 1), out
             log = (model_dir / "logs" / f"{name}.log").read_text()
             assert "od-dist device policy: no GPU visible" in log, name
     finally:
