@@ -94,7 +94,9 @@ def define_train_flags(fv: flags.FlagValues) -> None:
                          "default; at least 2 under parameter_server, 1 deadlocks its coordinator). Default: "
                          "as --intra_op_threads, at least 2.", lower_bound=0, flag_values=fv)
     flags.DEFINE_integer("data_threads", None, "tf.data threads of this task's input pipeline (0: tf.data's "
-                         "default, all cores). Default: as --intra_op_threads.", lower_bound=0, flag_values=fv)
+                         "default, all cores). Default: tf.data's, in every task (capped at one thread it "
+                         "halved a local multi_worker_mirrored pair: BENCHMARKS.md).", lower_bound=0,
+                         flag_values=fv)
 
 
 # launch's default: enough for the occasional lost process of a long run (an OOM kill, a preempted

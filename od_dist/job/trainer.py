@@ -373,7 +373,7 @@ def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = 's
     Resumes from the latest checkpoint in ``model_dir``; returns at once if that
     checkpoint is already at ``trainer.train_steps``. Saves ``params.yaml`` there as
     Model Garden does (on the chief only). ``data_threads`` > 0 caps the input pipeline's
-    tf.data thread pool (tasks sharing a machine). SIGTERM/SIGINT/SIGBREAK stop it at the end of the
+    tf.data thread pool (--data_threads). SIGTERM/SIGINT/SIGBREAK stop it at the end of the
     current loop with a checkpoint: raises Stopped (see od_dist.job.stop).
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
