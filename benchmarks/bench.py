@@ -52,6 +52,7 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from loopback import free_ports  # noqa: E402 (the tests' loopback helpers)
+
 PIPELINE = os.path.join(REPO, "pipelines", "shapes_retinanet.yaml")
 PY = sys.executable
 TF_DEFAULT_THREADS = ["--intra_op_threads=0", "--inter_op_threads=0", "--data_threads=0"]
@@ -127,8 +128,10 @@ def steady_rates(summaries: list[tuple[int, float, float]], steps_per_loop: int)
 def write_cluster(path: str, kind: str) -> str:
     if kind == "ps":  # the shape of clusters/local.yaml, on free ports
         m, w0, w1, ps = free_ports(4)
-        text = (f"strategy: parameter_server\nmaster: 127.0.0.1:{m}\n"
-                f"worker: [127.0.0.1:{w0}, 127.0.0.1:{w1}]\nps: [127.0.0.1:{ps}]\n")
+        text = (
+            f"strategy: parameter_server\nmaster: 127.0.0.1:{m}\n"
+            f"worker: [127.0.0.1:{w0}, 127.0.0.1:{w1}]\nps: [127.0.0.1:{ps}]\n"
+        )
     else:
         m, w0 = free_ports(2)
         text = f"strategy: multi_worker_mirrored\nmaster: 127.0.0.1:{m}\nworker: [127.0.0.1:{w0}]\n"
@@ -183,6 +186,7 @@ class PeakRss:
 
     def cpu_between(self, t0: float, t1: float) -> dict[str, float]:
         """CPU seconds each role used between two wall-clock times (the samples nearest before them)."""
+
         def at(t):
             before = [cpu for when, cpu in self.history if when <= t]
             return before[-1] if before else {}
@@ -210,16 +214,26 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config: str) -> dict:
     model_dir = os.path.join(work, run_id)
-    override = (f"trainer.train_steps={args.steps},trainer.steps_per_loop={args.steps_per_loop},"
-                f"trainer.summary_interval={args.steps_per_loop},trainer.checkpoint_interval={args.steps},"
-                f"task.train_data.input_path={data_dir}/train.tfrecord,"
-                f"task.validation_data.input_path={data_dir}/val.tfrecord")
+    override = (
+        f"trainer.train_steps={args.steps},trainer.steps_per_loop={args.steps_per_loop},"
+        f"trainer.summary_interval={args.steps_per_loop},trainer.checkpoint_interval={args.steps},"
+        f"task.train_data.input_path={data_dir}/train.tfrecord,"
+        f"task.validation_data.input_path={data_dir}/val.tfrecord"
+    )
     common = [f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", f"--params_override={override}"]
     kind = case.split("-")[0]
     if kind == "raw":
         experiment = yaml.safe_load(open(PIPELINE, encoding="utf-8"))["experiment"]
-        argv = [PY, "-m", "official.vision.train", f"--experiment={experiment}", "--mode=train",
-                f"--model_dir={model_dir}", f"--config_file={raw_config}", f"--params_override={override}"]
+        argv = [
+            PY,
+            "-m",
+            "official.vision.train",
+            f"--experiment={experiment}",
+            "--mode=train",
+            f"--model_dir={model_dir}",
+            f"--config_file={raw_config}",
+            f"--params_override={override}",
+        ]
     elif kind == "train":
         argv = [PY, "-m", "od_dist", "train", *common]
     else:
@@ -229,15 +243,25 @@ def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config:
         argv += TF_DEFAULT_THREADS
     if case == "train-1t":
         argv.append("--intra_op_threads=1")
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_NUM_INTRAOP_THREADS",
-                                                           "TF_NUM_INTEROP_THREADS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TF_CONFIG", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+    }
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     log_path = os.path.join(work, f"{run_id}.log")
     start = time.time()
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=work,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         rss = PeakRss(proc.pid, "launch" if kind in ("ps", "mwm") else kind)
         try:
             code = proc.wait(timeout=args.timeout)
@@ -249,14 +273,22 @@ def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config:
             raise
         wall = time.time() - start
         peak = rss.stop()
-    result = {"case": case, "start": start, "exit": code, "wall_s": wall, "rss_mib": {k: v / 2**20 for k, v in peak.items()},
-              "cpu_s": dict(rss.cpu)}
+    result = {
+        "case": case,
+        "start": start,
+        "exit": code,
+        "wall_s": wall,
+        "rss_mib": {k: v / 2**20 for k, v in peak.items()},
+        "cpu_s": dict(rss.cpu),
+    }
     summaries = steps_per_second(model_dir)
     steady = steady_rates(summaries, args.steps_per_loop)
     if code != 0 or not summaries or not steady:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             tail = f.read()[-1500:]
-        print(f"  {case} FAILED (exit {code}, {len(summaries)} summaries); log {log_path}:\n{tail}", flush=True)
+        print(
+            f"  {case} FAILED (exit {code}, {len(summaries)} summaries); log {log_path}:\n{tail}", flush=True
+        )
         result["failed"] = True
         return result
     result["steady_sps"] = statistics.median(steady)
@@ -264,8 +296,9 @@ def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config:
     window = [x for x in summaries if x[0] >= 2 * args.steps_per_loop]  # the loops steady_rates counts
     (step0, t0, _), (step1, t1, _) = window[0], window[-1]
     if step1 > step0:
-        result["steady_cpu_ms_per_step"] = {role: 1000 * cpu / (step1 - step0)
-                                            for role, cpu in rss.cpu_between(t0, t1).items()}
+        result["steady_cpu_ms_per_step"] = {
+            role: 1000 * cpu / (step1 - step0) for role, cpu in rss.cpu_between(t0, t1).items()
+        }
     first_wall = summaries[0][1]
     result["first_step_s"] = first_wall - start - (args.steps_per_loop - 1) / result["steady_sps"]
     return result
@@ -282,8 +315,9 @@ def time_cli(runs: int) -> dict[str, list[float]]:
     for _ in range(runs):
         for name, argv in cases.items():
             start = time.perf_counter()
-            subprocess.run(argv, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+            subprocess.run(
+                argv, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             times[name].append(time.perf_counter() - start)
     return times
 
@@ -301,9 +335,11 @@ def machine() -> str:
     from importlib.metadata import version
 
     mem = psutil.virtual_memory().total / 2**30
-    return (f"{platform.system()} {platform.machine()}, {psutil.cpu_count()} cores ({model}), {mem:.0f} GiB, "
-            f"Python {platform.python_version()}, tensorflow {version('tensorflow')}, "
-            f"tf-models-official {version('tf-models-official')}")
+    return (
+        f"{platform.system()} {platform.machine()}, {psutil.cpu_count()} cores ({model}), {mem:.0f} GiB, "
+        f"Python {platform.python_version()}, tensorflow {version('tensorflow')}, "
+        f"tf-models-official {version('tf-models-official')}"
+    )
 
 
 def _median(results: list[dict], key: str) -> float | None:
@@ -313,7 +349,9 @@ def _median(results: list[dict], key: str) -> float | None:
 
 def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, loads) -> str:
     lines = []
-    med = {c: {k: _median(rs, k) for k in ("steady_sps", "first_step_s", "wall_s")} for c, rs in results.items()}
+    med = {
+        c: {k: _median(rs, k) for k in ("steady_sps", "first_step_s", "wall_s")} for c, rs in results.items()
+    }
 
     def ratio(a, b):
         return f"{a / b:.2f}" if a is not None and b else "-"
@@ -322,8 +360,10 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
         return format(v, fmt) if v is not None else "-"
 
     if results:
-        lines += ["| case | steady steps/s | ratio | first step (s) | wall (s) | runs ok |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "| case | steady steps/s | ratio | first step (s) | wall (s) | runs ok |",
+            "|---|---|---|---|---|---|",
+        ]
         for case, rs in results.items():
             m = med[case]
             base = "raw" if case == "train" else "train" if case != "raw" else None
@@ -332,14 +372,24 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
             if case.split("-")[0] in ("ps", "mwm") and med.get("train-1t", {}).get("steady_sps"):
                 r += f" ({ratio(m['steady_sps'], med['train-1t']['steady_sps'])} vs train-1t)"
             first = num(m["first_step_s"], ".1f")
-            if case == "train" and "raw" in med and m["first_step_s"] is not None and med["raw"]["first_step_s"]:
+            if (
+                case == "train"
+                and "raw" in med
+                and m["first_step_s"] is not None
+                and med["raw"]["first_step_s"]
+            ):
                 first += f" ({m['first_step_s'] - med['raw']['first_step_s']:+.1f} vs raw)"
             ok = sum(1 for x in rs if not x.get("failed"))
-            lines.append(f"| {LABELS[case]} | {num(m['steady_sps'], '.2f')} | {r} | {first} | "
-                         f"{num(m['wall_s'], '.0f')} | {ok}/{len(rs)} |")
+            lines.append(
+                f"| {LABELS[case]} | {num(m['steady_sps'], '.2f')} | {r} | {first} | "
+                f"{num(m['wall_s'], '.0f')} | {ok}/{len(rs)} |"
+            )
         lines.append("")
-        lines += ["| case | peak RSS per process (MiB, max over rounds) | CPU seconds per process (median) | "
-                  "steady phase: CPU ms per step, by process |", "|---|---|---|---|"]
+        lines += [
+            "| case | peak RSS per process (MiB, max over rounds) | CPU seconds per process (median) | "
+            "steady phase: CPU ms per step, by process |",
+            "|---|---|---|---|",
+        ]
         for case, rs in results.items():
             peak: dict[str, float] = {}
             cpu: dict[str, list[float]] = {}
@@ -354,11 +404,13 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
                 for role, ms in r.get("steady_cpu_ms_per_step", {}).items():
                     per_step.setdefault(role, []).append(ms)
             step_med = {k: statistics.median(v) for k, v in per_step.items()}
-            lines.append(f"| {case} | {', '.join(f'{k} {v:.0f}' for k, v in sorted(peak.items()))} | "
-                         f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(cpu_med.items()))}, "
-                         f"total {sum(cpu_med.values()):.0f} | "
-                         f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(step_med.items()) if v >= 0.5)}"
-                         f"{', total ' + format(sum(step_med.values()), '.0f') if step_med else '-'} |")
+            lines.append(
+                f"| {case} | {', '.join(f'{k} {v:.0f}' for k, v in sorted(peak.items()))} | "
+                f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(cpu_med.items()))}, "
+                f"total {sum(cpu_med.values()):.0f} | "
+                f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(step_med.items()) if v >= 0.5)}"
+                f"{', total ' + format(sum(step_med.values()), '.0f') if step_med else '-'} |"
+            )
         lines.append("")
     if cli:
         base = statistics.median(cli["python -c pass"])
@@ -378,15 +430,23 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians over them)")
     parser.add_argument("--steps", type=int, default=200, help="training steps per run")
     parser.add_argument("--steps_per_loop", type=int, default=50, help="steps per loop (and per summary)")
-    parser.add_argument("--cases", default=",".join(TRAIN_CASES + ("cli",)),
-                        help="comma-separated: raw, train, ps, mwm, ps-tfdef, mwm-tfdef, train-1t, cli")
-    parser.add_argument("--before", action="store_true",
-                        help="add ps-tfdef and mwm-tfdef (TensorFlow's default threads in every task, "
-                        "before the budgets) and train-1t (one process with 1 intra-op thread)")
+    parser.add_argument(
+        "--cases",
+        default=",".join(TRAIN_CASES + ("cli",)),
+        help="comma-separated: raw, train, ps, mwm, ps-tfdef, mwm-tfdef, train-1t, cli",
+    )
+    parser.add_argument(
+        "--before",
+        action="store_true",
+        help="add ps-tfdef and mwm-tfdef (TensorFlow's default threads in every task, "
+        "before the budgets) and train-1t (one process with 1 intra-op thread)",
+    )
     parser.add_argument("--cli_runs", type=int, default=5, help="runs of each CLI command per round")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
     parser.add_argument("--json", help="also write every run's figures here")
-    parser.add_argument("--keep", help="keep model_dirs and logs in this directory (default: a temporary one)")
+    parser.add_argument(
+        "--keep", help="keep model_dirs and logs in this directory (default: a temporary one)"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run_case's cleanup
     cases = [c for c in args.cases.split(",") if c]
@@ -394,8 +454,12 @@ def main() -> int:
         cases += [c for c in BEFORE_CASES if c not in cases]
     unknown = [c for c in cases if c not in TRAIN_CASES + BEFORE_CASES + ("cli",)]
     if unknown or args.steps <= 2 * args.steps_per_loop:
-        parser.error(f"unknown cases {unknown}" if unknown else "--steps must exceed 2 x --steps_per_loop "
-                     "(the first two loops are left out of the steady rate)")
+        parser.error(
+            f"unknown cases {unknown}"
+            if unknown
+            else "--steps must exceed 2 x --steps_per_loop "
+            "(the first two loops are left out of the steady rate)"
+        )
     train_cases = [c for c in cases if c != "cli"]
 
     work = args.keep or tempfile.mkdtemp(prefix="od-dist-bench-")
@@ -406,9 +470,22 @@ def main() -> int:
         data_dir = os.path.join(work, "data")
         raw_config = os.path.join(work, "raw_config.yaml")
         if train_cases:
-            subprocess.run([PY, "-m", "od_dist", "data", "shapes", f"--out={data_dir}", "--num_train=500",
-                            "--num_val=8"],
-                           cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    PY,
+                    "-m",
+                    "od_dist",
+                    "data",
+                    "shapes",
+                    f"--out={data_dir}",
+                    "--num_train=500",
+                    "--num_val=8",
+                ],
+                cwd=REPO,
+                env=dict(os.environ, PYTHONPATH=REPO),
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             doc = yaml.safe_load(open(PIPELINE, encoding="utf-8"))
             doc.pop("experiment")
             doc.setdefault("runtime", {})["distribution_strategy"] = "mirrored"
@@ -418,7 +495,7 @@ def main() -> int:
         cli: dict[str, list[float]] = {}
         try:
             for r in range(args.rounds):
-                order = cases[r % len(cases):] + cases[:r % len(cases)]  # rotate: no case always first
+                order = cases[r % len(cases) :] + cases[: r % len(cases)]  # rotate: no case always first
                 for case in order:
                     if case == "cli":
                         for name, times in time_cli(args.cli_runs).items():
@@ -426,9 +503,12 @@ def main() -> int:
                         continue
                     result = run_case(case, work, f"r{r}-{case}", args, data_dir, raw_config)
                     results[case].append(result)
-                    print(f"round {r + 1}/{args.rounds} {case:<10} steady {result.get('steady_sps', 0):6.2f} "
-                          f"steps/s  first step {result.get('first_step_s', 0):5.1f} s  wall "
-                          f"{result['wall_s']:5.0f} s  ({time.time() - started:.0f} s so far)", flush=True)
+                    print(
+                        f"round {r + 1}/{args.rounds} {case:<10} steady {result.get('steady_sps', 0):6.2f} "
+                        f"steps/s  first step {result.get('first_step_s', 0):5.1f} s  wall "
+                        f"{result['wall_s']:5.0f} s  ({time.time() - started:.0f} s so far)",
+                        flush=True,
+                    )
         except (KeyboardInterrupt, SystemExit):
             print("interrupted: the table holds the runs that finished", flush=True)
         results = {c: rs for c, rs in results.items() if rs}

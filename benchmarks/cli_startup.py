@@ -20,8 +20,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "od-dist validate": [sys.executable, "-m", "od_dist", "validate", "--cluster", "clusters/local.yaml"],
-    "od-dist tf-config": [sys.executable, "-m", "od_dist", "tf-config", "--cluster", "clusters/local.yaml",
-                          "--role", "worker", "--index", "1"],
+    "od-dist tf-config": [
+        sys.executable,
+        "-m",
+        "od_dist",
+        "tf-config",
+        "--cluster",
+        "clusters/local.yaml",
+        "--role",
+        "worker",
+        "--index",
+        "1",
+    ],
     "import tensorflow": [sys.executable, "-c", "import tensorflow"],
 }
 
@@ -39,8 +49,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
-    results = {name: median_seconds(argv, args.runs if name != "import tensorflow" else 3)
-               for name, argv in CASES.items()}
+    results = {
+        name: median_seconds(argv, args.runs if name != "import tensorflow" else 3)
+        for name, argv in CASES.items()
+    }
     base = results["python -c pass"]
     for name, seconds in results.items():
         print(f"{name:<20} {seconds * 1000:8.0f} ms   x{seconds / base:5.1f}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from absl import flags
 
@@ -48,55 +48,119 @@ def command(name: str, summary: str, usage: str, define: Callable[[flags.FlagVal
 
 
 def define_task_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("cluster", None, "The cluster YAML file (same on every machine). Without it, "
-                        "TF_CONFIG from the environment is used (as Kubernetes TFJob sets it).", flag_values=fv)
-    flags.DEFINE_string("role", None, "This task's role: ps, master (alias chief), worker or evaluator. "
-                        "Omitted: inferred from the one cluster entry that is this machine.", flag_values=fv)
-    flags.DEFINE_integer("index", None, "This task's index within its role (list order in the file; "
-                         "0 for master). Default 0.", lower_bound=0, flag_values=fv)
-    flags.DEFINE_boolean("allow_public_addresses", False,
-                         "Accept cluster addresses on the public internet. Off by default because the "
-                         "TensorFlow server has no authentication and executes whatever graph it is sent: "
-                         "anyone who reaches its port can run code on the machine.", flag_values=fv)
+    flags.DEFINE_string(
+        "cluster",
+        None,
+        "The cluster YAML file (same on every machine). Without it, "
+        "TF_CONFIG from the environment is used (as Kubernetes TFJob sets it).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "role",
+        None,
+        "This task's role: ps, master (alias chief), worker or evaluator. "
+        "Omitted: inferred from the one cluster entry that is this machine.",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "index",
+        None,
+        "This task's index within its role (list order in the file; 0 for master). Default 0.",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "allow_public_addresses",
+        False,
+        "Accept cluster addresses on the public internet. Off by default because the "
+        "TensorFlow server has no authentication and executes whatever graph it is sent: "
+        "anyone who reaches its port can run code on the machine.",
+        flag_values=fv,
+    )
 
 
 def define_verbose_flag(fv: flags.FlagValues) -> None:
-    flags.DEFINE_boolean("verbose", False, "Show everything on the console: TensorFlow's log lines, library "
-                         "output and every warning. Without it they go to the task's log file "
-                         "(<model_dir>/logs/), and the console shows od-dist's lines and real warnings once.",
-                         flag_values=fv)
+    flags.DEFINE_boolean(
+        "verbose",
+        False,
+        "Show everything on the console: TensorFlow's log lines, library "
+        "output and every warning. Without it they go to the task's log file "
+        "(<model_dir>/logs/), and the console shows od-dist's lines and real warnings once.",
+        flag_values=fv,
+    )
 
 
 def define_train_flags(fv: flags.FlagValues) -> None:
     """The flags of `od-dist train`; launch, scripts and k8s take the same ones and pass them on."""
     define_task_flags(fv)
-    flags.DEFINE_string("pipeline", None, "The pipeline: a Model Garden experiment YAML (see pipelines/).",
-                        flag_values=fv)
-    flags.DEFINE_string("model_dir", None, "Where checkpoints, summaries and logs go; a run resumes from "
-                        "the latest checkpoint found here.", flag_values=fv)
-    flags.DEFINE_integer("num_clones", None, "Replicas per trainer process: the first N GPUs (or N logical "
-                         "CPU devices with --clone_on_cpu). Default: the cluster file's num_clones, else 1.",
-                         lower_bound=1, flag_values=fv)
-    flags.DEFINE_boolean("clone_on_cpu", False, "Make the --num_clones replicas logical CPU devices "
-                         "instead of GPUs.", flag_values=fv)
-    flags.DEFINE_string("params_override", None, "A YAML string or file overriding pipeline keys, e.g. "
-                        "'trainer.train_steps=2000' or 'trainer: {train_steps: 2000}'.", flag_values=fv)
+    flags.DEFINE_string(
+        "pipeline", None, "The pipeline: a Model Garden experiment YAML (see pipelines/).", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "model_dir",
+        None,
+        "Where checkpoints, summaries and logs go; a run resumes from the latest checkpoint found here.",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "num_clones",
+        None,
+        "Replicas per trainer process: the first N GPUs (or N logical "
+        "CPU devices with --clone_on_cpu). Default: the cluster file's num_clones, else 1.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "clone_on_cpu",
+        False,
+        "Make the --num_clones replicas logical CPU devices instead of GPUs.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "params_override",
+        None,
+        "A YAML string or file overriding pipeline keys, e.g. "
+        "'trainer.train_steps=2000' or 'trainer: {train_steps: 2000}'.",
+        flag_values=fv,
+    )
     define_verbose_flag(fv)
-    flags.DEFINE_integer("wait_timeout", 300, "Seconds to wait for every peer (and for servers: for the "
-                         "master) before giving up with the names of the missing tasks.", lower_bound=1,
-                         flag_values=fv)
+    flags.DEFINE_integer(
+        "wait_timeout",
+        300,
+        "Seconds to wait for every peer (and for servers: for the "
+        "master) before giving up with the names of the missing tasks.",
+        lower_bound=1,
+        flag_values=fv,
+    )
     # Thread budgets: by default a task alone on its machine keeps TensorFlow's (all cores), and
     # tasks of the cluster that share a machine split its cores (see od_dist/job/threads.py).
-    flags.DEFINE_integer("intra_op_threads", None, "TensorFlow intra-op threads of this task (0: TensorFlow's "
-                         "default, all cores). Default: all cores when the task is alone on its machine, else "
-                         "its share (1 for a ps or a parameter_server master).", lower_bound=0, flag_values=fv)
-    flags.DEFINE_integer("inter_op_threads", None, "TensorFlow inter-op threads of this task (0: TensorFlow's "
-                         "default; at least 2 under parameter_server, 1 deadlocks its coordinator). Default: "
-                         "as --intra_op_threads, at least 2.", lower_bound=0, flag_values=fv)
-    flags.DEFINE_integer("data_threads", None, "tf.data threads of this task's input pipeline (0: tf.data's "
-                         "default, all cores). Default: tf.data's, in every task (capped at one thread it "
-                         "halved a local multi_worker_mirrored pair: BENCHMARKS.md).", lower_bound=0,
-                         flag_values=fv)
+    flags.DEFINE_integer(
+        "intra_op_threads",
+        None,
+        "TensorFlow intra-op threads of this task (0: TensorFlow's "
+        "default, all cores). Default: all cores when the task is alone on its machine, else "
+        "its share (1 for a ps or a parameter_server master).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "inter_op_threads",
+        None,
+        "TensorFlow inter-op threads of this task (0: TensorFlow's "
+        "default; at least 2 under parameter_server, 1 deadlocks its coordinator). Default: "
+        "as --intra_op_threads, at least 2.",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "data_threads",
+        None,
+        "tf.data threads of this task's input pipeline (0: tf.data's "
+        "default, all cores). Default: tf.data's, in every task (capped at one thread it "
+        "halved a local multi_worker_mirrored pair: BENCHMARKS.md).",
+        lower_bound=0,
+        flag_values=fv,
+    )
 
 
 # launch's default: enough for the occasional lost process of a long run (an OOM kill, a preempted
@@ -107,25 +171,48 @@ LAUNCH_MAX_RESTARTS = 3
 
 def define_restart_flags(fv: flags.FlagValues, max_restarts: int) -> None:
     """The supervisor's flags (launch; train, whose default 0 runs the task in-process)."""
-    flags.DEFINE_integer("max_restarts", max_restarts, "Restarts after a task is lost (a retryable exit: "
-                         "lost peer, signal), by TensorFlow's rules: a parameter_server worker or an "
-                         "evaluator alone, anything else every task together from the last checkpoint; "
-                         "2 s backoff, doubling. Permanent errors (exit 1, 2) are never retried.",
-                         lower_bound=0, flag_values=fv)
-    flags.DEFINE_integer("grace_period", 120, "Seconds the trainers get to save a checkpoint and exit after "
-                         "Ctrl+C/SIGTERM before they are killed; make it longer than one "
-                         "trainer.steps_per_loop loop plus a save.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer(
+        "max_restarts",
+        max_restarts,
+        "Restarts after a task is lost (a retryable exit: "
+        "lost peer, signal), by TensorFlow's rules: a parameter_server worker or an "
+        "evaluator alone, anything else every task together from the last checkpoint; "
+        "2 s backoff, doubling. Permanent errors (exit 1, 2) are never retried.",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "grace_period",
+        120,
+        "Seconds the trainers get to save a checkpoint and exit after "
+        "Ctrl+C/SIGTERM before they are killed; make it longer than one "
+        "trainer.steps_per_loop loop plus a save.",
+        lower_bound=1,
+        flag_values=fv,
+    )
 
 
 def restart_args(fv: flags.FlagValues) -> list[str]:
     """--max_restarts (always, so a generated script says what it does) and --grace_period if set."""
-    return [f"--max_restarts={fv.max_restarts}"] + ([f"--grace_period={fv.grace_period}"]
-                                                    if fv["grace_period"].present else [])
+    return [f"--max_restarts={fv.max_restarts}"] + (
+        [f"--grace_period={fv.grace_period}"] if fv["grace_period"].present else []
+    )
 
 
 # The train flags that `launch`, `scripts` and `k8s` pass on to every task (role/index are per task).
-PASS_ON_FLAGS = ("pipeline", "model_dir", "num_clones", "clone_on_cpu", "params_override", "wait_timeout",
-                 "intra_op_threads", "inter_op_threads", "data_threads", "allow_public_addresses", "verbose")
+PASS_ON_FLAGS = (
+    "pipeline",
+    "model_dir",
+    "num_clones",
+    "clone_on_cpu",
+    "params_override",
+    "wait_timeout",
+    "intra_op_threads",
+    "inter_op_threads",
+    "data_threads",
+    "allow_public_addresses",
+    "verbose",
+)
 
 
 def passed_on_args(fv: flags.FlagValues, names=PASS_ON_FLAGS) -> list[str]:
@@ -148,8 +235,14 @@ def _thread_flags(fv: flags.FlagValues) -> tuple:
 def select_task(fv: flags.FlagValues, require_task: bool = True, allow_none: bool = False):
     from od_dist.job import config
 
-    return config.select(fv.cluster, fv.role, fv.index, fv.allow_public_addresses,
-                         require_task=require_task, allow_none=allow_none)
+    return config.select(
+        fv.cluster,
+        fv.role,
+        fv.index,
+        fv.allow_public_addresses,
+        require_task=require_task,
+        allow_none=allow_none,
+    )
 
 
 # ----- validate / tf-config -------------------------------------------------------------------
@@ -166,27 +259,37 @@ def _summary(selected) -> str:
     return "\n".join(lines)
 
 
-@command("validate", "Check a cluster file (and this machine's place in it) without starting anything.", """
+@command(
+    "validate",
+    "Check a cluster file (and this machine's place in it) without starting anything.",
+    """
 Checks the cluster file: YAML, keys, addresses and ports, duplicates, ps/strategy rules, and that
 the entry at --role/--index is an address of this machine. Prints a summary, or every problem with
 its fix (exit 2).
 
 Example:
   od-dist validate --cluster clusters/lan-example.yaml --role worker --index 1
-""", define_task_flags)
+""",
+    define_task_flags,
+)
 def cmd_validate(fv) -> int:
     print(_summary(select_task(fv, require_task=False)))
     return EXIT_OK
 
 
-@command("tf-config", "Print the TF_CONFIG JSON for one task of a cluster file.", """
+@command(
+    "tf-config",
+    "Print the TF_CONFIG JSON for one task of a cluster file.",
+    """
 Prints the TF_CONFIG that TensorFlow's TFConfigClusterResolver reads, for the task at
 --role/--index (inferred from this machine when omitted). `master` becomes TensorFlow's `chief`;
 the evaluator is left out of every other task's cluster (it runs no server).
 
 Example:
   export TF_CONFIG=$(od-dist tf-config --cluster clusters/local.yaml --role worker --index 1)
-""", define_task_flags)
+""",
+    define_task_flags,
+)
 def cmd_tf_config(fv) -> int:
     from od_dist.cluster.spec import tf_config_json
 
@@ -197,11 +300,19 @@ def cmd_tf_config(fv) -> int:
 
 def define_doctor_flags(fv: flags.FlagValues) -> None:
     define_task_flags(fv)
-    flags.DEFINE_float("connect_timeout", 3.0, "Seconds to wait for each peer's port to answer.", lower_bound=0.1,
-                       flag_values=fv)
+    flags.DEFINE_float(
+        "connect_timeout",
+        3.0,
+        "Seconds to wait for each peer's port to answer.",
+        lower_bound=0.1,
+        flag_values=fv,
+    )
 
 
-@command("doctor", "Check what would stop a job on this machine: entry, peers, ports, versions, GPUs.", """
+@command(
+    "doctor",
+    "Check what would stop a job on this machine: entry, peers, ports, versions, GPUs.",
+    """
 Run it on any machine of the cluster before starting the job. One line per check, each `ok`,
 `warn` or `FIX` with what to do: this machine's entry in the file (--role/--index, or found by
 its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
@@ -212,7 +323,9 @@ fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:
   od-dist doctor --cluster clusters/lan-example.yaml
-""", define_doctor_flags)
+""",
+    define_doctor_flags,
+)
 def cmd_doctor(fv) -> int:
     from od_dist.job import doctor
 
@@ -223,8 +336,12 @@ def cmd_doctor(fv) -> int:
     for check in checks:
         print(f"  {check}")
     fixes = sum(c.status == doctor.FIX for c in checks)
-    print(f"od-dist doctor: {fixes} to fix (the FIX lines above)" if fixes else
-          f"od-dist doctor: nothing to fix ({len(checks)} checks)", flush=True)
+    print(
+        f"od-dist doctor: {fixes} to fix (the FIX lines above)"
+        if fixes
+        else f"od-dist doctor: nothing to fix ({len(checks)} checks)",
+        flush=True,
+    )
     return EXIT_FAILURE if fixes else EXIT_OK
 
 
@@ -233,9 +350,9 @@ def cmd_doctor(fv) -> int:
 
 def _run_role(run, *args) -> int:
     """Runs a TensorFlow-side call, turning its user-facing errors into exit 1 with one line."""
-    from od_dist.model.pipeline import PipelineError
     from od_dist.job.roles import RoleError
     from od_dist.job.trainer import TrainerError
+    from od_dist.model.pipeline import PipelineError
 
     try:
         return run(*args)
@@ -247,7 +364,10 @@ def _run_role(run, *args) -> int:
         return EXIT_FAILURE
 
 
-@command("train", "Run this machine's task: ps, master (chief), worker or evaluator; or train on one machine.", """
+@command(
+    "train",
+    "Run this machine's task: ps, master (chief), worker or evaluator; or train on one machine.",
+    """
 Joins the cluster as --role/--index (inferred from this machine's address when omitted) and runs
 that task. The same flags work for every role, so one launch line serves every machine:
   ps, and workers under parameter_server: serve until the master finishes, then exit 0;
@@ -265,7 +385,9 @@ With --max_restarts N the task runs as a child that is restarted (up to N times,
 doubling) when it is lost (a retryable exit: lost peer, signal), so a job whose machines each run
 their generated script heals itself; the default 0 runs it in this process, as an orchestrator
 (Kubernetes) that restarts pods itself expects.
-""", lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0)))
+""",
+    lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0)),
+)
 def cmd_train(fv) -> int:
     from od_dist.job import config
 
@@ -274,22 +396,43 @@ def cmd_train(fv) -> int:
     # TensorFlow on their own, and an orchestrator's lists the evaluator, which hangs a
     # parameter-server coordinator; every strategy here is built from the validated cluster instead.
     tf_config = os.environ.pop("TF_CONFIG", None)
-    cfg = config.train_config(selected, fv.pipeline, fv.model_dir, fv.num_clones, fv.clone_on_cpu,
-                              fv.params_override, fv.wait_timeout, *_thread_flags(fv))
+    cfg = config.train_config(
+        selected,
+        fv.pipeline,
+        fv.model_dir,
+        fv.num_clones,
+        fv.clone_on_cpu,
+        fv.params_override,
+        fv.wait_timeout,
+        *_thread_flags(fv),
+    )
     if fv.max_restarts:
         from od_dist.cluster.spec import Address, Task
         from od_dist.job import launch
 
         task = selected.task or Task("single", 0, Address("localhost", None))
-        argv = [sys.executable, "-m", "od_dist", "train",
-                *passed_on_args(fv, ("cluster", "role", "index") + PASS_ON_FLAGS), "--max_restarts=0"]
-        return launch.run_task(task, cfg.strategy_name, argv, fv.max_restarts, fv.grace_period,
-                               tf_config if selected.source == "TF_CONFIG" else None)
+        argv = [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "train",
+            *passed_on_args(fv, ("cluster", "role", "index") + PASS_ON_FLAGS),
+            "--max_restarts=0",
+        ]
+        return launch.run_task(
+            task,
+            cfg.strategy_name,
+            argv,
+            fv.max_restarts,
+            fv.grace_period,
+            tf_config if selected.source == "TF_CONFIG" else None,
+        )
     from od_dist.job import console
 
     task = cfg.selected.task
-    console.setup(console.task_log_path(cfg.model_dir, f"{task.role}-{task.index}" if task else "train"),
-                  fv.verbose)
+    console.setup(
+        console.task_log_path(cfg.model_dir, f"{task.role}-{task.index}" if task else "train"), fv.verbose
+    )
     from od_dist.job import roles
 
     return _run_role(roles.run, cfg)
@@ -302,7 +445,10 @@ def define_eval_flags(fv: flags.FlagValues) -> None:
     define_verbose_flag(fv)
 
 
-@command("eval", "Evaluate the latest checkpoint once and print COCO AP and AP50.", """
+@command(
+    "eval",
+    "Evaluate the latest checkpoint once and print COCO AP and AP50.",
+    """
 Evaluates the latest checkpoint in --model_dir on the pipeline's validation data, on this
 machine, and prints the COCO metrics (also written to <model_dir>/eval_metrics.json).
 Under parameter_server the master cannot compute COCO metrics in-process: this (or an evaluator
@@ -310,14 +456,18 @@ task) is how a parameter-server run gets them.
 
 Example:
   od-dist eval --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
-""", define_eval_flags)
+""",
+    define_eval_flags,
+)
 def cmd_eval(fv) -> int:
     for name in ("pipeline", "model_dir"):
         if not fv[name].value:
             raise UsageError(f"--{name}: '': required; pass --{name}=...")
     if not os.path.isfile(fv.pipeline):
-        raise UsageError(f"--pipeline: '{fv.pipeline}': no such file; pass a pipeline YAML, "
-                         "e.g. pipelines/shapes_retinanet.yaml")
+        raise UsageError(
+            f"--pipeline: '{fv.pipeline}': no such file; pass a pipeline YAML, "
+            "e.g. pipelines/shapes_retinanet.yaml"
+        )
     from od_dist.job import console, roles
 
     if os.path.isdir(fv.model_dir):  # no log directory in a mistyped model_dir
@@ -334,7 +484,10 @@ def cmd_eval(fv) -> int:
     return _run_role(evaluate)
 
 
-@command("launch", "Start every task of the cluster that lives on this machine, as one job.", """
+@command(
+    "launch",
+    "Start every task of the cluster that lives on this machine, as one job.",
+    """
 Starts the tasks of the cluster that run on this machine (all of them for a loopback cluster such
 as clusters/local.yaml) as child processes with the given train flags. Their lines are prefixed
 ([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log. Exits 0 when the master has
@@ -347,26 +500,41 @@ Ctrl+C stops everything at once. No task outlives the launcher.
 
 Example:
   od-dist launch --cluster clusters/local.yaml --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
-""", lambda fv: (define_train_flags(fv), define_restart_flags(fv, LAUNCH_MAX_RESTARTS)))
+""",
+    lambda fv: (define_train_flags(fv), define_restart_flags(fv, LAUNCH_MAX_RESTARTS)),
+)
 def cmd_launch(fv) -> int:
-    from od_dist.job import config, launch
     from od_dist.cluster import hostinfo
+    from od_dist.job import config, launch
 
     if fv.role is not None or fv.index is not None:
-        raise UsageError("--role/--index: launch starts every task of this machine; leave them out "
-                         "(or use 'od-dist train' for one task)")
+        raise UsageError(
+            "--role/--index: launch starts every task of this machine; leave them out "
+            "(or use 'od-dist train' for one task)"
+        )
     if not fv.cluster:
         raise UsageError("--cluster: '': required; pass --cluster clusters/local.yaml")
     cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses)
     tasks = cluster.tasks_on(hostinfo.this_machine().is_local)  # servers first: trainers find them up
     if not tasks:
-        raise UsageError(f"--cluster: '{fv.cluster}': no task of this cluster is on this machine; "
-                         "run launch on the machines the file lists")
+        raise UsageError(
+            f"--cluster: '{fv.cluster}': no task of this cluster is on this machine; "
+            "run launch on the machines the file lists"
+        )
     # Check the flags every task will get now, rather than have each child fail on its own.
-    configs = [config.train_config(config.TaskConfig(cluster, task, fv.cluster, ""), fv.pipeline, fv.model_dir,
-                                   fv.num_clones, fv.clone_on_cpu, fv.params_override, fv.wait_timeout,
-                                   *_thread_flags(fv))
-               for task in tasks]
+    configs = [
+        config.train_config(
+            config.TaskConfig(cluster, task, fv.cluster, ""),
+            fv.pipeline,
+            fv.model_dir,
+            fv.num_clones,
+            fv.clone_on_cpu,
+            fv.params_override,
+            fv.wait_timeout,
+            *_thread_flags(fv),
+        )
+        for task in tasks
+    ]
     if not fv.model_dir:
         raise UsageError("--model_dir: '': required (logs go to <model_dir>/logs); pass --model_dir=...")
     if any(not c.is_server for c in configs):
@@ -378,56 +546,98 @@ def cmd_launch(fv) -> int:
         if code:
             print(f"od-dist launch: {problem}", file=sys.stderr)
             return EXIT_FAILURE
-    return launch.run(fv.cluster, cluster.strategy, list(tasks), passed_on_args(fv), fv.model_dir,
-                      fv.max_restarts, fv.grace_period)
+    return launch.run(
+        fv.cluster,
+        cluster.strategy,
+        list(tasks),
+        passed_on_args(fv),
+        fv.model_dir,
+        fv.max_restarts,
+        fv.grace_period,
+    )
 
 
 def define_shapes_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("out", "data/shapes", "Output directory (the demo pipeline reads data/shapes).",
-                        flag_values=fv)
+    flags.DEFINE_string(
+        "out", "data/shapes", "Output directory (the demo pipeline reads data/shapes).", flag_values=fv
+    )
     flags.DEFINE_integer("num_train", 2000, "Training images.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("num_val", 200, "Validation images.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("image_size", 128, "Image side in pixels.", lower_bound=32, flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Random seed: the same seed writes the same records.", flag_values=fv)
 
 
-@command("data shapes", "Write the synthetic shapes detection dataset (train/val TFRecords, label map).", """
+@command(
+    "data shapes",
+    "Write the synthetic shapes detection dataset (train/val TFRecords, label map).",
+    """
 Writes coloured circles, squares and triangles with exact boxes as standard detection
 tf.train.Example TFRecords (train and validation splits) plus label_map.pbtxt. Reproducible
 from --seed. The default --out is where pipelines/shapes_retinanet.yaml reads.
 
 Example:
   od-dist data shapes
-""", define_shapes_flags)
+""",
+    define_shapes_flags,
+)
 def cmd_data_shapes(fv) -> int:
     from od_dist.data import shapes
 
-    summary = shapes.write_dataset(fv.out, num_train=fv.num_train, num_val=fv.num_val,
-                                   image_size=fv.image_size, seed=fv.seed)
-    print(f"wrote {fv.num_train} train and {fv.num_val} validation images to {fv.out} "
-          f"in {summary.get('seconds', 0):.1f} s", flush=True)
+    summary = shapes.write_dataset(
+        fv.out, num_train=fv.num_train, num_val=fv.num_val, image_size=fv.image_size, seed=fv.seed
+    )
+    print(
+        f"wrote {fv.num_train} train and {fv.num_val} validation images to {fv.out} "
+        f"in {summary.get('seconds', 0):.1f} s",
+        flush=True,
+    )
     return EXIT_OK
 
 
 def define_convert_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("images", None, "The folder of images.", flag_values=fv)
-    flags.DEFINE_string("out", None, "Output folder: train-*.tfrecord, val-*.tfrecord, label_map.pbtxt. "
-                        "Written under a temporary name and renamed when complete.", flag_values=fv)
-    flags.DEFINE_float("val_fraction", 0.1, "Share of the images held out for validation (a fixed-seed "
-                       "shuffle: the same files give the same split).", lower_bound=0.0, upper_bound=0.99,
-                       flag_values=fv)
+    flags.DEFINE_string(
+        "out",
+        None,
+        "Output folder: train-*.tfrecord, val-*.tfrecord, label_map.pbtxt. "
+        "Written under a temporary name and renamed when complete.",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "val_fraction",
+        0.1,
+        "Share of the images held out for validation (a fixed-seed "
+        "shuffle: the same files give the same split).",
+        lower_bound=0.0,
+        upper_bound=0.99,
+        flag_values=fv,
+    )
     flags.DEFINE_integer("seed", 0, "Seed of the train/val shuffle.", flag_values=fv)
-    flags.DEFINE_boolean("skip_bad", False, "Convert without the annotation files that have problems "
-                         "(and say how many) instead of stopping with exit 2.", flag_values=fv)
+    flags.DEFINE_boolean(
+        "skip_bad",
+        False,
+        "Convert without the annotation files that have problems "
+        "(and say how many) instead of stopping with exit 2.",
+        flag_values=fv,
+    )
 
 
 def define_voc_flags(fv: flags.FlagValues) -> None:
     define_convert_flags(fv)
-    flags.DEFINE_string("annotations", None, "The folder of Pascal VOC / labelImg .xml files (searched "
-                        "recursively).", flag_values=fv)
-    flags.DEFINE_string("labels", None, "The classes, as an Object Detection API label_map.pbtxt or one "
-                        "name per line (ids from 1 in that order); any other class is an error. "
-                        "Default: every class found, sorted by name.", flag_values=fv)
+    flags.DEFINE_string(
+        "annotations",
+        None,
+        "The folder of Pascal VOC / labelImg .xml files (searched recursively).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "labels",
+        None,
+        "The classes, as an Object Detection API label_map.pbtxt or one "
+        "name per line (ids from 1 in that order); any other class is an error. "
+        "Default: every class found, sorted by name.",
+        flag_values=fv,
+    )
 
 
 def _convert(what: str, run, unit: str = "annotation file(s)") -> int:
@@ -452,7 +662,10 @@ def _require(fv, *names: str) -> None:
             raise UsageError(f"--{name}: '': required; pass --{name}=...")
 
 
-@command("data voc", "Convert Pascal VOC / labelImg XML to TFRecords (train/val) and label_map.pbtxt.", """
+@command(
+    "data voc",
+    "Convert Pascal VOC / labelImg XML to TFRecords (train/val) and label_map.pbtxt.",
+    """
 Reads every .xml under --annotations (Pascal VOC, as labelImg saves it) and its image from
 --images, checks each against its image (readable XML, image present, boxes inside, known classes),
 and writes Model Garden detection records: sharded train-*.tfrecord and val-*.tfrecord (normalized
@@ -463,22 +676,35 @@ training and COCO evaluation ignores. Any problem: one line per file and exit 2,
 
 Example:
   od-dist data voc --images my_data/images --annotations my_data/annotations --out data/my_data
-""", define_voc_flags)
+""",
+    define_voc_flags,
+)
 def cmd_data_voc(fv) -> int:
     from od_dist.data import voc
 
     _require(fv, "images", "annotations", "out")
-    return _convert("data voc", lambda: voc.convert(fv.images, fv.annotations, fv.out, fv.val_fraction,
-                                                    fv.labels, fv.skip_bad, fv.seed))
+    return _convert(
+        "data voc",
+        lambda: voc.convert(
+            fv.images, fv.annotations, fv.out, fv.val_fraction, fv.labels, fv.skip_bad, fv.seed
+        ),
+    )
 
 
 def define_coco_flags(fv: flags.FlagValues) -> None:
     define_convert_flags(fv)
-    flags.DEFINE_string("annotations", None, "The COCO JSON (images, annotations with bbox [x, y, w, h] "
-                        "in pixels, categories).", flag_values=fv)
+    flags.DEFINE_string(
+        "annotations",
+        None,
+        "The COCO JSON (images, annotations with bbox [x, y, w, h] in pixels, categories).",
+        flag_values=fv,
+    )
 
 
-@command("data coco", "Convert COCO JSON to TFRecords (train/val) and label_map.pbtxt.", """
+@command(
+    "data coco",
+    "Convert COCO JSON to TFRecords (train/val) and label_map.pbtxt.",
+    """
 Reads the COCO detection JSON and its images (file_name relative to --images), checks every image
 and box (image present and of the stated size, boxes inside and not empty, known category and
 image ids) and writes the records with Model Garden's create_coco_tf_record: sharded
@@ -488,27 +714,48 @@ nothing written (or --skip_bad to leave those images out). Prints what a pipelin
 
 Example:
   od-dist data coco --images my_data/images --annotations my_data/instances.json --out data/my_data
-""", define_coco_flags)
+""",
+    define_coco_flags,
+)
 def cmd_data_coco(fv) -> int:
     from od_dist.data import coco
 
     _require(fv, "images", "annotations", "out")
-    return _convert("data coco", lambda: coco.convert(fv.images, fv.annotations, fv.out, fv.val_fraction,
-                                                      fv.skip_bad, fv.seed), unit="image(s)")
+    return _convert(
+        "data coco",
+        lambda: coco.convert(fv.images, fv.annotations, fv.out, fv.val_fraction, fv.skip_bad, fv.seed),
+        unit="image(s)",
+    )
 
 
 def define_check_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("pipeline", None, "Check the train and validation records of this pipeline "
-                        "(task.train_data / task.validation_data input_path, task.model.num_classes).",
-                        flag_values=fv)
-    flags.DEFINE_string("records", None, "Or check these records: a file, a glob (quote it) or a "
-                        "comma-separated list.", flag_values=fv)
-    flags.DEFINE_integer("num_classes", None, "With --records: the model's num_classes (largest class id "
-                         "+ 1), to check the ids against.", lower_bound=2, flag_values=fv)
+    flags.DEFINE_string(
+        "pipeline",
+        None,
+        "Check the train and validation records of this pipeline "
+        "(task.train_data / task.validation_data input_path, task.model.num_classes).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "records",
+        None,
+        "Or check these records: a file, a glob (quote it) or a comma-separated list.",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "num_classes",
+        None,
+        "With --records: the model's num_classes (largest class id + 1), to check the ids against.",
+        lower_bound=2,
+        flag_values=fv,
+    )
     flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
 
 
-@command("data check", "Read every record a pipeline would use; check images, boxes, ids; count per class.", """
+@command(
+    "data check",
+    "Read every record a pipeline would use; check images, boxes, ids; count per class.",
+    """
 Reads every record of the pipeline's training and validation data (or --records), decodes each
 image with TensorFlow as training will, and checks: the stored size matches the image, boxes are
 normalized, inside the image and not empty, class ids are in 1..num_classes-1, source ids are
@@ -518,11 +765,14 @@ Then prints images and objects per split and per class. Exit 2 when any problem 
 Examples:
   od-dist data check --pipeline pipelines/custom_retinanet.yaml
   od-dist data check --records 'data/my_data/val-*.tfrecord' --num_classes 4
-""", define_check_flags)
+""",
+    define_check_flags,
+)
 def cmd_data_check(fv) -> int:
     if bool(fv.pipeline) == bool(fv.records):
-        raise UsageError("--pipeline/--records: pass exactly one: the pipeline whose data to check, or "
-                         "a records glob")
+        raise UsageError(
+            "--pipeline/--records: pass exactly one: the pipeline whose data to check, or a records glob"
+        )
     if fv.pipeline:
         from od_dist.model.pipeline import PipelineError, load_pipeline
 
@@ -530,8 +780,10 @@ def cmd_data_check(fv) -> int:
             params = load_pipeline(fv.pipeline, fv.params_override)
         except PipelineError as e:
             raise UsageError(str(e)) from None
-        splits = {"train": params.task.train_data.input_path,
-                  "validation": params.task.validation_data.input_path}
+        splits = {
+            "train": params.task.train_data.input_path,
+            "validation": params.task.validation_data.input_path,
+        }
         num_classes = params.task.model.num_classes
     else:
         splits, num_classes = {"records": fv.records}, fv.num_classes
@@ -545,18 +797,35 @@ def cmd_data_check(fv) -> int:
 
 def define_export_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("pipeline", None, "The pipeline the model was trained with.", flag_values=fv)
-    flags.DEFINE_string("model_dir", None, "The run's model_dir; its latest checkpoint is exported.",
-                        flag_values=fv)
-    flags.DEFINE_string("out", None, "The SavedModel folder to write (replaced if it holds an earlier "
-                        "export).", flag_values=fv)
-    flags.DEFINE_string("checkpoint", None, "Export this checkpoint (e.g. runs/x/ckpt-500) instead of the "
-                        "latest.", flag_values=fv)
-    flags.DEFINE_string("labels", None, "The label_map.pbtxt to ship with the model. Default: the one "
-                        "beside the pipeline's training records.", flag_values=fv)
+    flags.DEFINE_string(
+        "model_dir", None, "The run's model_dir; its latest checkpoint is exported.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "out",
+        None,
+        "The SavedModel folder to write (replaced if it holds an earlier export).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "checkpoint",
+        None,
+        "Export this checkpoint (e.g. runs/x/ckpt-500) instead of the latest.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "labels",
+        None,
+        "The label_map.pbtxt to ship with the model. Default: the one "
+        "beside the pipeline's training records.",
+        flag_values=fv,
+    )
     flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
 
 
-@command("export", "Export a trained checkpoint as a SavedModel for serving (image-tensor input).", """
+@command(
+    "export",
+    "Export a trained checkpoint as a SavedModel for serving (image-tensor input).",
+    """
 Writes a TensorFlow SavedModel of the latest checkpoint in --model_dir (or --checkpoint) with
 Model Garden's exporter. Its serving_default signature takes uint8 images [1, H, W, 3] of any size
 and returns detection_boxes ([ymin, xmin, ymax, xmax], normalized to the original image),
@@ -565,7 +834,9 @@ label_map.pbtxt is copied beside it for `od-dist predict`.
 
 Example:
   od-dist export --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo --out exported/demo
-""", define_export_flags)
+""",
+    define_export_flags,
+)
 def cmd_export(fv) -> int:
     _require(fv, "pipeline", "model_dir", "out")
     from od_dist.model import export
@@ -579,22 +850,38 @@ def cmd_export(fv) -> int:
     except export.ExportError as e:
         print(f"od-dist export: {e}", file=sys.stderr)
         return EXIT_FAILURE if "no checkpoint" in str(e) else EXIT_INVALID
-    print(f"exported {done['checkpoint']} to {done['out']} (input: uint8 images of any size, resized to "
-          f"{done['input_size'][0]}x{done['input_size'][1]} inside; label map: "
-          f"{done['label_map'] or 'none found, classes will show as ids'})", flush=True)
+    print(
+        f"exported {done['checkpoint']} to {done['out']} (input: uint8 images of any size, resized to "
+        f"{done['input_size'][0]}x{done['input_size'][1]} inside; label map: "
+        f"{done['label_map'] or 'none found, classes will show as ids'})",
+        flush=True,
+    )
     return EXIT_OK
 
 
 def define_predict_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("model", None, "The SavedModel folder written by `od-dist export`.", flag_values=fv)
-    flags.DEFINE_multi_string("images", None, "Image files or folders (repeat the flag, or give a "
-                              "comma-free path each time).", flag_values=fv)
+    flags.DEFINE_multi_string(
+        "images",
+        None,
+        "Image files or folders (repeat the flag, or give a comma-free path each time).",
+        flag_values=fv,
+    )
     flags.DEFINE_string("out", None, "Folder for the drawn PNGs and detections.json.", flag_values=fv)
-    flags.DEFINE_float("min_score", 0.3, "Detections below this score are left out.", lower_bound=0.0,
-                       upper_bound=1.0, flag_values=fv)
+    flags.DEFINE_float(
+        "min_score",
+        0.3,
+        "Detections below this score are left out.",
+        lower_bound=0.0,
+        upper_bound=1.0,
+        flag_values=fv,
+    )
 
 
-@command("predict", "Run an exported model on images: a PNG per image with boxes drawn, and a JSON.", """
+@command(
+    "predict",
+    "Run an exported model on images: a PNG per image with boxes drawn, and a JSON.",
+    """
 Runs the SavedModel on each image (files, or every .jpg/.png/.bmp/.gif of a folder) and writes
 <out>/<image name>.png, the image with each detection's box, class name and score drawn, and
 <out>/detections.json: per image its path, size and detections, each a box [xmin, ymin, xmax,
@@ -602,7 +889,9 @@ ymax] in pixels of the original image, a class name and id, and a score.
 
 Example:
   od-dist predict --model exported/demo --images my_data/test --out predictions --min_score 0.5
-""", define_predict_flags)
+""",
+    define_predict_flags,
+)
 def cmd_predict(fv) -> int:
     _require(fv, "model", "images", "out")
     from od_dist.model import predict
@@ -612,26 +901,35 @@ def cmd_predict(fv) -> int:
     except predict.PredictError as e:
         raise UsageError(str(e)) from None
     count = sum(len(r["detections"]) for r in done["results"])
-    print(f"{len(done['images'])} image(s), {count} detection(s) with score >= {fv.min_score}: "
-          f"{fv.out}/*.png and {done['json']}", flush=True)
+    print(
+        f"{len(done['images'])} image(s), {count} detection(s) with score >= {fv.min_score}: "
+        f"{fv.out}/*.png and {done['json']}",
+        flush=True,
+    )
     return EXIT_OK
 
 
 def define_report_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("model_dir", None, "The run's model_dir (its train/ and validation/ event files).",
-                        flag_values=fv)
+    flags.DEFINE_string(
+        "model_dir", None, "The run's model_dir (its train/ and validation/ event files).", flag_values=fv
+    )
     flags.DEFINE_string("out", None, "The PNG to write. Default: <model_dir>/report.png.", flag_values=fv)
     flags.DEFINE_string("title", None, "The picture's title. Default: the model_dir.", flag_values=fv)
 
 
-@command("report", "Draw a run as one PNG: loss, learning rate, steps/s, AP/AP50 over steps.", """
+@command(
+    "report",
+    "Draw a run as one PNG: loss, learning rate, steps/s, AP/AP50 over steps.",
+    """
 Reads the TensorBoard event files Model Garden wrote in --model_dir (train/ and validation/) and
 draws training loss (total, classification, box; validation loss), learning rate, steps/s, and
 COCO AP and AP50 over steps when evaluations exist, into one PNG.
 
 Example:
   od-dist report --model_dir runs/demo            # writes runs/demo/report.png
-""", define_report_flags)
+""",
+    define_report_flags,
+)
 def cmd_report(fv) -> int:
     _require(fv, "model_dir")
     from od_dist.model import report
@@ -663,11 +961,15 @@ def _render_input(fv, what: str):
 def define_scripts_flags(fv: flags.FlagValues) -> None:
     define_train_flags(fv)
     define_restart_flags(fv, LAUNCH_MAX_RESTARTS)  # written into every script: each machine heals itself
-    flags.DEFINE_string("out", None, "Directory for the scripts and their README.md (created if missing).",
-                        flag_values=fv)
+    flags.DEFINE_string(
+        "out", None, "Directory for the scripts and their README.md (created if missing).", flag_values=fv
+    )
 
 
-@command("scripts", "Write a launch script per task (bash / cmd / PowerShell) and a README for the machines.", """
+@command(
+    "scripts",
+    "Write a launch script per task (bash / cmd / PowerShell) and a README for the machines.",
+    """
 Writes, for every task of the cluster, <out>/<role>-<index>.sh when its host is Linux, .cmd and
 .ps1 when it is Windows, all three when its os is not declared (the cluster file's hosts:
 settings), plus <out>/README.md: which machine runs which script, that the order does not
@@ -678,7 +980,9 @@ given train flags, quoted for its shell (spaces, &, %, ^, !, quotes and non-ASCI
 Example:
   od-dist scripts --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
       --model_dir runs/lan --out scripts/lan-example
-""", define_scripts_flags)
+""",
+    define_scripts_flags,
+)
 def cmd_scripts(fv) -> int:
     from od_dist.render import scripts
 
@@ -686,11 +990,14 @@ def cmd_scripts(fv) -> int:
     if not fv.out:
         raise UsageError("--out: '': required; pass --out=DIR")
     passed_on += restart_args(fv)
-    command = " ".join(scripts.bash_quote(a) for a in
-                       ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"])
+    command = " ".join(
+        scripts.bash_quote(a)
+        for a in ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"]
+    )
     try:
-        written = scripts.write_scripts(cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout,
-                                        fv.max_restarts)
+        written = scripts.write_scripts(
+            cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout, fv.max_restarts
+        )
     except scripts.ScriptError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {len(written) - 1} scripts for {len(cluster.tasks())} tasks and README.md to {fv.out}")
@@ -699,24 +1006,42 @@ def cmd_scripts(fv) -> int:
 
 def define_k8s_flags(fv: flags.FlagValues) -> None:
     define_train_flags(fv)
-    flags.DEFINE_string("image", None, "The container image, with od-dist installed (`od-dist` on PATH).",
-                        flag_values=fv)
+    flags.DEFINE_string(
+        "image", None, "The container image, with od-dist installed (`od-dist` on PATH).", flag_values=fv
+    )
     flags.DEFINE_string("out", None, "Write the manifest here instead of to stdout.", flag_values=fv)
     flags.DEFINE_string("name", None, "The TFJob name. Default: od-dist-<cluster file name>.", flag_values=fv)
-    flags.DEFINE_string("namespace", None, "The Kubernetes namespace. Default: kubectl's current one.",
-                        flag_values=fv)
-    flags.DEFINE_string("pvc", None, "The PersistentVolumeClaim for model_dir (ReadWriteMany). "
-                        "Default: <name>-model-dir.", flag_values=fv)
-    flags.DEFINE_string("mount_path", "/mnt/od-dist", "Where the volume is mounted in the pods; a relative "
-                        "--model_dir is placed on it.", flag_values=fv)
-    flags.DEFINE_integer("grace_period", 120, "The pods' terminationGracePeriodSeconds: the time between "
-                         "SIGTERM and SIGKILL in which a trainer finishes its loop and saves a checkpoint "
-                         "(Kubernetes' default, 30 s, is often less than one loop plus a save); make it "
-                         "longer than one trainer.steps_per_loop loop plus a save.", lower_bound=1,
-                         flag_values=fv)
+    flags.DEFINE_string(
+        "namespace", None, "The Kubernetes namespace. Default: kubectl's current one.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "pvc",
+        None,
+        "The PersistentVolumeClaim for model_dir (ReadWriteMany). Default: <name>-model-dir.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "mount_path",
+        "/mnt/od-dist",
+        "Where the volume is mounted in the pods; a relative --model_dir is placed on it.",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "grace_period",
+        120,
+        "The pods' terminationGracePeriodSeconds: the time between "
+        "SIGTERM and SIGKILL in which a trainer finishes its loop and saves a checkpoint "
+        "(Kubernetes' default, 30 s, is often less than one loop plus a save); make it "
+        "longer than one trainer.steps_per_loop loop plus a save.",
+        lower_bound=1,
+        flag_values=fv,
+    )
 
 
-@command("k8s", "Write a Kubeflow TFJob manifest for the cluster (stdout, or --out).", """
+@command(
+    "k8s",
+    "Write a Kubeflow TFJob manifest for the cluster (stdout, or --out).",
+    """
 Writes a TFJob (kubeflow.org/v1) with replica types PS / Chief / Worker / Evaluator as in the
 cluster file (counts and ports), a container `tensorflow` running `od-dist train` with the given
 train flags (role and index come from the TF_CONFIG the operator sets in each pod), restart
@@ -725,7 +1050,9 @@ policies after TensorFlow's failure rules, and a PersistentVolumeClaim for --mod
 Example:
   od-dist k8s --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
       --model_dir runs/lan --image registry.example/od-dist:latest --out tfjob.yaml
-""", define_k8s_flags)
+""",
+    define_k8s_flags,
+)
 def cmd_k8s(fv) -> int:
     from od_dist.render import k8s
 
@@ -733,8 +1060,17 @@ def cmd_k8s(fv) -> int:
     if not fv.image:
         raise UsageError("--image: '': required; pass --image=REGISTRY/IMAGE:TAG (od-dist installed in it)")
     try:
-        text = k8s.render(cluster, fv.cluster, fv.image, passed_on, name=fv.name, namespace=fv.namespace,
-                          pvc=fv.pvc, mount_path=fv.mount_path, grace_period=fv.grace_period)
+        text = k8s.render(
+            cluster,
+            fv.cluster,
+            fv.image,
+            passed_on,
+            name=fv.name,
+            namespace=fv.namespace,
+            pvc=fv.pvc,
+            mount_path=fv.mount_path,
+            grace_period=fv.grace_period,
+        )
     except k8s.K8sError as e:
         raise UsageError(str(e)) from None
     if fv.out:
@@ -767,9 +1103,14 @@ Exit status: 0 ok, 2 invalid input (nothing was started), 1 runtime failure."""
 
 
 def _help(cmd: Command, fv: flags.FlagValues) -> str:
-    flag_help = "\n".join(
-        "  " + line for line in fv.module_help(fv.find_module_defining_flag(next(iter(fv)))).splitlines()[1:]
-    ) if list(fv) else ""
+    flag_help = (
+        "\n".join(
+            "  " + line
+            for line in fv.module_help(fv.find_module_defining_flag(next(iter(fv)))).splitlines()[1:]
+        )
+        if list(fv)
+        else ""
+    )
     return f"od-dist {cmd.name}: {cmd.summary}\n\n{cmd.usage}\n\nFlags:\n{flag_help}"
 
 
@@ -798,8 +1139,10 @@ def main(argv: list[str]) -> int:
         print(f"od-dist {name}: {e}; see 'od-dist {name} --help'", file=sys.stderr)
         return EXIT_INVALID
     if extra:
-        print(f"od-dist {name}: unexpected argument '{extra[0]}'; flags are written --name=value",
-              file=sys.stderr)
+        print(
+            f"od-dist {name}: unexpected argument '{extra[0]}'; flags are written --name=value",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     try:
         return cmd.run(fv)

@@ -2,9 +2,8 @@
 
 import signal
 
-import pytest
-
 import netns
+import pytest
 
 
 def _interrupt(signum, frame):

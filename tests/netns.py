@@ -31,7 +31,7 @@ import time
 PREFIX = "odt"  # every namespace of this harness: odt<pid>n<network>-<h|m<i>>
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _counter = itertools.count()
-_open: list["Network"] = []
+_open: list[Network] = []
 
 
 def _ip(*args, check=True, timeout=30):
@@ -61,7 +61,7 @@ def unavailable() -> str | None:
 
 
 def _owner_pid(name: str) -> int | None:
-    digits = "".join(itertools.takewhile(str.isdigit, name[len(PREFIX):]))
+    digits = "".join(itertools.takewhile(str.isdigit, name[len(PREFIX) :]))
     return int(digits) if digits else None
 
 
@@ -103,7 +103,7 @@ def _kill_namespace_processes(name: str) -> None:
 class Machine:
     """One simulated machine: a namespace with `eth0` at `ip` and `lo` up."""
 
-    def __init__(self, network: "Network", index: int, netns: str, ip: str, hostname: str):
+    def __init__(self, network: Network, index: int, netns: str, ip: str, hostname: str):
         self.network, self.index, self.netns, self.ip, self.hostname = network, index, netns, ip, hostname
 
     def __repr__(self) -> str:
@@ -128,8 +128,10 @@ class Machine:
 
     def listen(self, port: int) -> subprocess.Popen:
         """A program listening on `port` on every interface of this machine, until killed."""
-        code = ("import socket, sys, time; s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[1]))); "
-                "s.listen(); print('ready', flush=True); time.sleep(3600)")
+        code = (
+            "import socket, sys, time; s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[1]))); "
+            "s.listen(); print('ready', flush=True); time.sleep(3600)"
+        )
         proc = self.popen([sys.executable, "-c", code, str(port)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready", f"could not listen on {self.ip}:{port}"
         return proc
@@ -137,17 +139,25 @@ class Machine:
     def drop_tcp(self, port: int) -> None:
         """A firewall on this machine that silently drops incoming TCP to `port` (nft or iptables)."""
         if shutil.which("nft"):
-            for rule in (["add", "table", "inet", "odtest"],
-                         ["add", "chain", "inet", "odtest", "input", "{ type filter hook input priority 0; }"],
-                         ["add", "rule", "inet", "odtest", "input", "tcp", "dport", str(port), "drop"]):
+            for rule in (
+                ["add", "table", "inet", "odtest"],
+                ["add", "chain", "inet", "odtest", "input", "{ type filter hook input priority 0; }"],
+                ["add", "rule", "inet", "odtest", "input", "tcp", "dport", str(port), "drop"],
+            ):
                 subprocess.run(self.command(["nft", *rule]), check=True, capture_output=True, timeout=30)
         else:
-            subprocess.run(self.command(["iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(port), "-j", "DROP"]),
-                           check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                self.command(["iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(port), "-j", "DROP"]),
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
 
     def clear_firewall(self) -> None:
         if shutil.which("nft"):
-            subprocess.run(self.command(["nft", "delete", "table", "inet", "odtest"]), capture_output=True, timeout=30)
+            subprocess.run(
+                self.command(["nft", "delete", "table", "inet", "odtest"]), capture_output=True, timeout=30
+            )
         else:
             subprocess.run(self.command(["iptables", "-F", "INPUT"]), capture_output=True, timeout=30)
 
@@ -198,7 +208,9 @@ class Network:
             with open(f"/etc/netns/{netns}/hosts", "w") as f:
                 f.write(hosts)
             # Both ends are created directly in their namespaces: nothing touches the box's own.
-            _ip("link", "add", "eth0", "netns", netns, "type", "veth", "peer", "name", port, "netns", self.hub)
+            _ip(
+                "link", "add", "eth0", "netns", netns, "type", "veth", "peer", "name", port, "netns", self.hub
+            )
             _ip("-n", self.hub, "link", "set", port, "master", "br0")
             _ip("-n", self.hub, "link", "set", port, "up")
             _ip("-n", netns, "addr", "add", f"{machine.ip}/24", "dev", "eth0")

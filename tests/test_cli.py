@@ -17,8 +17,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def od_dist(*args, env=None, cwd=ROOT):
     full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=60,
+    )
 
 
 def own_private_ip():
@@ -48,7 +54,9 @@ def test_examples_validate():
 
 def test_role_inferred_from_this_machines_real_address(tmp_path):
     ip = own_private_ip()
-    path = write(tmp_path, f"master: 10.255.0.1:2222\nworker: [10.255.0.2:2222, {ip}:2222]\nps: [10.255.0.3:2222]\n")
+    path = write(
+        tmp_path, f"master: 10.255.0.1:2222\nworker: [10.255.0.2:2222, {ip}:2222]\nps: [10.255.0.3:2222]\n"
+    )
     r = od_dist("validate", "--cluster", path)
     assert r.returncode == 0, r.stderr
     assert "this machine: worker:1" in r.stdout
@@ -115,9 +123,15 @@ def test_help_says_what_and_shows_an_example():
 
 
 def test_tf_config_from_environment(tmp_path):
-    tf_config = {"cluster": {"chief": ["trainer-chief-0.ns.svc:2222"], "worker": ["trainer-worker-0.ns.svc:2222"],
-                             "ps": ["trainer-ps-0.ns.svc:2222"], "evaluator": ["trainer-evaluator-0.ns.svc:2222"]},
-                 "task": {"type": "worker", "index": 0}}
+    tf_config = {
+        "cluster": {
+            "chief": ["trainer-chief-0.ns.svc:2222"],
+            "worker": ["trainer-worker-0.ns.svc:2222"],
+            "ps": ["trainer-ps-0.ns.svc:2222"],
+            "evaluator": ["trainer-evaluator-0.ns.svc:2222"],
+        },
+        "task": {"type": "worker", "index": 0},
+    }
     r = od_dist("validate", env={"TF_CONFIG": json.dumps(tf_config)})
     assert r.returncode == 0, r.stderr
     assert "TF_CONFIG: valid, strategy parameter_server" in r.stdout and "this machine: worker:0" in r.stdout
@@ -137,10 +151,12 @@ def test_tf_config_from_environment(tmp_path):
 
 
 def test_validate_imports_no_tensorflow():
-    code = ("import sys; from od_dist import cli; rc = cli.main(['od-dist', 'validate', '--cluster', "
-            "'clusters/local.yaml']); rc |= cli.main(['od-dist', 'tf-config', '--cluster', 'clusters/local.yaml', "
-            "'--role', 'ps']); heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'official', "
-            "'keras', 'tf_keras')]; print('HEAVY', heavy); sys.exit(rc or bool(heavy))")
+    code = (
+        "import sys; from od_dist import cli; rc = cli.main(['od-dist', 'validate', '--cluster', "
+        "'clusters/local.yaml']); rc |= cli.main(['od-dist', 'tf-config', '--cluster', 'clusters/local.yaml', "
+        "'--role', 'ps']); heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'official', "
+        "'keras', 'tf_keras')]; print('HEAVY', heavy); sys.exit(rc or bool(heavy))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "HEAVY []" in r.stdout
@@ -169,8 +185,15 @@ def test_launch_picks_every_task_of_this_machine_in_a_lan_cluster(tmp_path):
     assert r.returncode == 2
     assert "--pipeline: '': required for the master role" in r.stderr
     assert "several entries" not in r.stderr
-    r = od_dist("launch", "--cluster", "clusters/lan-example.yaml", "--pipeline", "pipelines/shapes_retinanet.yaml",
-                "--model_dir", str(tmp_path / "m"))
+    r = od_dist(
+        "launch",
+        "--cluster",
+        "clusters/lan-example.yaml",
+        "--pipeline",
+        "pipelines/shapes_retinanet.yaml",
+        "--model_dir",
+        str(tmp_path / "m"),
+    )
     assert r.returncode == 2 and "no task of this cluster is on this machine" in r.stderr
 
 
@@ -184,8 +207,11 @@ def test_role_without_a_cluster_is_an_error(tmp_path):
 
 
 def test_unresolvable_host_names_give_one_message_and_no_traceback(tmp_path):
-    path = write(tmp_path, "master: box-a.invalid:2222\nworker: [box-b.invalid:2222, box-c.invalid:2222]\n"
-                           "ps: [box-d.invalid:2222]\n")
+    path = write(
+        tmp_path,
+        "master: box-a.invalid:2222\nworker: [box-b.invalid:2222, box-c.invalid:2222]\n"
+        "ps: [box-d.invalid:2222]\n",
+    )
     r = od_dist("validate", "--cluster", path)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr

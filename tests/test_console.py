@@ -29,8 +29,13 @@ def run_child(tmp_path, verbose, env_log=None):
     if env_log:
         env["OD_DIST_TASK_LOG"] = env_log
     log = str(tmp_path / "logs" / "worker-0.log")
-    r = subprocess.run([sys.executable, "-c", CHILD, log, "1" if verbose else "0"], capture_output=True,
-                       text=True, env=env, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, log, "1" if verbose else "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout, r.stderr, (open(log).read() if os.path.exists(log) else "")
 
@@ -39,8 +44,14 @@ def test_console_shows_od_dist_lines_and_real_warnings_once(tmp_path):
     out, err, log = run_child(tmp_path, verbose=False)
     assert out == "od-dist progress line\nsaved checkpoint to ckpt-5.\n"
     assert err.splitlines() == ["WARNING tensorflow: a real warning", "od-dist: an error line"]
-    for detail in ("pycocotools table line", "C++ line", "Gradients do not exist", "an info record",
-                   "Input dict contained keys", "od-dist progress line"):
+    for detail in (
+        "pycocotools table line",
+        "C++ line",
+        "Gradients do not exist",
+        "an info record",
+        "Input dict contained keys",
+        "od-dist progress line",
+    ):
         assert detail in log, detail
     assert log.count("a real warning") == 3  # the log keeps every one
 

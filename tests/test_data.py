@@ -5,7 +5,6 @@ COCO writes it. Hostile annotations each give their one-line error, exit 2 and n
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -20,21 +19,31 @@ SIZE = 96
 
 def od_dist(*args, cwd=ROOT, timeout=180):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 def labelimg_xml(filename, width, height, objects):
     """An annotation exactly as labelImg saves it (its PascalVocWriter's layout)."""
-    parts = [f"<annotation>\n\t<folder>images</folder>\n\t<filename>{filename}</filename>\n"
-             f"\t<path>/home/user/my_data/images/{filename}</path>\n\t<source>\n\t\t<database>Unknown"
-             f"</database>\n\t</source>\n\t<size>\n\t\t<width>{width}</width>\n\t\t<height>{height}"
-             "</height>\n\t\t<depth>3</depth>\n\t</size>\n\t<segmented>0</segmented>\n"]
+    parts = [
+        f"<annotation>\n\t<folder>images</folder>\n\t<filename>{filename}</filename>\n"
+        f"\t<path>/home/user/my_data/images/{filename}</path>\n\t<source>\n\t\t<database>Unknown"
+        f"</database>\n\t</source>\n\t<size>\n\t\t<width>{width}</width>\n\t\t<height>{height}"
+        "</height>\n\t\t<depth>3</depth>\n\t</size>\n\t<segmented>0</segmented>\n"
+    ]
     for name, xmin, ymin, xmax, ymax, difficult in objects:
-        parts.append(f"\t<object>\n\t\t<name>{name}</name>\n\t\t<pose>Unspecified</pose>\n"
-                     f"\t\t<truncated>0</truncated>\n\t\t<difficult>{int(difficult)}</difficult>\n"
-                     f"\t\t<bndbox>\n\t\t\t<xmin>{xmin}</xmin>\n\t\t\t<ymin>{ymin}</ymin>\n"
-                     f"\t\t\t<xmax>{xmax}</xmax>\n\t\t\t<ymax>{ymax}</ymax>\n\t\t</bndbox>\n\t</object>\n")
+        parts.append(
+            f"\t<object>\n\t\t<name>{name}</name>\n\t\t<pose>Unspecified</pose>\n"
+            f"\t\t<truncated>0</truncated>\n\t\t<difficult>{int(difficult)}</difficult>\n"
+            f"\t\t<bndbox>\n\t\t\t<xmin>{xmin}</xmin>\n\t\t\t<ymin>{ymin}</ymin>\n"
+            f"\t\t\t<xmax>{xmax}</xmax>\n\t\t\t<ymax>{ymax}</ymax>\n\t\t</bndbox>\n\t</object>\n"
+        )
     parts.append("</annotation>\n")
     return "".join(parts)
 
@@ -55,8 +64,10 @@ def make_voc(root, count=8, seed=0):
         with open(os.path.join(images, name), "wb") as f:
             f.write(shapes.encode_image(image, "jpeg"))
         # shapes' boxes: 0-based, max exclusive -> VOC: 1-based, max inclusive.
-        objs = [(shapes.CLASSES[c - 1], x0 + 1, y0 + 1, x1, y1, i == 0 and k == 1)
-                for k, ((y0, x0, y1, x1), c) in enumerate(zip(boxes.tolist(), labels.tolist()))]
+        objs = [
+            (shapes.CLASSES[c - 1], x0 + 1, y0 + 1, x1, y1, i == 0 and k == 1)
+            for k, ((y0, x0, y1, x1), c) in enumerate(zip(boxes.tolist(), labels.tolist()))
+        ]
         truth[name] = objs
         with open(os.path.join(anns, name.replace(".jpg", ".xml")), "w") as f:
             f.write(labelimg_xml(name, SIZE, SIZE, objs))
@@ -97,10 +108,13 @@ def test_voc_converts_labelimg_folder(voc):
     assert skipped == 0 and written.num_classes == 4
     assert written.images == {"train": 6, "val": 2}
     with open(os.path.join(out, "label_map.pbtxt")) as f:
-        assert f.read() == ("item {\n  id: 1\n  name: 'circle'\n}\nitem {\n  id: 2\n  name: 'square'\n}\n"
-                            "item {\n  id: 3\n  name: 'triangle'\n}\n")
-    examples = read_records(os.path.join(out, "train-*.tfrecord")) + \
-        read_records(os.path.join(out, "val-*.tfrecord"))
+        assert f.read() == (
+            "item {\n  id: 1\n  name: 'circle'\n}\nitem {\n  id: 2\n  name: 'square'\n}\n"
+            "item {\n  id: 3\n  name: 'triangle'\n}\n"
+        )
+    examples = read_records(os.path.join(out, "train-*.tfrecord")) + read_records(
+        os.path.join(out, "val-*.tfrecord")
+    )
     assert len(examples) == 8
     ids = sorted(int(feat(e, "image/source_id")[0]) for e in examples)
     assert ids == list(range(1, 9))  # numeric and unique: COCO evaluation uses them as image ids
@@ -111,10 +125,12 @@ def test_voc_converts_labelimg_folder(voc):
         assert feat(e, "image/height") == [SIZE] and feat(e, "image/width") == [SIZE]
         assert feat(e, "image/object/class/label") == [ids_of[o[0]] for o in objs]
         # 1-based inclusive pixels -> [xmin - 1, xmax] / size: exactly shapes' own box.
-        np.testing.assert_allclose(feat(e, "image/object/bbox/xmin"), [(o[1] - 1) / SIZE for o in objs],
-                                   atol=1e-6)
-        np.testing.assert_allclose(feat(e, "image/object/bbox/ymin"), [(o[2] - 1) / SIZE for o in objs],
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            feat(e, "image/object/bbox/xmin"), [(o[1] - 1) / SIZE for o in objs], atol=1e-6
+        )
+        np.testing.assert_allclose(
+            feat(e, "image/object/bbox/ymin"), [(o[2] - 1) / SIZE for o in objs], atol=1e-6
+        )
         np.testing.assert_allclose(feat(e, "image/object/bbox/xmax"), [o[3] / SIZE for o in objs], atol=1e-6)
         np.testing.assert_allclose(feat(e, "image/object/bbox/ymax"), [o[4] / SIZE for o in objs], atol=1e-6)
         assert feat(e, "image/object/is_crowd") == [int(o[5]) for o in objs]
@@ -175,8 +191,11 @@ def test_voc_hostile_annotation_exit_2_nothing_written(voc, tmp_path, case):
     elif case == "box_outside":
         with open(xml, "w") as f:
             f.write(labelimg_xml("photo_003.jpg", SIZE, SIZE, [("circle", 10, 10, SIZE + 5, 40, 0)]))
-        want = [f"photo_003.xml: object 1 'circle': box (xmin 10, ymin 10, xmax {SIZE + 5}, ymax 40) "
-                f"outside the {SIZE}x{SIZE} image", "fix the box"]
+        want = [
+            f"photo_003.xml: object 1 'circle': box (xmin 10, ymin 10, xmax {SIZE + 5}, ymax 40) "
+            f"outside the {SIZE}x{SIZE} image",
+            "fix the box",
+        ]
     elif case == "missing_image":
         os.remove(os.path.join(images, "photo_003.jpg"))
         want = ["photo_003.xml: image 'photo_003.jpg' not found in", "put the image there"]
@@ -185,8 +204,11 @@ def test_voc_hostile_annotation_exit_2_nothing_written(voc, tmp_path, case):
         labels.write_text("circle\nsquare\n")  # no triangle
         extra = ["--labels", str(labels)]
         bad = sorted(n for n, objs in truth.items() if any(o[0] == "triangle" for o in objs))[0]
-        want = [f"{bad.replace('.jpg', '.xml')}: object", "class 'triangle' is not in --labels",
-                "add it there or fix the name"]
+        want = [
+            f"{bad.replace('.jpg', '.xml')}: object",
+            "class 'triangle' is not in --labels",
+            "add it there or fix the name",
+        ]
     r = od_dist("data", "voc", "--images", images, "--annotations", anns, "--out", out, *extra)
     _one_line_error(r, *want)
     assert "nothing written" in r.stderr and "--skip_bad" in r.stderr
@@ -259,12 +281,14 @@ def test_labels_file_formats(tmp_path):
 
 
 def test_data_help_imports_no_tensorflow():
-    code = ("import sys; from od_dist import cli\n"
-            "assert {'data voc', 'data check'} <= set(cli.COMMANDS)\n"
-            "for c in cli.COMMANDS:\n"
-            "    assert cli.main(['od-dist', *c.split(), '--help']) == 0, c\n"
-            "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'official', 'keras', "
-            "'tf_keras', 'matplotlib')]; print('HEAVY', heavy)")
+    code = (
+        "import sys; from od_dist import cli\n"
+        "assert {'data voc', 'data check'} <= set(cli.COMMANDS)\n"
+        "for c in cli.COMMANDS:\n"
+        "    assert cli.main(['od-dist', *c.split(), '--help']) == 0, c\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'official', 'keras', "
+        "'tf_keras', 'matplotlib')]; print('HEAVY', heavy)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "HEAVY []" in r.stdout
@@ -294,12 +318,12 @@ def test_data_check_names_record_and_problem(tmp_path):
 
     path = str(tmp_path / "bad.tfrecord")
     with tf.io.TFRecordWriter(path) as w:
-        w.write(example("1", [[0.1, 0.1, 0.5, 0.5]], [1]))        # fine
-        w.write(example("2", [[0.1, 0.1, 1.5, 0.5]], [1]))        # outside
-        w.write(example("3", [[0.5, 0.5, 0.5, 0.6]], [2]))        # no area
-        w.write(example("4", [[0.1, 0.1, 0.5, 0.5]], [4]))        # class id too big
+        w.write(example("1", [[0.1, 0.1, 0.5, 0.5]], [1]))  # fine
+        w.write(example("2", [[0.1, 0.1, 1.5, 0.5]], [1]))  # outside
+        w.write(example("3", [[0.5, 0.5, 0.5, 0.6]], [2]))  # no area
+        w.write(example("4", [[0.1, 0.1, 0.5, 0.5]], [4]))  # class id too big
         w.write(example("photo.jpg", [[0.1, 0.1, 0.5, 0.5]], [1]))  # not numeric
-        w.write(example("1", [[0.1, 0.1, 0.5, 0.5]], [1]))        # repeated
+        w.write(example("1", [[0.1, 0.1, 0.5, 0.5]], [1]))  # repeated
         w.write(example("7", [[0.1, 0.1, 0.5, 0.5]], [1], h=50))  # stored size wrong
     with open(str(tmp_path / "cut.tfrecord"), "wb") as f:
         with open(path, "rb") as g:
@@ -339,24 +363,43 @@ def make_coco(root, count=6, seed=1):
     images = os.path.join(root, "images")
     os.makedirs(images)
     rng = np.random.default_rng(seed)
-    doc = {"info": {"description": "test", "version": "1.0", "year": 2026}, "licenses": [],
-           "images": [], "annotations": [],
-           "categories": [{"supercategory": "shape", "id": i, "name": n} for n, i in COCO_IDS.items()]}
+    doc = {
+        "info": {"description": "test", "version": "1.0", "year": 2026},
+        "licenses": [],
+        "images": [],
+        "annotations": [],
+        "categories": [{"supercategory": "shape", "id": i, "name": n} for n, i in COCO_IDS.items()],
+    }
     for i in range(count):
         image, boxes, labels, areas = shapes.make_image(rng, SIZE)
         name = f"{i:012d}.png"
         with open(os.path.join(images, name), "wb") as f:
             f.write(shapes.encode_image(image, "png"))
         image_id = 1000 + i
-        doc["images"].append({"license": 1, "file_name": name, "coco_url": "", "height": SIZE,
-                              "width": SIZE, "date_captured": "2026-11-22 00:00:00", "flickr_url": "",
-                              "id": image_id})
+        doc["images"].append(
+            {
+                "license": 1,
+                "file_name": name,
+                "coco_url": "",
+                "height": SIZE,
+                "width": SIZE,
+                "date_captured": "2026-11-22 00:00:00",
+                "flickr_url": "",
+                "id": image_id,
+            }
+        )
         for (y0, x0, y1, x1), c, a in zip(boxes.tolist(), labels.tolist(), areas.tolist()):
-            doc["annotations"].append({
-                "segmentation": [[x0, y0, x1, y0, x1, y1, x0, y1]], "area": float(a),
-                "iscrowd": int(len(doc["annotations"]) == 0), "image_id": image_id,
-                "bbox": [float(x0), float(y0), float(x1 - x0), float(y1 - y0)],
-                "category_id": COCO_IDS[shapes.CLASSES[c - 1]], "id": len(doc["annotations"]) + 1})
+            doc["annotations"].append(
+                {
+                    "segmentation": [[x0, y0, x1, y0, x1, y1, x0, y1]],
+                    "area": float(a),
+                    "iscrowd": int(len(doc["annotations"]) == 0),
+                    "image_id": image_id,
+                    "bbox": [float(x0), float(y0), float(x1 - x0), float(y1 - y0)],
+                    "category_id": COCO_IDS[shapes.CLASSES[c - 1]],
+                    "id": len(doc["annotations"]) + 1,
+                }
+            )
     path = os.path.join(root, "instances.json")
     with open(path, "w") as f:
         json.dump(doc, f)
@@ -377,8 +420,10 @@ def test_coco_converts_with_ids_kept(coco):
     assert skipped == 0 and written.num_classes == 8  # largest category id + 1
     assert written.images == {"train": 4, "val": 2}
     with open(os.path.join(out, "label_map.pbtxt")) as f:
-        assert f.read() == ("item {\n  id: 1\n  name: 'circle'\n}\nitem {\n  id: 3\n  name: 'square'\n}\n"
-                            "item {\n  id: 7\n  name: 'triangle'\n}\n")
+        assert f.read() == (
+            "item {\n  id: 1\n  name: 'circle'\n}\nitem {\n  id: 3\n  name: 'square'\n}\n"
+            "item {\n  id: 7\n  name: 'triangle'\n}\n"
+        )
     examples = read_records(os.path.join(out, "*.tfrecord"))
     assert sorted(int(feat(e, "image/source_id")[0]) for e in examples) == [im["id"] for im in doc["images"]]
     for e in examples:
@@ -386,10 +431,12 @@ def test_coco_converts_with_ids_kept(coco):
         anns = [a for a in doc["annotations"] if a["image_id"] == iid]
         assert feat(e, "image/format") == [b"png"]
         assert feat(e, "image/object/class/label") == [a["category_id"] for a in anns]
-        np.testing.assert_allclose(feat(e, "image/object/bbox/xmin"), [a["bbox"][0] / SIZE for a in anns],
-                                   atol=1e-6)
-        np.testing.assert_allclose(feat(e, "image/object/bbox/ymax"),
-                                   [(a["bbox"][1] + a["bbox"][3]) / SIZE for a in anns], atol=1e-6)
+        np.testing.assert_allclose(
+            feat(e, "image/object/bbox/xmin"), [a["bbox"][0] / SIZE for a in anns], atol=1e-6
+        )
+        np.testing.assert_allclose(
+            feat(e, "image/object/bbox/ymax"), [(a["bbox"][1] + a["bbox"][3]) / SIZE for a in anns], atol=1e-6
+        )
         assert feat(e, "image/object/is_crowd") == [a["iscrowd"] for a in anns]
 
 
@@ -398,8 +445,10 @@ def test_coco_hostile_exit_2_nothing_written(coco, tmp_path, case):
     images, path, doc, out = coco
     if case == "box_outside":
         doc["annotations"][2]["bbox"] = [50.0, 50.0, 80.0, 10.0]
-        want = [f"image id {doc['annotations'][2]['image_id']}", f"annotation id 3: bbox [50, 50, 80, 10] "
-                f"outside the {SIZE}x{SIZE} image; fix the box"]
+        want = [
+            f"image id {doc['annotations'][2]['image_id']}",
+            f"annotation id 3: bbox [50, 50, 80, 10] outside the {SIZE}x{SIZE} image; fix the box",
+        ]
     elif case == "missing_image":
         os.remove(os.path.join(images, doc["images"][1]["file_name"]))
         want = [f"image id 1001 ('{doc['images'][1]['file_name']}'): not found in", "put the image there"]
@@ -423,7 +472,8 @@ def test_coco_hostile_exit_2_nothing_written(coco, tmp_path, case):
 def test_coco_empty(tmp_path):
     path = tmp_path / "empty.json"
     path.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}]}))
-    r = od_dist("data", "coco", "--images", str(tmp_path), "--annotations", str(path), "--out",
-                str(tmp_path / "out"))
+    r = od_dist(
+        "data", "coco", "--images", str(tmp_path), "--annotations", str(path), "--out", str(tmp_path / "out")
+    )
     _one_line_error(r, "no images; nothing to convert")
     assert leftovers(tmp_path) == []

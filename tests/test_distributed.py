@@ -12,15 +12,16 @@ import time
 
 import psutil
 import pytest
-
 from loopback import free_ports, write_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 # A few steps, a checkpoint every loop: enough to prove the wiring, not to learn.
-TINY = ("trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
-        "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
-        "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord")
+TINY = (
+    "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
+    "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
+    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord"
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +35,14 @@ def data_dir(tmp_path_factory):
 
 def run(*args, cwd=ROOT, timeout=300, check=False):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    r = subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, cwd=cwd,
-                       env=env, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-m", "od_dist", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
@@ -53,8 +60,11 @@ def checkpoint_step(model_dir):
 
 
 def od_dist_processes():
-    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
-            and "od_dist" in " ".join(p.info["cmdline"]) and p.pid != os.getpid()]
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if p.info["cmdline"] and "od_dist" in " ".join(p.info["cmdline"]) and p.pid != os.getpid()
+    ]
 
 
 def test_parameter_server_job_then_eval(tmp_path, data_dir):
@@ -62,35 +72,61 @@ def test_parameter_server_job_then_eval(tmp_path, data_dir):
     evaluator after the final checkpoint; eval prints AP."""
     cluster = write_cluster(tmp_path, evaluator=True)
     model_dir = str(tmp_path / "model")
-    r = run("launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}",
-            tiny(data_dir), "--wait_timeout=120", cwd=str(tmp_path))
+    r = run(
+        "launch",
+        f"--cluster={cluster}",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={model_dir}",
+        tiny(data_dir),
+        "--wait_timeout=120",
+        cwd=str(tmp_path),
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert "ParameterServerStrategy" in out
     assert checkpoint_step(model_dir) == 10
-    assert re.search(r"\[master:0\] od-dist train \| step 10/10 .* steps/s .* examples/s .* ETA", out), out[-3000:]
+    assert re.search(r"\[master:0\] od-dist train \| step 10/10 .* steps/s .* examples/s .* ETA", out), out[
+        -3000:
+    ]
     for name in ("ps:0", "worker:0", "worker:1"):
         assert f"[{name}] {name} serving on 127.0.0.1:" in out
         assert f"[{name}] {name}: the master finished training; stopping" in out
     assert sorted(os.listdir(os.path.join(model_dir, "logs"))) == [
-        "evaluator-0.log", "master-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
-    assert re.search(r"\[evaluator:0\] od-dist eval \| step 10 \| AP \d\.\d{3} \| AP50 \d\.\d{3}", out), out[-3000:]
+        "evaluator-0.log",
+        "master-0.log",
+        "ps-0.log",
+        "worker-0.log",
+        "worker-1.log",
+    ]
+    assert re.search(r"\[evaluator:0\] od-dist eval \| step 10 \| AP \d\.\d{3} \| AP50 \d\.\d{3}", out), out[
+        -3000:
+    ]
     assert json.load(open(os.path.join(model_dir, "eval_metrics.json")))["step"] == 10
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".od-dist-stop")]  # markers cleaned up
 
     # A console people can read: TensorFlow's C++ lines, the SessionOptions dumps, pycocotools'
     # tables and Model Garden's metric dicts are in the per-task logs, not on the console.
-    for noise in ("cuInit", "grpc_server_lib.cc", "SessionOptions", "Average Precision", "'AP50': np.float32"):
+    for noise in (
+        "cuInit",
+        "grpc_server_lib.cc",
+        "SessionOptions",
+        "Average Precision",
+        "'AP50': np.float32",
+    ):
         assert noise not in out, noise
-    logs = {name: open(os.path.join(model_dir, "logs", name)).read() for name in ("ps-0.log", "evaluator-0.log")}
+    logs = {
+        name: open(os.path.join(model_dir, "logs", name)).read() for name in ("ps-0.log", "evaluator-0.log")
+    }
     assert "grpc_server_lib.cc" in logs["ps-0.log"] and "Average Precision" in logs["evaluator-0.log"]
     assert "[ps:0] ps:0 serving on" in out and "ps:0 serving on" in logs["ps-0.log"]
 
     r = run("eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), cwd=str(tmp_path))
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     # Its result once, and none of the metrics dict or table around it.
-    assert len(re.findall(r"^od-dist eval \| step 10 \| AP \d\.\d{3} \| AP50 \d\.\d{3} \| AP75", r.stdout, re.M)) == 1, \
-        r.stdout[-2000:]
+    assert (
+        len(re.findall(r"^od-dist eval \| step 10 \| AP \d\.\d{3} \| AP50 \d\.\d{3} \| AP75", r.stdout, re.M))
+        == 1
+    ), r.stdout[-2000:]
     assert len([line for line in r.stdout.splitlines() if "AP" in line]) == 1, r.stdout[-2000:]
     assert "Average Precision" in open(os.path.join(model_dir, "logs", "eval.log")).read()
 
@@ -98,8 +134,15 @@ def test_parameter_server_job_then_eval(tmp_path, data_dir):
 def test_multi_worker_mirrored_master_and_worker(tmp_path, data_dir):
     cluster = write_cluster(tmp_path, ps=0, workers=1)
     model_dir = str(tmp_path / "model")
-    r = run("launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}",
-            tiny(data_dir), "--wait_timeout=120", cwd=str(tmp_path))
+    r = run(
+        "launch",
+        f"--cluster={cluster}",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={model_dir}",
+        tiny(data_dir),
+        "--wait_timeout=120",
+        cwd=str(tmp_path),
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert "[master:0] master:0: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in out
@@ -125,19 +168,36 @@ def test_single_machine_two_cpu_clones_and_resume(tmp_path, data_dir):
 def test_master_names_the_peer_that_never_starts(tmp_path, data_dir):
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     start = time.monotonic()
-    r = run("train", f"--cluster={cluster}", "--role=master", f"--pipeline={PIPELINE}",
-            f"--model_dir={tmp_path / 'model'}", tiny(data_dir), "--wait_timeout=3", cwd=str(tmp_path))
+    r = run(
+        "train",
+        f"--cluster={cluster}",
+        "--role=master",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={tmp_path / 'model'}",
+        tiny(data_dir),
+        "--wait_timeout=3",
+        cwd=str(tmp_path),
+    )
     assert r.returncode == 138, r.stdout + r.stderr  # retryable: a late peer is there at the next try
-    assert re.search(r"timed out after 3 s waiting for ps:0 at 127\.0\.0\.1:\d+, worker:0 at 127\.0\.0\.1:\d+",
-                     r.stderr), r.stderr
+    assert re.search(
+        r"timed out after 3 s waiting for ps:0 at 127\.0\.0\.1:\d+, worker:0 at 127\.0\.0\.1:\d+", r.stderr
+    ), r.stderr
     assert "Traceback" not in r.stderr
     assert time.monotonic() - start < 60
 
 
 def test_multi_worker_peer_that_never_starts(tmp_path, data_dir):
     cluster = write_cluster(tmp_path, ps=0, workers=1)
-    r = run("train", f"--cluster={cluster}", "--role=master", f"--pipeline={PIPELINE}",
-            f"--model_dir={tmp_path / 'model'}", tiny(data_dir), "--wait_timeout=5", cwd=str(tmp_path))
+    r = run(
+        "train",
+        f"--cluster={cluster}",
+        "--role=master",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={tmp_path / 'model'}",
+        tiny(data_dir),
+        "--wait_timeout=5",
+        cwd=str(tmp_path),
+    )
     assert r.returncode == 138, r.stdout + r.stderr
     assert re.search(r"timed out after 5 s waiting for worker:0 at 127\.0\.0\.1:\d+", r.stderr), r.stderr
 
@@ -157,8 +217,14 @@ def test_port_already_taken(tmp_path):
 def test_server_stops_on_sigterm_and_when_master_never_comes(tmp_path):
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    proc = subprocess.Popen([sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(tmp_path),
+        env=env,
+    )
     line = ""
     while "serving on" not in line:
         line = proc.stdout.readline()
@@ -179,9 +245,23 @@ def test_ps_starts_whatever_num_clones_says(tmp_path):
         f.write("num_clones: 2\n")
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     for extra in ([], ["--num_clones=2"]):
-        proc = subprocess.Popen([sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps",
-                                 f"--model_dir={tmp_path / 'model'}", *extra], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "od_dist",
+                "train",
+                f"--cluster={cluster}",
+                "--role=ps",
+                f"--model_dir={tmp_path / 'model'}",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=str(tmp_path),
+            env=env,
+        )
         try:
             lines = []
             while not lines or "serving on" not in lines[-1]:
@@ -206,12 +286,22 @@ def test_every_role_applies_the_device_policy(tmp_path, data_dir):
     model_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     common = [f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), "--wait_timeout=2"]
-    commands = {"evaluator-0": ["train", f"--cluster={cluster}", "--role=evaluator", *common],
-                "master-0": ["train", f"--cluster={cluster}", "--role=master", *common],
-                "eval": ["eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}"]}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "od_dist", *args], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env)
-             for name, args in commands.items()}
+    commands = {
+        "evaluator-0": ["train", f"--cluster={cluster}", "--role=evaluator", *common],
+        "master-0": ["train", f"--cluster={cluster}", "--role=master", *common],
+        "eval": ["eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}"],
+    }
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "od_dist", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=str(tmp_path),
+            env=env,
+        )
+        for name, args in commands.items()
+    }
     try:
         for name, proc in procs.items():
             out = proc.communicate(timeout=240)[0]
@@ -231,9 +321,24 @@ def test_launch_stops_everything_when_a_task_dies(tmp_path, data_dir):
     model_dir = str(tmp_path / "model")
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "od_dist", "launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
-         f"--model_dir={model_dir}", tiny(data_dir, steps=100000), "--wait_timeout=120", "--max_restarts=0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env)
+        [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "launch",
+            f"--cluster={cluster}",
+            f"--pipeline={PIPELINE}",
+            f"--model_dir={model_dir}",
+            tiny(data_dir, steps=100000),
+            "--wait_timeout=120",
+            "--max_restarts=0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(tmp_path),
+        env=env,
+    )
     lines = []
     try:
         while not any("[worker:1] worker:1 serving on" in line for line in lines):
@@ -250,8 +355,10 @@ def test_launch_stops_everything_when_a_task_dies(tmp_path, data_dir):
             launcher.kill()
     out = "".join(lines) + rest
     assert launcher.returncode == 1, out[-3000:]
-    assert ("od-dist launch: worker:1 died (exit 137, killed); no restart left (--max_restarts 0); stopping "
-            f"every task. Its log: {os.path.join(model_dir, 'logs', 'worker-1.log')}") in out
+    assert (
+        "od-dist launch: worker:1 died (exit 137, killed); no restart left (--max_restarts 0); stopping "
+        f"every task. Its log: {os.path.join(model_dir, 'logs', 'worker-1.log')}"
+    ) in out
     gone = psutil.wait_procs(children, timeout=30)[1]
     assert not gone, f"left running: {gone}"
 
@@ -274,8 +381,12 @@ def test_a_server_that_cannot_write_its_stop_marker_is_reported_as_such(tmp_path
     the marker it could not write, not "could not reach"; the worker, in a writable one, stops."""
     ro = tmp_path / "ro"
     ro.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("needs root to mount a read-only directory (root can write into any chmod-ed one)")
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
@@ -283,19 +394,38 @@ def test_a_server_that_cannot_write_its_stop_marker_is_reported_as_such(tmp_path
     try:
         for role, cwd in (("ps", ro), ("worker", tmp_path)):
             procs[role] = subprocess.Popen(
-                [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", f"--role={role}",
-                 f"--model_dir={tmp_path / 'model'}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, cwd=str(cwd), env=env)
+                [
+                    sys.executable,
+                    "-m",
+                    "od_dist",
+                    "train",
+                    f"--cluster={cluster}",
+                    f"--role={role}",
+                    f"--model_dir={tmp_path / 'model'}",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=str(cwd),
+                env=env,
+            )
         lines = {}
         for role, proc in procs.items():
             lines[role] = []
             while not lines[role] or "serving on" not in lines[role][-1]:
                 lines[role].append(proc.stdout.readline())
                 assert lines[role][-1], "".join(lines[role])
-        assert any("ps:0: cannot write in its working directory" in line and "Read-only file system" in line
-                   for line in lines["ps"]), lines["ps"]
-        r = subprocess.run([sys.executable, "-c", STOP_FROM_MASTER, cluster], capture_output=True, text=True,
-                           env=dict(env, GRPC_FAIL_FAST="use_caller"), timeout=240)
+        assert any(
+            "ps:0: cannot write in its working directory" in line and "Read-only file system" in line
+            for line in lines["ps"]
+        ), lines["ps"]
+        r = subprocess.run(
+            [sys.executable, "-c", STOP_FROM_MASTER, cluster],
+            capture_output=True,
+            text=True,
+            env=dict(env, GRPC_FAIL_FAST="use_caller"),
+            timeout=240,
+        )
         result = json.loads(r.stdout.split("RESULT ", 1)[1]) if "RESULT " in r.stdout else None
         assert result is not None, r.stdout[-2000:] + r.stderr[-3000:]
         assert list(result) == ["ps:0"], result
@@ -325,10 +455,24 @@ def test_evaluator_without_a_master_watches_worker_0(tmp_path, data_dir):
     lead = socket.socket()
     lead.bind(("127.0.0.1", w0))
     lead.listen()
-    proc = subprocess.Popen([sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=evaluator",
-                             f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir),
-                             "--wait_timeout=3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "train",
+            f"--cluster={cluster}",
+            "--role=evaluator",
+            f"--pipeline={PIPELINE}",
+            f"--model_dir={model_dir}",
+            tiny(data_dir),
+            "--wait_timeout=3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         log = model_dir / "logs" / "evaluator-0.log"
         deadline = time.monotonic() + 240

@@ -8,6 +8,7 @@ import sys
 import time
 
 from loopback import free_ports
+
 from od_dist.cluster import spec as cluster_mod
 from od_dist.job import doctor
 
@@ -16,14 +17,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def od_dist(*args):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
 
 
 def loopback_cluster(tmp_path, ports, extra=""):
     path = tmp_path / "c.yaml"
-    path.write_text(f"master: 127.0.0.1:{ports[0]}\nworker: [127.0.0.1:{ports[1]}]\nps: [127.0.0.1:{ports[2]}]\n"
-                    + extra)
+    path.write_text(
+        f"master: 127.0.0.1:{ports[0]}\nworker: [127.0.0.1:{ports[1]}]\nps: [127.0.0.1:{ports[2]}]\n" + extra
+    )
     return str(path)
 
 
@@ -36,14 +44,21 @@ def test_loopback_cluster_all_ok_fast_and_without_tensorflow(tmp_path):
     assert time.monotonic() - start < 20
     lines = [line.strip() for line in r.stdout.splitlines()]
     assert lines[0] == f"od-dist doctor: {cluster}: valid, strategy parameter_server, 3 tasks, num_clones 1"
-    assert "ok    this machine: a loopback-only cluster: every task runs here (od-dist launch starts them all)" in lines
+    assert (
+        "ok    this machine: a loopback-only cluster: every task runs here (od-dist launch starts them all)"
+        in lines
+    )
     for port, name in zip(ports, ("master:0", "worker:0", "ps:0")):
         assert f"ok    port {port} here: free for {name}" in lines
     assert lines[-1].startswith("od-dist doctor: nothing to fix")
-    code = ("import sys; from od_dist import cli; rc = cli.main(['od-dist', 'doctor', '--cluster', sys.argv[1]]); "
-            "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'official', 'keras', 'tf_keras')]; "
-            "print('HEAVY', heavy); sys.exit(rc or bool(heavy))")
-    r = subprocess.run([sys.executable, "-c", code, cluster], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    code = (
+        "import sys; from od_dist import cli; rc = cli.main(['od-dist', 'doctor', '--cluster', sys.argv[1]]); "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'official', 'keras', 'tf_keras')]; "
+        "print('HEAVY', heavy); sys.exit(rc or bool(heavy))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, cluster], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert r.returncode == 0 and "HEAVY []" in r.stdout, r.stdout + r.stderr
 
 
@@ -55,8 +70,11 @@ def test_a_port_in_use_here_is_a_fix(tmp_path):
         taken.listen()
         r = od_dist("doctor", f"--cluster={cluster}")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert any(line.strip().startswith(f"FIX   port {ports[1]} here: in use") and "worker:0 cannot start: stop that "
-               "program, or give worker[0] another port" in line for line in r.stdout.splitlines()), r.stdout
+    assert any(
+        line.strip().startswith(f"FIX   port {ports[1]} here: in use")
+        and "worker:0 cannot start: stop that program, or give worker[0] another port" in line
+        for line in r.stdout.splitlines()
+    ), r.stdout
     assert r.stdout.splitlines()[-1] == "od-dist doctor: 1 to fix (the FIX lines above)"
 
 
@@ -83,8 +101,14 @@ def test_probe_tells_listening_from_refused():
 
 
 def test_gpus_against_num_clones():
-    ps = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.2:1"], "ps": ["10.0.0.3:1"],
-                                    "hosts": {"10.0.0.2": {"num_clones": 2}}})
+    ps = cluster_mod.from_document(
+        {
+            "master": "10.0.0.1:1",
+            "worker": ["10.0.0.2:1"],
+            "ps": ["10.0.0.3:1"],
+            "hosts": {"10.0.0.2": {"num_clones": 2}},
+        }
+    )
     mw = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.2:1"], "num_clones": 2})
 
     def status(cluster, role, counted):
@@ -94,7 +118,10 @@ def test_gpus_against_num_clones():
     assert "needs 2 GPUs, found 1 (nvidia-smi -L)" in status(ps, "worker", (1, "nvidia-smi -L")).detail
     assert status(ps, "worker", (2, "nvidia-smi -L")).status == doctor.OK
     # Under parameter_server the ps and the master (coordinator) hold no replicas.
-    assert "none needed" in status(ps, "master", (0, "x")).detail and status(ps, "ps", (0, "x")).status == doctor.OK
+    assert (
+        "none needed" in status(ps, "master", (0, "x")).detail
+        and status(ps, "ps", (0, "x")).status == doctor.OK
+    )
     # Under multi_worker_mirrored the master trains too.
     assert status(mw, "master", (0, "no NVIDIA driver")).status == doctor.FIX
     one = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.2:1"]})
@@ -107,8 +134,14 @@ def test_count_gpus_says_how():
 
 
 def test_peers_to_reach_follow_the_traffic():
-    c = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.2:1", "10.0.0.3:1"],
-                                   "ps": ["10.0.0.4:1"], "evaluator": "10.0.0.5"})
+    c = cluster_mod.from_document(
+        {
+            "master": "10.0.0.1:1",
+            "worker": ["10.0.0.2:1", "10.0.0.3:1"],
+            "ps": ["10.0.0.4:1"],
+            "evaluator": "10.0.0.5",
+        }
+    )
     names = lambda role, i=0: sorted(t.name for t in doctor.peers_to_reach(c, (c.task(role, i),)))  # noqa: E731
     assert names("master") == ["ps:0", "worker:0", "worker:1"]
     assert names("worker", 1) == ["master:0", "ps:0"]  # never the other worker
@@ -120,12 +153,15 @@ def test_peers_to_reach_follow_the_traffic():
 def test_entry_of_a_machine_with_several_tasks_or_none():
     from od_dist.cluster.hostinfo import ThisMachine
 
-    c = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.1:2", "10.0.0.2:1"],
-                                   "ps": ["10.0.0.3:1"]})
+    c = cluster_mod.from_document(
+        {"master": "10.0.0.1:1", "worker": ["10.0.0.1:2", "10.0.0.2:1"], "ps": ["10.0.0.3:1"]}
+    )
     here = ThisMachine(frozenset({"box"}), frozenset({"10.0.0.1"}))
     checks, mine = doctor.check_entry(c, None, None, here)
-    assert [str(x) for x in checks] == ["ok    this machine: runs worker:0, master:0: start each with --role/--index, "
-                                        "or all with od-dist launch"]
+    assert [str(x) for x in checks] == [
+        "ok    this machine: runs worker:0, master:0: start each with --role/--index, "
+        "or all with od-dist launch"
+    ]
     assert [t.name for t in mine] == ["worker:0", "master:0"]
     checks, mine = doctor.check_entry(c, "worker", 0, here)
     assert checks[0].status == doctor.OK and [t.name for t in mine] == ["worker:0"]

@@ -7,7 +7,6 @@ import os
 
 import numpy as np
 import pytest
-
 from test_data import SIZE, make_voc, od_dist  # the labelImg-style dataset the data tests draw
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,10 +26,12 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(tmp_path
     images, anns, _ = make_voc(str(tmp_path / "src"), count=24)
     data = str(tmp_path / "data")
     written, _ = voc.convert(images, anns, data, val_fraction=0.25)
-    override = (f"trainer.train_steps=6,trainer.steps_per_loop=3,trainer.summary_interval=3,"
-                f"trainer.checkpoint_interval=3,task.train_data.input_path={written.pattern('train')},"
-                f"task.validation_data.input_path={written.pattern('val')},task.model.num_classes="
-                f"{written.num_classes}")
+    override = (
+        f"trainer.train_steps=6,trainer.steps_per_loop=3,trainer.summary_interval=3,"
+        f"trainer.checkpoint_interval=3,task.train_data.input_path={written.pattern('train')},"
+        f"task.validation_data.input_path={written.pattern('val')},task.model.num_classes="
+        f"{written.num_classes}"
+    )
     model_dir = str(tmp_path / "run")
     trainer.train(load_pipeline(DEMO, override, "mirrored"), model_dir, tf.distribute.MirroredStrategy())
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-6")
@@ -67,7 +68,7 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(tmp_path
     changed = np.any(drawn != original, axis=-1)
     # Where the best box is drawn, the picture differs from the input.
     xmin, ymin, xmax, ymax = (int(round(v)) for v in first["detections"][0]["box"])
-    edge = changed[min(max(ymin, 0), SIZE - 1), max(xmin, 0):min(xmax, 159) + 1]
+    edge = changed[min(max(ymin, 0), SIZE - 1), max(xmin, 0) : min(xmax, 159) + 1]
     assert edge.any()
 
     r = od_dist("report", "--model_dir", model_dir, timeout=300)
@@ -93,14 +94,22 @@ def test_report_draws_loss_lr_speed_and_ap(tmp_path):
 
     model_dir = str(tmp_path / "run")
     steps = range(50, 1050, 50)
-    _events(tf, os.path.join(model_dir, "train"), {
-        "total_loss": [(s, 2.0 / (1 + s / 200)) for s in steps],
-        "cls_loss": [(s, 1.0 / (1 + s / 200)) for s in steps],
-        "box_loss": [(s, 0.01 / (1 + s / 200)) for s in steps],
-        "learning_rate": [(s, 0.08 * (1 - s / 1000)) for s in steps],
-        "steps_per_second": [(s, 12.0) for s in steps]})
-    _events(tf, os.path.join(model_dir, "validation"), {"AP": [(500, 0.5), (1000, 0.8)],
-                                                        "AP50": [(500, 0.8), (1000, 0.97)]})
+    _events(
+        tf,
+        os.path.join(model_dir, "train"),
+        {
+            "total_loss": [(s, 2.0 / (1 + s / 200)) for s in steps],
+            "cls_loss": [(s, 1.0 / (1 + s / 200)) for s in steps],
+            "box_loss": [(s, 0.01 / (1 + s / 200)) for s in steps],
+            "learning_rate": [(s, 0.08 * (1 - s / 1000)) for s in steps],
+            "steps_per_second": [(s, 12.0) for s in steps],
+        },
+    )
+    _events(
+        tf,
+        os.path.join(model_dir, "validation"),
+        {"AP": [(500, 0.5), (1000, 0.8)], "AP50": [(500, 0.8), (1000, 0.97)]},
+    )
     done = report.report(model_dir)
     assert done["out"] == os.path.join(model_dir, "report.png")
     assert {"total_loss", "learning_rate", "steps_per_second"} <= set(done["train"])
@@ -118,7 +127,8 @@ def test_report_export_predict_errors_are_one_line(tmp_path):
     assert r.returncode == 2 and "no event files in train/ or validation/" in r.stderr, r.stderr
     r = od_dist("predict", "--model", str(tmp_path), "--images", str(tmp_path), "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "not a SavedModel" in r.stderr, r.stderr
-    r = od_dist("export", "--pipeline", DEMO, "--model_dir", str(tmp_path / "none"), "--out",
-                str(tmp_path / "x"))
+    r = od_dist(
+        "export", "--pipeline", DEMO, "--model_dir", str(tmp_path / "none"), "--out", str(tmp_path / "x")
+    )
     assert r.returncode == 1 and "no checkpoint to export" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "x")

@@ -13,7 +13,6 @@ import time
 
 import psutil
 import pytest
-
 from loopback import write_cluster
 from test_distributed import PIPELINE, data_dir, tiny  # noqa: F401 (data_dir: a fixture)
 
@@ -44,8 +43,15 @@ class Job:
 
     def __init__(self, *args, cwd):
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "od_dist", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "od_dist", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
         self.lines = []  # (time, line)
         self.seen = {}  # pid -> psutil.Process: every descendant ever seen
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -88,8 +94,11 @@ class Job:
 
     def task(self, role, index):
         self.track()
-        return next(p for p in psutil.Process(self.proc.pid).children(recursive=True)
-                    if f"--role={role}" in p.cmdline() and f"--index={index}" in p.cmdline())
+        return next(
+            p
+            for p in psutil.Process(self.proc.pid).children(recursive=True)
+            if f"--role={role}" in p.cmdline() and f"--index={index}" in p.cmdline()
+        )
 
     def finish(self, timeout=300):
         """Waits for the command's exit; then every process it ever started must be gone."""
@@ -145,8 +154,15 @@ def jobs():
 
 
 def launch_args(tmp_path, data_dir, cluster, steps, *extra):
-    return ["launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}", f"--model_dir={tmp_path / 'model'}",
-            tiny(data_dir, steps=steps), "--wait_timeout=120", *extra]
+    return [
+        "launch",
+        f"--cluster={cluster}",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={tmp_path / 'model'}",
+        tiny(data_dir, steps=steps),
+        "--wait_timeout=120",
+        *extra,
+    ]
 
 
 def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, data_dir, jobs):
@@ -158,23 +174,32 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, dat
     i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/60")
     job.task("worker", 1).kill()
     killed = time.monotonic()
-    i, _, _ = job.wait_for(r"od-dist launch: worker:1 died \(exit 137, killed\); restart 1/2 of worker:1 alone "
-                           r"in 2 s", after=i)
+    i, _, _ = job.wait_for(
+        r"od-dist launch: worker:1 died \(exit 137, killed\); restart 1/2 of worker:1 alone "
+        r"in 2 s",
+        after=i,
+    )
     i, back, _ = job.wait_for(r"\[worker:1\] worker:1 serving on", after=i)
     print(f"\nlost parameter_server worker: serving again {back - killed:.1f} s after kill -9")
     i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/60", after=i)
     step = wait_for_checkpoint(model_dir)
     job.task("ps", 0).kill()
     killed = time.monotonic()
-    i, _, _ = job.wait_for(r"od-dist launch: ps:0 died \(exit 137, killed\); restart 2/2 of every task in 4 s",
-                           after=i)
-    resumed_at, m = wait_in_log(os.path.join(model_dir, "logs", "master-0.log"), 2,
-                                r"train \| step:\s+(\d+) \| training until step 60")
+    i, _, _ = job.wait_for(
+        r"od-dist launch: ps:0 died \(exit 137, killed\); restart 2/2 of every task in 4 s", after=i
+    )
+    resumed_at, m = wait_in_log(
+        os.path.join(model_dir, "logs", "master-0.log"),
+        2,
+        r"train \| step:\s+(\d+) \| training until step 60",
+    )
     assert int(m.group(1)) >= step, job.out[-5000:]
     _, first_step, m = job.wait_for(r"\[master:0\] od-dist train \| step (\d+)/60", after=i)
     assert int(m.group(1)) > step
-    print(f"lost ps: training resumed at step {m.group(1)} (last checkpoint {step}) "
-          f"{first_step - killed:.1f} s after kill -9 (restored {resumed_at - killed:.1f} s)")
+    print(
+        f"lost ps: training resumed at step {m.group(1)} (last checkpoint {step}) "
+        f"{first_step - killed:.1f} s after kill -9 (restored {resumed_at - killed:.1f} s)"
+    )
     assert job.finish() == 0, job.out[-5000:]
     assert saved_step(model_dir) == 60
     log = open(os.path.join(model_dir, "logs", "master-0.log")).read()
@@ -193,14 +218,20 @@ def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, d
     step = wait_for_checkpoint(model_dir)  # a kill during the save would leave none to resume from
     job.task("worker", 0).kill()
     killed = time.monotonic()
-    i, _, _ = job.wait_for(r"od-dist launch: worker:0 died \(exit 137, killed\); restart 1/1 of every task in 2 s",
-                           after=i)
-    _, m = wait_in_log(os.path.join(model_dir, "logs", "master-0.log"), 2,
-                       r"train \| step:\s+(\d+) \| training until step 30")
+    i, _, _ = job.wait_for(
+        r"od-dist launch: worker:0 died \(exit 137, killed\); restart 1/1 of every task in 2 s", after=i
+    )
+    _, m = wait_in_log(
+        os.path.join(model_dir, "logs", "master-0.log"),
+        2,
+        r"train \| step:\s+(\d+) \| training until step 30",
+    )
     assert int(m.group(1)) >= step
     _, first_step, m = job.wait_for(r"\[master:0\] od-dist train \| step (\d+)/30", after=i)
-    print(f"\nlost multi_worker_mirrored trainer: training again at step {m.group(1)} (last checkpoint {step}) "
-          f"{first_step - killed:.1f} s after kill -9")
+    print(
+        f"\nlost multi_worker_mirrored trainer: training again at step {m.group(1)} (last checkpoint {step}) "
+        f"{first_step - killed:.1f} s after kill -9"
+    )
     assert job.finish() == 0, job.out[-5000:]
     assert saved_step(model_dir) == 30
     assert job.out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
@@ -220,21 +251,32 @@ def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, 
     # The servers stopped after the master, not on the SIGINT (2): told by the master, which a
     # Ctrl+C ends the job for, or by the launcher's SIGTERM (15) if that came first.
     for name in ("ps:0", "worker:0"):
-        job.wait_for(rf"\[{name}\] {name}: (the master was stopped \(Ctrl\+C\); stopping|stopped by signal 15)",
-                     after=i, timeout=1)
+        job.wait_for(
+            rf"\[{name}\] {name}: (the master was stopped \(Ctrl\+C\); stopping|stopped by signal 15)",
+            after=i,
+            timeout=1,
+        )
     assert "stopped by signal 2" not in job.out, job.out[-5000:]
 
 
 def test_train_max_restarts_restarts_its_own_task(tmp_path, data_dir, jobs):
     """One machine's `od-dist train --max_restarts`: its task is killed, restarted, finishes."""
     model_dir = str(tmp_path / "model")
-    job = jobs("train", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir, steps=20),
-               "--max_restarts=1", cwd=str(tmp_path))
+    job = jobs(
+        "train",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={model_dir}",
+        tiny(data_dir, steps=20),
+        "--max_restarts=1",
+        cwd=str(tmp_path),
+    )
     i, _, _ = job.wait_for(r"^od-dist train \| step \d+/20")
     child = next(p for p in psutil.Process(job.proc.pid).children() if "--max_restarts=0" in p.cmdline())
     child.kill()
     killed = time.monotonic()
-    i, _, _ = job.wait_for(r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/1 in 2 s$", after=i)
+    i, _, _ = job.wait_for(
+        r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/1 in 2 s$", after=i
+    )
     _, again, _ = job.wait_for(r"^od-dist train \| step \d+/20", after=i)
     print(f"\ntrain --max_restarts: training again {again - killed:.1f} s after kill -9")
     assert job.finish() == 0, job.out[-5000:]
@@ -244,8 +286,13 @@ def test_train_max_restarts_restarts_its_own_task(tmp_path, data_dir, jobs):
 def test_a_permanent_error_is_not_retried(tmp_path, jobs):
     pipeline = tmp_path / "bad.yaml"
     pipeline.write_text("experiment: retinanet_resnetfpn_coco\ntrainer: {train_stepz: 10}\n")
-    job = jobs("train", f"--pipeline={pipeline}", f"--model_dir={tmp_path / 'model'}", "--max_restarts=3",
-               cwd=str(tmp_path))
+    job = jobs(
+        "train",
+        f"--pipeline={pipeline}",
+        f"--model_dir={tmp_path / 'model'}",
+        "--max_restarts=3",
+        cwd=str(tmp_path),
+    )
     assert job.finish(timeout=180) == 2, job.out
     assert "od-dist train: single:0 died (exit 2, invalid input); a permanent error, not retried" in job.out
     assert job.out.count("train_stepz") == 1  # one attempt only

@@ -13,14 +13,15 @@ import time
 
 import psutil
 import pytest
-
 from loopback import write_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
-OVERRIDE = ("trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
-            "trainer.checkpoint_interval={interval},trainer.validation_interval=1000,"
-            "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord")
+OVERRIDE = (
+    "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
+    "trainer.checkpoint_interval={interval},trainer.validation_interval=1000,"
+    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord"
+)
 PROGRESS = re.compile(r"od-dist train \| step (\d+)/")
 
 pytestmark = pytest.mark.slow
@@ -51,8 +52,13 @@ class Proc:
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
         env["PYTHONUNBUFFERED"] = "1"
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, *prefix, "-m", "od_dist", *args], stdout=out,
-                                         stderr=subprocess.STDOUT, cwd=str(tmp_path), env=env)
+            self.proc = subprocess.Popen(
+                [sys.executable, *prefix, "-m", "od_dist", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(tmp_path),
+                env=env,
+            )
 
     @property
     def out(self):
@@ -65,7 +71,9 @@ class Proc:
             if predicate(out):
                 return out
             if self.proc.poll() is not None:
-                raise AssertionError(f"{self.name} exited {self.proc.returncode} before {what}:\n{out[-3000:]}")
+                raise AssertionError(
+                    f"{self.name} exited {self.proc.returncode} before {what}:\n{out[-3000:]}"
+                )
             time.sleep(0.5)
         raise AssertionError(f"{self.name}: no {what} within {timeout} s:\n{self.out[-3000:]}")
 
@@ -74,14 +82,18 @@ class Proc:
         return steps[-1] if steps else 0
 
     def wait_step(self, above, timeout):
-        self.wait_for(lambda out: any(int(s) > above for s in PROGRESS.findall(out)), timeout, f"step > {above}")
+        self.wait_for(
+            lambda out: any(int(s) > above for s in PROGRESS.findall(out)), timeout, f"step > {above}"
+        )
         return self.step()
 
     def wait(self, timeout):
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} still running after {timeout} s:\n{self.out[-3000:]}") from None
+            raise AssertionError(
+                f"{self.name} still running after {timeout} s:\n{self.out[-3000:]}"
+            ) from None
 
     def kill(self):
         if self.proc.poll() is None:
@@ -99,8 +111,13 @@ def procs():
 
 
 def train_args(cluster, role, index, model_dir, data, steps=100000, interval=1000, wait=60):
-    args = ["train", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", f"--wait_timeout={wait}",
-            "--params_override=" + OVERRIDE.format(steps=steps, interval=interval, data=data)]
+    args = [
+        "train",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={model_dir}",
+        f"--wait_timeout={wait}",
+        "--params_override=" + OVERRIDE.format(steps=steps, interval=interval, data=data),
+    ]
     if cluster:
         args += [f"--cluster={cluster}", f"--role={role}", f"--index={index}"]
     return args
@@ -129,8 +146,14 @@ def test_kill_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, data_
     wrapper.write_text(KILL_DURING_SAVE)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     args = train_args(None, None, None, model_dir, data_dir, steps=15, interval=5)
-    r = subprocess.run([sys.executable, str(wrapper), *args], capture_output=True, text=True, env=env,
-                       cwd=str(tmp_path), timeout=400)
+    r = subprocess.run(
+        [sys.executable, str(wrapper), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=400,
+    )
     assert r.returncode == -signal.SIGKILL, (r.stdout + r.stderr)[-3000:]
     names = sorted(os.listdir(model_dir))
     assert "ckpt-10.index" in names and checkpoint_step(str(model_dir)) == 5, names  # killed mid-save
@@ -138,7 +161,9 @@ def test_kill_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, data_
     # still under ckpt-15_temp/ (each written as *.tempstate<random> first), a state file being
     # replaced. The contents are garbage: reading any of them would fail the run.
     (model_dir / "ckpt-15_temp").mkdir()
-    (model_dir / "ckpt-15_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate8411").write_bytes(b"x" * 64)
+    (model_dir / "ckpt-15_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate8411").write_bytes(
+        b"x" * 64
+    )
     (model_dir / "ckpt-15_temp" / "part-00000-of-00001.index").write_bytes(b"garbage")
     (model_dir / "checkpoint.tempstate2207").write_text('model_checkpoint_path: "ckpt-15"\n')
     (model_dir / "ckpt-10.index").write_bytes(b"garbage")  # also the unnamed ckpt-10 is never read
@@ -150,12 +175,16 @@ def test_kill_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, data_
     assert re.search(r"restored (model )?from .*ckpt-5\b", out), out[-3000:]
     assert [int(s) for s in PROGRESS.findall(out)] == [10, 15]
     for name in ("ckpt-10.index", "ckpt-10.data-00000-of-00001", "ckpt-15_temp", "checkpoint.tempstate2207"):
-        assert re.search(rf"removed .*{re.escape(name)}, left by a save that did not finish", out), out[-3000:]
+        assert re.search(rf"removed .*{re.escape(name)}, left by a save that did not finish", out), out[
+            -3000:
+        ]
     assert checkpoint_step(str(model_dir)) == 15
     assert not [n for n in os.listdir(model_dir) if "temp" in n]
 
 
-STOPPED = re.compile(r"(\S+): stopped at step (\d+) \(([^)]*)\); (saved (\S+)|the master saved it); exit (\d+)")
+STOPPED = re.compile(
+    r"(\S+): stopped at step (\d+) \(([^)]*)\); (saved (\S+)|the master saved it); exit (\d+)"
+)
 
 
 def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data_dir, procs):
@@ -192,8 +221,10 @@ def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, 
     wait = 45
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     model_dir = tmp_path / "model"
-    ps, w0, master = (Proc(tmp_path, name, train_args(cluster, role, 0, model_dir, data_dir, wait=wait))
-                      for name, role in (("ps", "ps"), ("worker", "worker"), ("master", "master")))
+    ps, w0, master = (
+        Proc(tmp_path, name, train_args(cluster, role, 0, model_dir, data_dir, wait=wait))
+        for name, role in (("ps", "ps"), ("worker", "worker"), ("master", "master"))
+    )
     procs.extend([ps, w0, master])
     master.wait_step(0, 400)
     w0.proc.kill()
@@ -201,13 +232,19 @@ def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, 
     assert master.wait(wait + 60) == 138, master.out[-3000:]
     took = time.monotonic() - killed
     assert wait <= took <= wait + 30
-    assert re.search(rf"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ \(unreachable for {wait} s\); "
-                     r"every worker is gone.*; exit 138$", master.out, re.M), master.out[-3000:]
+    assert re.search(
+        rf"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ \(unreachable for {wait} s\); "
+        r"every worker is gone.*; exit 138$",
+        master.out,
+        re.M,
+    ), master.out[-3000:]
     master_gone = time.monotonic()
     assert ps.wait(wait + 60) == 138, ps.out[-3000:]
     assert re.search(rf"ps:0: lost the master at 127\.0\.0\.1:\d+ \(unreachable for {wait} s\)", ps.out)
-    print(f"\nparameter_server: master exit 138 {took:.1f} s after kill -9 of its only worker "
-          f"(--wait_timeout {wait}); ps exit 138 {time.monotonic() - master_gone:.1f} s after the master")
+    print(
+        f"\nparameter_server: master exit 138 {took:.1f} s after kill -9 of its only worker "
+        f"(--wait_timeout {wait}); ps exit 138 {time.monotonic() - master_gone:.1f} s after the master"
+    )
 
 
 def test_multi_worker_mirrored_trainer_lost(tmp_path, data_dir, procs):
@@ -215,17 +252,24 @@ def test_multi_worker_mirrored_trainer_lost(tmp_path, data_dir, procs):
     seconds, instead of waiting on a collective."""
     cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
     model_dir = tmp_path / "model"
-    master, worker = (Proc(tmp_path, role, train_args(cluster, role, 0, model_dir, data_dir))
-                      for role in ("master", "worker"))
+    master, worker = (
+        Proc(tmp_path, role, train_args(cluster, role, 0, model_dir, data_dir))
+        for role in ("master", "worker")
+    )
     procs.extend([master, worker])
     for p in (master, worker):  # past the start-up check and the restore: in the first loop
         p.wait_for(lambda out: "training until step" in out, 600, "training")
     worker.proc.kill()
     killed = time.monotonic()
     assert master.wait(60) == 138, master.out[-3000:]
-    print(f"\nmulti_worker_mirrored: master exit 138 {time.monotonic() - killed:.1f} s after kill -9 of the worker")
-    assert re.search(r"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ .*restart all of them.*; exit 138$",
-                     master.out, re.M), master.out[-3000:]
+    print(
+        f"\nmulti_worker_mirrored: master exit 138 {time.monotonic() - killed:.1f} s after kill -9 of the worker"
+    )
+    assert re.search(
+        r"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ .*restart all of them.*; exit 138$",
+        master.out,
+        re.M,
+    ), master.out[-3000:]
 
 
 def cpu_seconds(proc):
@@ -243,8 +287,11 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
     def task(role, index, name=None, **kw):
         # --wait_timeout 180: the servers wait that long for the master's restart (a TensorFlow
         # process can take a minute to start on a loaded machine).
-        p = Proc(tmp_path, name or f"{role}{index}",
-                 train_args(cluster, role, index, model_dir, data_dir, wait=180, **kw))
+        p = Proc(
+            tmp_path,
+            name or f"{role}{index}",
+            train_args(cluster, role, index, model_dir, data_dir, wait=180, **kw),
+        )
         procs.append(p)
         return p
 
@@ -266,9 +313,13 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
         d0, d1 = cpu_seconds(w0) - cpu0, cpu_seconds(w1) - cpu1
         if d1 > 0.25 * d0:
             break
-        assert time.monotonic() < deadline, f"worker:1 did not rejoin: {d1:.1f} s CPU vs {d0:.1f} s on worker:0"
-    print(f"parameter_server: worker:1 restarted to running steps again in {time.monotonic() - restarted:.1f} s "
-          f"(CPU over 5 steps: worker:0 {d0:.1f} s, worker:1 {d1:.1f} s)")
+        assert time.monotonic() < deadline, (
+            f"worker:1 did not rejoin: {d1:.1f} s CPU vs {d0:.1f} s on worker:0"
+        )
+    print(
+        f"parameter_server: worker:1 restarted to running steps again in {time.monotonic() - restarted:.1f} s "
+        f"(CPU over 5 steps: worker:0 {d0:.1f} s, worker:1 {d1:.1f} s)"
+    )
     assert after_kill > step
 
     master.proc.send_signal(signal.SIGTERM)
@@ -276,7 +327,9 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
     master.wait_for(lambda out: STOPPED.search(out), 180, "the stopped line")
     saved = time.monotonic() - sent
     assert master.wait(180) == 143, master.out[-3000:]
-    print(f"parameter_server: SIGTERM to master saved in {saved:.1f} s, exit 143 in {time.monotonic() - sent:.1f} s")
+    print(
+        f"parameter_server: SIGTERM to master saved in {saved:.1f} s, exit 143 in {time.monotonic() - sent:.1f} s"
+    )
     m = STOPPED.search(master.out)
     assert m and m.group(1) == "master:0" and m.group(3) == "SIGTERM", master.out[-3000:]
     stopped = int(m.group(2))
@@ -293,8 +346,12 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
     master.proc.send_signal(signal.SIGINT)
     assert master.wait(180) == 130, master.out[-3000:]
     m = STOPPED.search(master.out)
-    assert m and m.group(3) == "SIGINT" and checkpoint_step(str(model_dir)) == int(m.group(2)), master.out[-3000:]
-    assert "master: was stopped (Ctrl+C); told ps:0, worker:0, worker:1 to stop" in master.out, master.out[-3000:]
+    assert m and m.group(3) == "SIGINT" and checkpoint_step(str(model_dir)) == int(m.group(2)), master.out[
+        -3000:
+    ]
+    assert "master: was stopped (Ctrl+C); told ps:0, worker:0, worker:1 to stop" in master.out, master.out[
+        -3000:
+    ]
     for p in (ps, w0, w1):
         assert p.wait(90) == 0, p.out[-2000:]  # told: their --wait_timeout is 180 s
         assert "the master was stopped (Ctrl+C); stopping" in p.out, p.out[-2000:]
@@ -313,8 +370,11 @@ def test_multi_worker_mirrored_trainers_must_share_model_dir(tmp_path, data_dir,
     procs.extend([master, worker])
     for p in (master, worker):
         assert p.wait(600) == 2, p.out[-3000:]
-        assert re.search(r"--model_dir: .*: the trainers would resume from different steps \(master:0 at step 5, "
-                         r"worker:0 at step 0; 0: no checkpoint\)", p.out), p.out[-3000:]
+        assert re.search(
+            r"--model_dir: .*: the trainers would resume from different steps \(master:0 at step 5, "
+            r"worker:0 at step 0; 0: no checkpoint\)",
+            p.out,
+        ), p.out[-3000:]
 
 
 def test_multi_worker_mirrored_stop_saves_the_same_step_on_every_trainer(tmp_path, data_dir, procs):
@@ -322,8 +382,10 @@ def test_multi_worker_mirrored_stop_saves_the_same_step_on_every_trainer(tmp_pat
     (the master into model_dir) and exit 143."""
     cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
     model_dir = tmp_path / "model"
-    master, worker = (Proc(tmp_path, role, train_args(cluster, role, 0, model_dir, data_dir))
-                      for role in ("master", "worker"))
+    master, worker = (
+        Proc(tmp_path, role, train_args(cluster, role, 0, model_dir, data_dir))
+        for role in ("master", "worker")
+    )
     procs.extend([master, worker])
     worker.wait_step(0, 600)
     worker.proc.send_signal(signal.SIGTERM)

@@ -27,13 +27,20 @@ evaluator: 10.1.0.5
 
 def od_dist(*args, cwd=ROOT):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+    )
 
 
 def render(path, *extra):
-    r = od_dist("k8s", f"--cluster={path}", "--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=runs/lan",
-                "--image=registry.example/od-dist:1", *extra)
+    r = od_dist(
+        "k8s",
+        f"--cluster={path}",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        "--model_dir=runs/lan",
+        "--image=registry.example/od-dist:1",
+        *extra,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -48,12 +55,19 @@ def operator_tf_configs(job, namespace="default"):
         container = next(c for c in spec["template"]["spec"]["containers"] if c["name"] == "tensorflow")
         return next(p["containerPort"] for p in container["ports"] if p["name"] == "tfjob-port")
 
-    cluster = {rt.lower(): [f"{name}-{rt.lower()}-{i}.{namespace}.svc:{port(s)}" for i in range(s["replicas"])]
-               for rt, s in specs.items()}
+    cluster = {
+        rt.lower(): [f"{name}-{rt.lower()}-{i}.{namespace}.svc:{port(s)}" for i in range(s["replicas"])]
+        for rt, s in specs.items()
+    }
     for rt, spec in specs.items():
         for i in range(spec["replicas"]):
-            yield rt, i, json.dumps({"cluster": cluster, "task": {"type": rt.lower(), "index": i},
-                                     "environment": "cloud"})
+            yield (
+                rt,
+                i,
+                json.dumps(
+                    {"cluster": cluster, "task": {"type": rt.lower(), "index": i}, "environment": "cloud"}
+                ),
+            )
 
 
 @pytest.mark.parametrize("text", [None, MWMS], ids=["lan-example", "multi_worker_mirrored"])
@@ -72,8 +86,9 @@ def test_operator_tf_config_resolves_to_the_cluster_files_tasks(tmp_path, text):
         for r in ("ps", "master", "worker", "evaluator"):
             assert len(parsed.tasks_of(r)) == len(original.tasks_of(r)), r
         # Servers see the same TensorFlow cluster shape (the evaluator stays out of it).
-        assert {j: len(v) for j, v in parsed.cluster_spec().items()} == \
-            {j: len(v) for j, v in original.cluster_spec().items()}
+        assert {j: len(v) for j, v in parsed.cluster_spec().items()} == {
+            j: len(v) for j, v in original.cluster_spec().items()
+        }
         seen.append((role, index))
     assert sorted(seen) == sorted((t.role, t.index) for t in original.tasks())
 
@@ -88,12 +103,19 @@ def test_manifest_structure():
     assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": k8s.BACKOFF_LIMIT}
     specs = job["spec"]["tfReplicaSpecs"]
     assert list(specs) == ["PS", "Chief", "Worker", "Evaluator"]
-    assert {rt: s["replicas"] for rt, s in specs.items()} == {"PS": 1, "Chief": 1, "Worker": 2, "Evaluator": 1}
+    assert {rt: s["replicas"] for rt, s in specs.items()} == {
+        "PS": 1,
+        "Chief": 1,
+        "Worker": 2,
+        "Evaluator": 1,
+    }
     ports = {rt: s["template"]["spec"]["containers"][0]["ports"] for rt, s in specs.items()}
-    assert ports == {"PS": [{"name": "tfjob-port", "containerPort": 2224}],
-                     "Chief": [{"name": "tfjob-port", "containerPort": 2223}],
-                     "Worker": [{"name": "tfjob-port", "containerPort": 2222}],
-                     "Evaluator": [{"name": "tfjob-port", "containerPort": 2222}]}
+    assert ports == {
+        "PS": [{"name": "tfjob-port", "containerPort": 2224}],
+        "Chief": [{"name": "tfjob-port", "containerPort": 2223}],
+        "Worker": [{"name": "tfjob-port", "containerPort": 2222}],
+        "Evaluator": [{"name": "tfjob-port", "containerPort": 2222}],
+    }
     for rt, spec in specs.items():
         assert spec["restartPolicy"] == "ExitCode"  # Kubeflow retries exactly exit_codes.RETRYABLE
         pod = spec["template"]["spec"]
@@ -103,15 +125,21 @@ def test_manifest_structure():
         # --num_clones reaches the workers, the only replicas under parameter_server; the ps, the
         # coordinator and the evaluator run none and do not get it.
         clones = ["--num_clones=2"] if rt == "Worker" else []
-        assert container["args"] == ["train", "--pipeline=pipelines/shapes_retinanet.yaml",
-                                     "--model_dir=/mnt/od-dist/runs/lan", "--wait_timeout=600", *clones]
+        assert container["args"] == [
+            "train",
+            "--pipeline=pipelines/shapes_retinanet.yaml",
+            "--model_dir=/mnt/od-dist/runs/lan",
+            "--wait_timeout=600",
+            *clones,
+        ]
         assert ("resources" in container) == (rt == "Worker")
         # SIGTERM to SIGKILL: the trainer's loop plus a save, not Kubernetes' 30 s.
         assert pod["terminationGracePeriodSeconds"] == k8s.DEFAULT_GRACE_PERIOD
         assert not any(a.startswith(("--cluster", "--role", "--index")) for a in container["args"])
         assert container["volumeMounts"] == [{"name": "model-dir", "mountPath": "/mnt/od-dist"}]
-        assert pod["volumes"] == [{"name": "model-dir",
-                                   "persistentVolumeClaim": {"claimName": "od-dist-lan-example-model-dir"}}]
+        assert pod["volumes"] == [
+            {"name": "model-dir", "persistentVolumeClaim": {"claimName": "od-dist-lan-example-model-dir"}}
+        ]
 
 
 def test_multi_worker_mirrored_has_no_ps(tmp_path):
@@ -120,7 +148,9 @@ def test_multi_worker_mirrored_has_no_ps(tmp_path):
     specs = job["spec"]["tfReplicaSpecs"]
     assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"  # an evaluator
     (tmp_path / "n.yaml").write_text(MWMS.replace("evaluator: 10.1.0.5\n", ""))
-    assert yaml.safe_load(render(str(tmp_path / "n.yaml")))["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert (
+        yaml.safe_load(render(str(tmp_path / "n.yaml")))["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    )
     assert {rt: s["replicas"] for rt, s in specs.items()} == {"Chief": 1, "Worker": 3, "Evaluator": 1}
     assert specs["Worker"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 3001
 
@@ -128,17 +158,37 @@ def test_multi_worker_mirrored_has_no_ps(tmp_path):
 def test_grace_period_reaches_every_pod():
     job = yaml.safe_load(render(LAN, "--grace_period=900"))
     specs = job["spec"]["tfReplicaSpecs"]
-    assert {rt: s["template"]["spec"]["terminationGracePeriodSeconds"] for rt, s in specs.items()} == \
-        {"PS": 900, "Chief": 900, "Worker": 900, "Evaluator": 900}
-    r = od_dist("k8s", f"--cluster={LAN}", "--pipeline=p.yaml", "--model_dir=runs/x", "--image=img",
-                "--grace_period=0")
+    assert {rt: s["template"]["spec"]["terminationGracePeriodSeconds"] for rt, s in specs.items()} == {
+        "PS": 900,
+        "Chief": 900,
+        "Worker": 900,
+        "Evaluator": 900,
+    }
+    r = od_dist(
+        "k8s",
+        f"--cluster={LAN}",
+        "--pipeline=p.yaml",
+        "--model_dir=runs/x",
+        "--image=img",
+        "--grace_period=0",
+    )
     assert r.returncode == 2 and "grace_period" in r.stderr, r.stderr
 
 
 def test_out_file_name_namespace_pvc(tmp_path):
     out = tmp_path / "job.yaml"
-    r = od_dist("k8s", f"--cluster={LAN}", "--pipeline=p.yaml", "--model_dir=/data/runs/x", "--image=img",
-                f"--out={out}", "--name=lan-job", "--namespace=ml", "--pvc=runs-claim", "--mount_path=/data")
+    r = od_dist(
+        "k8s",
+        f"--cluster={LAN}",
+        "--pipeline=p.yaml",
+        "--model_dir=/data/runs/x",
+        "--image=img",
+        f"--out={out}",
+        "--name=lan-job",
+        "--namespace=ml",
+        "--pvc=runs-claim",
+        "--mount_path=/data",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""  # the manifest went to the file
     job = yaml.safe_load(out.read_text())
@@ -162,8 +212,9 @@ def test_model_dir_placement():
 
 
 def test_url_model_dir_needs_no_volume():
-    job = yaml.safe_load(k8s.render(cluster_mod.load(LAN), "clusters/lan-example.yaml", "img",
-                                    ["--model_dir=gs://b/runs"]))
+    job = yaml.safe_load(
+        k8s.render(cluster_mod.load(LAN), "clusters/lan-example.yaml", "img", ["--model_dir=gs://b/runs"])
+    )
     pod = job["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]
     assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
 
@@ -186,7 +237,9 @@ def test_errors_exit_2():
 
 
 def pod_args(job):
-    return {rt: s["template"]["spec"]["containers"][0]["args"] for rt, s in job["spec"]["tfReplicaSpecs"].items()}
+    return {
+        rt: s["template"]["spec"]["containers"][0]["args"] for rt, s in job["spec"]["tfReplicaSpecs"].items()
+    }
 
 
 def test_file_num_clones_reaches_every_trainer_pod(tmp_path):
@@ -220,7 +273,10 @@ def test_header_values_are_checked():
         (["--namespace=ML.team"], "--namespace: 'ML.team': not a Kubernetes namespace"),
         (["--mount_path=mnt/od-dist"], "--mount_path: 'mnt/od-dist': not an absolute path"),
         (["--mount_path=/mnt\n# x"], "--mount_path: '/mnt\\n# x': contains a control character"),
-        (["--params_override=a: 1\nb: 2"], "--params_override: '--params_override=a: 1\\nb: 2': contains a control"),
+        (
+            ["--params_override=a: 1\nb: 2"],
+            "--params_override: '--params_override=a: 1\\nb: 2': contains a control",
+        ),
     ]:
         r = od_dist("k8s", *base, *extra)
         assert r.returncode == 2 and fragment in r.stderr, (extra, r.stderr)

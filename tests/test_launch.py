@@ -15,13 +15,18 @@ LINES = 20000  # ~1.3 MB: far more than a pipe holds, so a child nobody drains w
 
 
 def chatty_child():
-    return subprocess.Popen([sys.executable, "-c", f"for i in range({LINES}): print('line', i, 'x' * 50)"],
-                            stdout=subprocess.PIPE, text=True, bufsize=1)
+    return subprocess.Popen(
+        [sys.executable, "-c", f"for i in range({LINES}): print('line', i, 'x' * 50)"],
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
 
 
 def pump(child, log_path):
-    thread = threading.Thread(target=launch._pump, args=(child.stdout, "[worker:1]", str(log_path),
-                                                          threading.Lock()), daemon=True)
+    thread = threading.Thread(
+        target=launch._pump, args=(child.stdout, "[worker:1]", str(log_path), threading.Lock()), daemon=True
+    )
     thread.start()
     try:
         assert child.wait(timeout=60) == 0
@@ -61,11 +66,12 @@ def test_output_keeps_draining_when_the_log_cannot_be_written(tmp_path, monkeypa
 def test_a_resumed_run_appends_to_its_log(tmp_path):
     log = tmp_path / "worker-1.log"
     for word in ("first", "second"):
-        child = subprocess.Popen([sys.executable, "-c", f"print('{word} run')"], stdout=subprocess.PIPE,
-                                 text=True, bufsize=1)
+        child = subprocess.Popen(
+            [sys.executable, "-c", f"print('{word} run')"], stdout=subprocess.PIPE, text=True, bufsize=1
+        )
         pump(child, log)
     lines = log.read_text().splitlines()
-    assert [l for l in lines if not l.startswith("-----")] == ["first run", "second run"]
+    assert [x for x in lines if not x.startswith("-----")] == ["first run", "second run"]
     assert lines[0].startswith("----- ") and lines[0].endswith(" worker:1 started -----")
 
 
@@ -77,9 +83,22 @@ def test_launch_with_a_bad_pipeline_starts_nothing(tmp_path):
     cluster = tmp_path / "cluster.yaml"  # ports nobody uses: nothing may start anyway
     cluster.write_text("master: 127.0.0.1:1\nworker: [127.0.0.1:2]\nps: [127.0.0.1:3]\n")
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    r = subprocess.run([sys.executable, "-m", "od_dist", "launch", f"--cluster={cluster}",
-                        f"--pipeline={pipeline}", f"--model_dir={model_dir}"],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=180)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "launch",
+            f"--cluster={cluster}",
+            f"--pipeline={pipeline}",
+            f"--model_dir={model_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=180,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "trainer.train_stepz" in r.stderr and "did you mean 'train_steps'" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr

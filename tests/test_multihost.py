@@ -8,17 +8,19 @@ import subprocess
 import sys
 import time
 
+import netns
 import pytest
 
-import netns
 from od_dist.job import exit_codes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 PORT = 2222  # every machine has its own address, so every task can use the same port, as on a LAN
-TINY = ("trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
-        "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
-        "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord")
+TINY = (
+    "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
+    "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
+    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord"
+)
 
 
 def write_cluster(tmp_path, text, name="cluster.yaml"):
@@ -29,9 +31,11 @@ def write_cluster(tmp_path, text, name="cluster.yaml"):
 
 def ps_cluster(tmp_path, net, workers=(1, 2), **extra):
     """master on machine 0, workers on the given machines (list order = index), ps on machine 3."""
-    lines = [f"master: {net[0].ip}:{PORT}",
-             "worker: [" + ", ".join(f"{net[i].ip}:{PORT}" for i in workers) + "]",
-             f"ps: [{net[3].ip}:{PORT}]"]
+    lines = [
+        f"master: {net[0].ip}:{PORT}",
+        "worker: [" + ", ".join(f"{net[i].ip}:{PORT}" for i in workers) + "]",
+        f"ps: [{net[3].ip}:{PORT}]",
+    ]
     lines += [f"{k}: {v}" for k, v in extra.items()]
     return write_cluster(tmp_path, "\n".join(lines) + "\n")
 
@@ -52,8 +56,11 @@ def test_each_machine_infers_its_own_entry(tmp_path, machines):
     expected = {0: "master:0", 1: "worker:0", 2: "worker:1", 3: "ps:0"}
     by_ip = ps_cluster(tmp_path, net)
     # The same machines written by host name (each machine's /etc/hosts knows node1..node5).
-    by_name = write_cluster(tmp_path, f"master: node1:{PORT}\nworker: [node2:{PORT}, node3:{PORT}]\n"
-                            f"ps: [node4:{PORT}]\n", "named.yaml")
+    by_name = write_cluster(
+        tmp_path,
+        f"master: node1:{PORT}\nworker: [node2:{PORT}, node3:{PORT}]\nps: [node4:{PORT}]\n",
+        "named.yaml",
+    )
     for i, task in expected.items():
         for cluster in (by_ip, by_name):
             r = net[i].od_dist("validate", f"--cluster={cluster}")
@@ -74,13 +81,26 @@ def test_swapped_workers_are_refused_naming_the_right_index(tmp_path, machines):
     for machine, started_as, really in ((net[1], 0, 1), (net[2], 1, 0)):
         for command in ("validate", "train"):
             start = time.monotonic()
-            r = machine.od_dist(command, f"--cluster={cluster}", "--role=worker", f"--index={started_as}",
-                                f"--pipeline={PIPELINE}", "--model_dir=unused") if command == "train" else \
-                machine.od_dist(command, f"--cluster={cluster}", "--role=worker", f"--index={started_as}")
+            r = (
+                machine.od_dist(
+                    command,
+                    f"--cluster={cluster}",
+                    "--role=worker",
+                    f"--index={started_as}",
+                    f"--pipeline={PIPELINE}",
+                    "--model_dir=unused",
+                )
+                if command == "train"
+                else machine.od_dist(
+                    command, f"--cluster={cluster}", "--role=worker", f"--index={started_as}"
+                )
+            )
             assert r.returncode == 2, r.stdout + r.stderr
             wrong = net[2].ip if started_as == 0 else net[1].ip
-            assert (f"worker[{started_as}]: '{wrong}:{PORT}': not an address of this machine; this machine is "
-                    f"worker index {really}, not {started_as}: run with --role worker --index {really}") in r.stderr
+            assert (
+                f"worker[{started_as}]: '{wrong}:{PORT}': not an address of this machine; this machine is "
+                f"worker index {really}, not {started_as}: run with --role worker --index {really}"
+            ) in r.stderr
             assert time.monotonic() - start < 30  # refused before TensorFlow is imported
 
 
@@ -94,16 +114,21 @@ def test_a_machine_in_no_entry_is_refused(tmp_path, machines):
     for command in ("validate", "train"):
         r = stranger.od_dist(command, f"--cluster={cluster}", "--role=worker", "--index=0")
         assert r.returncode == 2, r.stdout + r.stderr
-        assert (f"worker[0]: '{net[1].ip}:{PORT}': not an address of this machine; no entry of the cluster "
-                "file is an address of this machine") in r.stderr
+        assert (
+            f"worker[0]: '{net[1].ip}:{PORT}': not an address of this machine; no entry of the cluster "
+            "file is an address of this machine"
+        ) in r.stderr
     r = stranger.od_dist("train", f"--cluster={cluster}", f"--pipeline={PIPELINE}", "--model_dir=unused")
     assert r.returncode == 2 and "no entry of the cluster file is an address of this machine" in r.stderr
 
 
 def test_a_missing_ps_is_refused_on_every_machine(tmp_path, machines):
     net = machines(3)
-    cluster = write_cluster(tmp_path, f"strategy: parameter_server\nmaster: {net[0].ip}:{PORT}\n"
-                            f"worker: [{net[1].ip}:{PORT}, {net[2].ip}:{PORT}]\n")
+    cluster = write_cluster(
+        tmp_path,
+        f"strategy: parameter_server\nmaster: {net[0].ip}:{PORT}\n"
+        f"worker: [{net[1].ip}:{PORT}, {net[2].ip}:{PORT}]\n",
+    )
     roles = {0: ("master", 0), 1: ("worker", 0), 2: ("worker", 1)}
     for machine in net:
         role, index = roles[machine.index]
@@ -135,25 +160,42 @@ def test_doctor_tells_listening_not_yet_listening_and_firewalled_peers_apart(tmp
         assert r.returncode == 1, r.stdout + r.stderr
         assert f"ok    this machine: master:0 at {net[0].ip}:{PORT} (found by its addresses)" in lines
         assert f"ok    worker:0 at {net[1].ip}:{PORT}: listening (its task is up)" in lines
-        assert any(line.startswith(f"warn  worker:1 at {net[2].ip}:{PORT}: connection refused: the machine answers "
-                                   "and nothing listens on the port yet") for line in lines), r.stdout
-        assert any(line.startswith(f"FIX   ps:0 at {net[3].ip}:{PORT}: no answer within 2 s: a firewall drops TCP "
-                                   f"port {PORT} on {net[3].ip}") for line in lines), r.stdout
+        assert any(
+            line.startswith(
+                f"warn  worker:1 at {net[2].ip}:{PORT}: connection refused: the machine answers "
+                "and nothing listens on the port yet"
+            )
+            for line in lines
+        ), r.stdout
+        assert any(
+            line.startswith(
+                f"FIX   ps:0 at {net[3].ip}:{PORT}: no answer within 2 s: a firewall drops TCP "
+                f"port {PORT} on {net[3].ip}"
+            )
+            for line in lines
+        ), r.stdout
         assert f"ok    port {PORT} here: free for master:0" in lines
-        assert any(line.startswith("ok    versions: od-dist ") and "TensorFlow 2.20" in line for line in lines)
+        assert any(
+            line.startswith("ok    versions: od-dist ") and "TensorFlow 2.20" in line for line in lines
+        )
         assert any(line.startswith("ok    GPUs: ") for line in lines)
         assert lines[-1] == "od-dist doctor: 1 to fix (the FIX lines above)"
 
         # A worker under parameter_server reaches the ps and the master, never the other worker
         # (whose firewall may rightly be closed to it).
-        r = net[1].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=2", "--role=worker", "--index=0")
+        r = net[1].od_dist(
+            "doctor", f"--cluster={cluster}", "--connect_timeout=2", "--role=worker", "--index=0"
+        )
         peers = [line.split(" at ")[0].split()[-1] for line in doctor_lines(r) if f":{PORT}: " in line]
         assert sorted(peers) == ["master:0", "ps:0"], r.stdout
 
         net[3].clear_firewall()  # fixed: now the ps machine only has nothing listening yet
         r = net[0].od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=2")
         assert r.returncode == 0, r.stdout + r.stderr
-        assert any(line.startswith(f"warn  ps:0 at {net[3].ip}:{PORT}: connection refused") for line in doctor_lines(r))
+        assert any(
+            line.startswith(f"warn  ps:0 at {net[3].ip}:{PORT}: connection refused")
+            for line in doctor_lines(r)
+        )
         assert doctor_lines(r)[-1].startswith("od-dist doctor: nothing to fix")
     finally:
         worker_up.kill()
@@ -171,30 +213,44 @@ def test_doctor_names_what_is_wrong_on_this_machine(tmp_path, machines):
         taken.kill()
         taken.wait(timeout=30)
     assert r.returncode == 1
-    assert any(line.startswith(f"FIX   port {PORT} here: in use") and "ps:0 cannot start" in line
-               for line in doctor_lines(r)), r.stdout
+    assert any(
+        line.startswith(f"FIX   port {PORT} here: in use") and "ps:0 cannot start" in line
+        for line in doctor_lines(r)
+    ), r.stdout
     # Started as the wrong task: the fix names the right one.
     r = net[1].od_dist("doctor", f"--cluster={cluster}", "--role=worker", "--index=1", "--connect_timeout=1")
     assert r.returncode == 1
-    assert (f"FIX   this machine: worker[1]: '{net[2].ip}:{PORT}': not an address of this machine; this machine "
-            "is worker index 0, not 1: run with --role worker --index 0") in doctor_lines(r)
+    assert (
+        f"FIX   this machine: worker[1]: '{net[2].ip}:{PORT}': not an address of this machine; this machine "
+        "is worker index 0, not 1: run with --role worker --index 0"
+    ) in doctor_lines(r)
     # A peer written by a name nobody resolves (each machine knows node1..node4 only).
-    ghost = write_cluster(tmp_path, f"master: node1:{PORT}\nworker: [node2:{PORT}, ghost.invalid:{PORT}]\n"
-                          f"ps: [node4:{PORT}]\n", "ghost.yaml")
+    ghost = write_cluster(
+        tmp_path,
+        f"master: node1:{PORT}\nworker: [node2:{PORT}, ghost.invalid:{PORT}]\nps: [node4:{PORT}]\n",
+        "ghost.yaml",
+    )
     r = net[1].od_dist("doctor", f"--cluster={ghost}", "--connect_timeout=1")
     assert r.returncode == 1
     lines = doctor_lines(r)
     assert f"ok    name node1: resolves to {net[0].ip} (master:0)" in lines, r.stdout
-    assert any(line.startswith("FIX   name ghost.invalid: does not resolve from this machine (worker:1)")
-               for line in lines), r.stdout
+    assert any(
+        line.startswith("FIX   name ghost.invalid: does not resolve from this machine (worker:1)")
+        for line in lines
+    ), r.stdout
     # A machine that is in no entry, and an invalid file.
     stranger = machines(1)[0]
     r = stranger.od_dist("doctor", f"--cluster={cluster}", "--connect_timeout=1")
     assert r.returncode == 1
-    assert any(line.startswith("FIX   this machine: no entry of the cluster file is an address of this machine")
-               for line in doctor_lines(r)), r.stdout
-    bad = write_cluster(tmp_path, f"master: {net[0].ip}:{PORT}\nworker: [{net[1].ip}:{PORT}]\n"
-                        "strategy: parameter_server\n", "bad.yaml")
+    assert any(
+        line.startswith("FIX   this machine: no entry of the cluster file is an address of this machine")
+        for line in doctor_lines(r)
+    ), r.stdout
+    bad = write_cluster(
+        tmp_path,
+        f"master: {net[0].ip}:{PORT}\nworker: [{net[1].ip}:{PORT}]\nstrategy: parameter_server\n",
+        "bad.yaml",
+    )
     r = net[1].od_dist("doctor", f"--cluster={bad}")
     assert r.returncode == 2 and "ps: '': parameter_server needs at least one ps" in r.stderr
 
@@ -205,8 +261,13 @@ def test_doctor_names_what_is_wrong_on_this_machine(tmp_path, machines):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("shapes")
-    r = subprocess.run([sys.executable, "-m", "od_dist", "data", "shapes", f"--out={out}", "--num_train=48",
-                        "--num_val=8"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "od_dist", "data", "shapes", f"--out={out}", "--num_train=48", "--num_val=8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return str(out)
 
@@ -215,8 +276,10 @@ def job_cluster(tmp_path, net, roles):
     """A cluster file for `roles` ({machine index: 'master' | 'worker' | 'ps'}), whose hosts run
     this test's interpreter from a working directory of their own (the namespaces share the file
     system, as machines with the same install would)."""
-    by_role = {r: [f"{net[i].ip}:{PORT}" for i, role in sorted(roles.items()) if role == r]
-               for r in ("master", "worker", "ps")}
+    by_role = {
+        r: [f"{net[i].ip}:{PORT}" for i, role in sorted(roles.items()) if role == r]
+        for r in ("master", "worker", "ps")
+    }
     lines = [f"master: {by_role['master'][0]}", f"worker: [{', '.join(by_role['worker'])}]"]
     if by_role["ps"]:
         lines.append(f"ps: [{', '.join(by_role['ps'])}]")
@@ -231,10 +294,24 @@ def job_cluster(tmp_path, net, roles):
 def write_scripts(tmp_path, cluster, data_dir, steps, wait_timeout):
     out = tmp_path / "scripts"
     model_dir = tmp_path / "model"
-    r = subprocess.run([sys.executable, "-m", "od_dist", "scripts", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
-                        f"--model_dir={model_dir}", "--params_override=" + TINY.format(steps=steps, data=data_dir),
-                        f"--wait_timeout={wait_timeout}", f"--out={out}"],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "scripts",
+            f"--cluster={cluster}",
+            f"--pipeline={PIPELINE}",
+            f"--model_dir={model_dir}",
+            "--params_override=" + TINY.format(steps=steps, data=data_dir),
+            f"--wait_timeout={wait_timeout}",
+            f"--out={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     return out, model_dir
 
@@ -253,7 +330,9 @@ class Job:
     def from_scripts(cls, tmp_path, net, roles, scripts):
         """Each machine runs the .sh that `od-dist scripts` wrote for its task."""
         commands, counters = {}, {}
-        for i, role in sorted(roles.items(), key=lambda kv: kv[1] == "master"):  # servers first: any order works
+        for i, role in sorted(
+            roles.items(), key=lambda kv: kv[1] == "master"
+        ):  # servers first: any order works
             index = counters.get(role, 0)
             counters[role] = index + 1
             commands[f"{role}:{index}"] = (net[i], ["bash", str(scripts / f"{role}-{index}.sh")])
@@ -335,7 +414,9 @@ def test_multi_worker_mirrored_pair_on_two_machines(tmp_path, machines, data_dir
     out = job.all_output()
     assert codes == {"master:0": 0, "worker:0": 0}, out
     for name in ("master:0", "worker:0"):
-        assert f"{name}: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in job.output(name), out
+        assert f"{name}: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in job.output(
+            name
+        ), out
     assert re.search(r"od-dist train \| step 10/10 ", job.output("master:0")), out
     assert checkpoint_step(model_dir) == 10
 
@@ -348,15 +429,25 @@ def test_train_without_role_on_each_machine_then_one_machine_cut_off(tmp_path, m
     net = machines(4)
     cluster = ps_cluster(tmp_path, net)  # master 0, workers 1 and 2, ps 3
     wait_timeout = 45
-    train = [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
-             f"--model_dir={tmp_path / 'model'}", "--params_override=" + TINY.format(steps=100000, data=data_dir),
-             f"--wait_timeout={wait_timeout}"]
+    train = [
+        sys.executable,
+        "-m",
+        "od_dist",
+        "train",
+        f"--cluster={cluster}",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={tmp_path / 'model'}",
+        "--params_override=" + TINY.format(steps=100000, data=data_dir),
+        f"--wait_timeout={wait_timeout}",
+    ]
     expected = {"ps:0": net[3], "worker:0": net[1], "worker:1": net[2], "master:0": net[0]}
     job = Job(tmp_path, {name: (m, train) for name, m in expected.items()}, cwd=str(tmp_path))
     survivors = ["ps:0", "worker:0", "worker:1"]
     bound = wait_timeout + 60  # a probe every 5 s, and slack for a loaded machine
     try:
-        assert job.wait_for_line("master:0", r"od-dist train \| step \d+/100000", timeout=300), job.all_output()
+        assert job.wait_for_line("master:0", r"od-dist train \| step \d+/100000", timeout=300), (
+            job.all_output()
+        )
         net[0].cut_off()
         cut = time.monotonic()
         codes = job.wait(survivors, timeout=bound)
@@ -367,7 +458,9 @@ def test_train_without_role_on_each_machine_then_one_machine_cut_off(tmp_path, m
     for name in survivors:  # the ready line names the task each machine found for itself
         assert f"{name} serving on {expected[name].ip}:{PORT}\n" in job.output(name), out
     assert "master:0: training with ParameterServerStrategy" in job.output("master:0"), out
-    assert None not in codes.values(), f"still running {bound} s after the master's machine was cut off: {codes}\n{out}"
+    assert None not in codes.values(), (
+        f"still running {bound} s after the master's machine was cut off: {codes}\n{out}"
+    )
     print(f"the others ended {took:.0f} s after the cut: {codes}")
     for name in survivors:  # a lost peer: retryable, naming the master and its address
         assert codes[name] == exit_codes.LOST_PEER, out

@@ -32,13 +32,44 @@ MODEL_DIR = "runs/a b&c%PATH%^!\"'é"
 DIR_WEIRD = "a b&c%PATH%^!'é(1) ;,="  # for directory names: Windows forbids '"' in them
 CLUSTER_PATH = "clusters/c l&u%s^t!e'r é.yaml"
 # Values that break naive quoting in at least one shell.
-VALUES = [MODEL_DIR, "", " ", "plain", "trailing\\", "trailing space\\", 'quote"inside', 'back\\"slash',
-          "\\\\server\\share\\x y", "%PATH%", "%%", "%~dp0", "%1", "^", "^^", "x^", "!PATH!", "a&b|c<d>e(f)",
-          "it's", "\u2018smart\u2019 \u201alow\u201b", "$HOME `id` $(id) ${x} \\$", "nbsp\u00a0x", "日本語",
-          "emoji \U0001f389", "-", "2>&1", "x 1"]
-PASSED = ["--pipeline=pipelines/p q.yaml", f"--model_dir={MODEL_DIR}",
-          "--params_override=trainer.train_steps=2000; x: '%~dp0' \"q\"", "--num_clones=2", "--noclone_on_cpu",
-          *VALUES, "--wait_timeout=301"]  # ends in a 1, as `echo %*> file` would show
+VALUES = [
+    MODEL_DIR,
+    "",
+    " ",
+    "plain",
+    "trailing\\",
+    "trailing space\\",
+    'quote"inside',
+    'back\\"slash',
+    "\\\\server\\share\\x y",
+    "%PATH%",
+    "%%",
+    "%~dp0",
+    "%1",
+    "^",
+    "^^",
+    "x^",
+    "!PATH!",
+    "a&b|c<d>e(f)",
+    "it's",
+    "\u2018smart\u2019 \u201alow\u201b",
+    "$HOME `id` $(id) ${x} \\$",
+    "nbsp\u00a0x",
+    "日本語",
+    "emoji \U0001f389",
+    "-",
+    "2>&1",
+    "x 1",
+]
+PASSED = [
+    "--pipeline=pipelines/p q.yaml",
+    f"--model_dir={MODEL_DIR}",
+    "--params_override=trainer.train_steps=2000; x: '%~dp0' \"q\"",
+    "--num_clones=2",
+    "--noclone_on_cpu",
+    *VALUES,
+    "--wait_timeout=301",
+]  # ends in a 1, as `echo %*> file` would show
 
 
 # ----- emulations of the shells' own rules ------------------------------------------------------
@@ -55,7 +86,7 @@ def ps_unquote(text):
                 out.append(text[i + 1])
                 i += 2
                 continue
-            return "".join(out), text[i + 1:]
+            return "".join(out), text[i + 1 :]
         out.append(text[i])
         i += 1
     raise ValueError("unterminated string")
@@ -69,16 +100,16 @@ def cmd_batch_line(line, env=None):
     out, i = [], 0
     while i < len(line):
         if line[i] == "%":
-            if line[i + 1:i + 2] == "%":
+            if line[i + 1 : i + 2] == "%":
                 out.append("%")
                 i += 2
                 continue
             end = line.find("%", i + 1)
-            if end > i + 1 and line[i + 1:end] in env:
-                out.append(env[line[i + 1:end]])
+            if end > i + 1 and line[i + 1 : end] in env:
+                out.append(env[line[i + 1 : end]])
                 i = end + 1
                 continue
-            if line[i + 1:i + 2].isdigit() or line[i + 1:i + 2] in ("~", "*"):
+            if line[i + 1 : i + 2].isdigit() or line[i + 1 : i + 2] in ("~", "*"):
                 i += 2  # a batch parameter: empty here
                 continue
         out.append(line[i])
@@ -144,8 +175,13 @@ def win(path):
 
 def make_tree(base):
     """Directories with special characters, holding stand-ins: a venv, an interpreter, a workdir."""
-    tree = {"venv": base / f"v {DIR_WEIRD}", "py": base / f"p {DIR_WEIRD}", "work": base / f"w {DIR_WEIRD}",
-            "bin": base / "bin", "run": base / "run"}
+    tree = {
+        "venv": base / f"v {DIR_WEIRD}",
+        "py": base / f"p {DIR_WEIRD}",
+        "work": base / f"w {DIR_WEIRD}",
+        "bin": base / "bin",
+        "run": base / "run",
+    }
     for d in tree.values():
         d.mkdir(parents=True, exist_ok=True)
     return tree
@@ -163,7 +199,11 @@ def make_cluster(tree):
             "10.0.0.2": {"os": "linux", "python": str(tree["py"] / "python"), "workdir": str(tree["work"])},
             "10.0.0.3": {"os": "linux"},
             "10.0.0.4": {"os": "windows", "venv": win(tree["venv"]), "workdir": win(tree["work"])},
-            "10.0.0.5": {"os": "windows", "python": win(tree["py"] / "python.exe"), "workdir": win(tree["work"])},
+            "10.0.0.5": {
+                "os": "windows",
+                "python": win(tree["py"] / "python.exe"),
+                "workdir": win(tree["work"]),
+            },
             "10.0.0.6": {"os": "windows"},
         },
     }
@@ -191,11 +231,16 @@ def test_sh_scripts_pass_exact_arguments(tmp_path):
     cluster = make_cluster(tree)
     out = tmp_path / "out"
     scripts.write_scripts(cluster, CLUSTER_PATH, PASSED, str(out), "od-dist scripts ...", 300)
-    linux = [l for l in scripts.launches(cluster, CLUSTER_PATH, PASSED) if not l.windows]
+    linux = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if not x.windows]
     assert len(linux) == 3
     record = tmp_path / "record"
-    env = dict(os.environ, PATH=f"{tree['bin']}:{os.environ['PATH']}", OD_DIST_RECORD=str(record),
-               OD_DIST_RECORD_EXIT="7", PYTHONHOME="/bogus")
+    env = dict(
+        os.environ,
+        PATH=f"{tree['bin']}:{os.environ['PATH']}",
+        OD_DIST_RECORD=str(record),
+        OD_DIST_RECORD_EXIT="7",
+        PYTHONHOME="/bogus",
+    )
     for launch in linux:
         path = out / f"{launch.stem}.sh"
         assert os.stat(path).st_mode & stat.S_IXUSR
@@ -206,8 +251,12 @@ def test_sh_scripts_pass_exact_arguments(tmp_path):
         assert r.returncode == 7, r.stderr  # od-dist's exit status is the script's
         cwd, venv, pythonhome, *args = record.read_bytes().decode().split("\0")[:-1]
         assert args == list(launch.args), launch.stem
-        assert args[args.index("train"):][:4] == ["train", f"--cluster={CLUSTER_PATH}", f"--role={launch.task.role}",
-                                                  f"--index={launch.task.index}"]
+        assert args[args.index("train") :][:4] == [
+            "train",
+            f"--cluster={CLUSTER_PATH}",
+            f"--role={launch.task.role}",
+            f"--index={launch.task.index}",
+        ]
         assert cwd == str(launch.settings.workdir or tree["run"])
         if launch.settings.venv:
             assert (venv, pythonhome) == (launch.settings.venv, "<unset>")
@@ -218,7 +267,7 @@ def test_ps1_scripts(tmp_path):
     cluster = make_cluster(tree)
     out = tmp_path / "out"
     scripts.write_scripts(cluster, CLUSTER_PATH, PASSED, str(out), "od-dist scripts ...", 300)
-    windows = [l for l in scripts.launches(cluster, CLUSTER_PATH, PASSED) if l.windows]
+    windows = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.windows]
     assert len(windows) == 3
     for launch in windows:
         raw = (out / f"{launch.stem}.ps1").read_bytes()
@@ -227,18 +276,24 @@ def test_ps1_scripts(tmp_path):
         assert "\n" not in text.replace("\r\n", "")
         values = {}
         for line in text.split("\r\n"):
-            for prefix in ("$arguments = ", "Set-Location -LiteralPath ", "$env:VIRTUAL_ENV = ",
-                           "$exe = [System.IO.Path]::Combine($PWD.ProviderPath, "):
+            for prefix in (
+                "$arguments = ",
+                "Set-Location -LiteralPath ",
+                "$env:VIRTUAL_ENV = ",
+                "$exe = [System.IO.Path]::Combine($PWD.ProviderPath, ",
+            ):
                 if line.startswith(prefix):
-                    value, rest = ps_unquote(line[len(prefix):])
+                    value, rest = ps_unquote(line[len(prefix) :])
                     assert rest in ("", ")"), line
                     values[prefix.split()[0]] = value
         assert mslex.split(values["$arguments"], like_cmd=False) == list(launch.args)
         assert values.get("Set-Location") == launch.settings.workdir
         assert values.get("$env:VIRTUAL_ENV") == launch.settings.venv
         if launch.program == "od-dist":
-            assert ("Get-Command -Name ([System.Management.Automation.WildcardPattern]::Escape('od-dist')) "
-                    "-CommandType Application") in text
+            assert (
+                "Get-Command -Name ([System.Management.Automation.WildcardPattern]::Escape('od-dist')) "
+                "-CommandType Application"
+            ) in text
         else:
             assert values["$exe"] == launch.program
         assert "$start.WorkingDirectory = $PWD.ProviderPath" in text
@@ -254,10 +309,10 @@ def test_cmd_scripts_survive_batch_parsing(tmp_path):
         text = scripts.render_cmd(launch)
         lines = text.split("\r\n")
         assert lines[0] == "@echo off" and "setlocal EnableExtensions DisableDelayedExpansion" in lines
-        assert lines.index("chcp 65001 >nul 2>&1") < min(i for i, l in enumerate(lines) if not l.isascii())
+        assert lines.index("chcp 65001 >nul 2>&1") < min(i for i, x in enumerate(lines) if not x.isascii())
         # call would expand % a second time (`(call )` only clears ERRORLEVEL)
-        assert not any(l.lower().startswith("call ") for l in lines)
-        (run,) = [l for l in lines if "train" in l and not l.startswith("rem")]
+        assert not any(x.lower().startswith("call ") for x in lines)
+        (run,) = [x for x in lines if "train" in x and not x.startswith("rem")]
         parsed = mslex.split(cmd_batch_line(run), like_cmd=False)
         assert parsed[0] == launch.program and parsed[1:] == list(launch.args)
 
@@ -308,10 +363,18 @@ class Wine:
         locales.mkdir()
         # Wine's cmd decodes batch lines with the OEM code page and ignores chcp; a Unicode-only
         # locale (hi_IN) makes that UTF-8, which is what `chcp 65001` does on Windows 10 and later.
-        self.env = dict(os.environ, WINEDEBUG="-all", WINEPREFIX=str(base / "prefix"), WINEDLLOVERRIDES="mscoree,mshtml=",
-                        LOCPATH=str(locales), LC_ALL="hi_IN.UTF-8")
-        for cmd in (["x86_64-w64-mingw32-gcc", "-municode", "-O1", "-s", "-o", str(self.stand_in), str(base / "s.c")],
-                    ["localedef", "-i", "hi_IN", "-f", "UTF-8", str(locales / "hi_IN.UTF-8")]):
+        self.env = dict(
+            os.environ,
+            WINEDEBUG="-all",
+            WINEPREFIX=str(base / "prefix"),
+            WINEDLLOVERRIDES="mscoree,mshtml=",
+            LOCPATH=str(locales),
+            LC_ALL="hi_IN.UTF-8",
+        )
+        for cmd in (
+            ["x86_64-w64-mingw32-gcc", "-municode", "-O1", "-s", "-o", str(self.stand_in), str(base / "s.c")],
+            ["localedef", "-i", "hi_IN", "-f", "UTF-8", str(locales / "hi_IN.UTF-8")],
+        ):
             if cmd[0] == "x86_64-w64-mingw32-gcc":
                 (base / "s.c").write_text(STAND_IN_C)
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -322,8 +385,14 @@ class Wine:
             pytest.skip(f"wine does not run cmd here: {r.stderr[-300:]!r}")
 
     def run_cmd(self, args, env=None, cwd=None, timeout=120):
-        return subprocess.run(["wine", "cmd", *args], env=dict(self.env, **(env or {})), cwd=cwd,
-                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            ["wine", "cmd", *args],
+            env=dict(self.env, **(env or {})),
+            cwd=cwd,
+            capture_output=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def close(self):
         subprocess.run(["wineserver", "-k"], env=self.env, capture_output=True, timeout=60)
@@ -331,10 +400,14 @@ class Wine:
 
 @pytest.fixture(scope="module")
 def wine(tmp_path_factory):
-    missing = [t for t in ("wine", "wineserver", "x86_64-w64-mingw32-gcc", "localedef") if not shutil.which(t)]
+    missing = [
+        t for t in ("wine", "wineserver", "x86_64-w64-mingw32-gcc", "localedef") if not shutil.which(t)
+    ]
     if missing:
-        pytest.skip(f"needs {', '.join(missing)}: apt-get install -y --no-install-recommends wine wine64 "
-                    "gcc-mingw-w64-x86-64-win32 locales")
+        pytest.skip(
+            f"needs {', '.join(missing)}: apt-get install -y --no-install-recommends wine wine64 "
+            "gcc-mingw-w64-x86-64-win32 locales"
+        )
     w = Wine(tmp_path_factory.mktemp("wine"))
     yield w
     w.close()
@@ -343,8 +416,11 @@ def wine(tmp_path_factory):
 def run_cmd_script(wine, script, tree, record, exit_code="0"):
     record.unlink(missing_ok=True)
     # /v:on: as on a machine whose registry turns delayed expansion on; the script must turn it off.
-    r = wine.run_cmd(["/v:on", "/c", win(script)], env={"WINEPATH": win(tree["bin"]), "OD_DIST_RECORD": win(record),
-                                        "OD_DIST_RECORD_EXIT": exit_code}, cwd=tree["run"])
+    r = wine.run_cmd(
+        ["/v:on", "/c", win(script)],
+        env={"WINEPATH": win(tree["bin"]), "OD_DIST_RECORD": win(record), "OD_DIST_RECORD_EXIT": exit_code},
+        cwd=tree["run"],
+    )
     assert record.exists(), (r.stdout, r.stderr)
     line, cwd, venv = record.read_bytes().decode("utf-16-le").split("\n")[:3]
     return r, mslex.split(line, like_cmd=False), cwd, venv
@@ -360,8 +436,10 @@ def test_cmd_under_wine(wine, tmp_path):
     cluster = make_cluster(tree)
     out = tmp_path / "out"
     scripts.write_scripts(cluster, CLUSTER_PATH, PASSED, str(out), "od-dist scripts ...", 300)
-    windows = [l for l in scripts.launches(cluster, CLUSTER_PATH, PASSED) if l.windows]
-    assert {bool(l.settings.venv) for l in windows} == {True, False} and any(l.settings.python for l in windows)
+    windows = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.windows]
+    assert {bool(x.settings.venv) for x in windows} == {True, False} and any(
+        x.settings.python for x in windows
+    )
     for launch in windows:
         r, argv, cwd, venv = run_cmd_script(wine, out / f"{launch.stem}.cmd", tree, tmp_path / "record", "7")
         assert argv[1:] == list(launch.args), launch.stem
@@ -376,7 +454,7 @@ def test_wine_harness_catches_broken_quoting(wine, tmp_path, monkeypatch):
     tree = make_tree(tmp_path)
     shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
     cluster = make_cluster(tree)
-    (launch,) = [l for l in scripts.launches(cluster, CLUSTER_PATH, PASSED) if l.task.role == "evaluator"]
+    (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.task.role == "evaluator"]
     real = scripts.cmd_escape
     monkeypatch.setattr(scripts, "cmd_escape", lambda text: real(text).replace("%%", "%"))
     (tmp_path / "broken.cmd").write_bytes(scripts.render_cmd(launch).encode())
@@ -401,63 +479,110 @@ def test_firewall_rules():
         # know training is alive
         "master:0": (2223, ("192.168.1.116", "192.168.1.109", "192.168.1.111", "192.168.1.120")),
     }  # the evaluator runs no server
-    mwms = cluster_mod.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.1:2223"],
-                                      "evaluator": "10.0.0.3"})
-    assert rules_of(mwms) == {"master:0": (2222, ("10.0.0.2", "10.0.0.3")),  # its peer on the same host needs no rule
-                              "worker:0": (2222, ("10.0.0.1",)),
-                              "worker:1": (2223, ("10.0.0.2",))}
+    mwms = cluster_mod.from_document(
+        {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.1:2223"], "evaluator": "10.0.0.3"}
+    )
+    assert rules_of(mwms) == {
+        "master:0": (2222, ("10.0.0.2", "10.0.0.3")),  # its peer on the same host needs no rule
+        "worker:0": (2222, ("10.0.0.1",)),
+        "worker:1": (2223, ("10.0.0.2",)),
+    }
     # No master: the evaluator probes worker 0, TensorFlow's chief, and gets its port.
-    chiefless = cluster_mod.from_document({"worker": ["10.0.0.1:2222", "10.0.0.2:2222"], "evaluator": "10.0.0.3"})
+    chiefless = cluster_mod.from_document(
+        {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"], "evaluator": "10.0.0.3"}
+    )
     assert chiefless.lead_task().name == "worker:0"
-    assert rules_of(chiefless) == {"worker:0": (2222, ("10.0.0.2", "10.0.0.3")), "worker:1": (2222, ("10.0.0.1",))}
+    assert rules_of(chiefless) == {
+        "worker:0": (2222, ("10.0.0.2", "10.0.0.3")),
+        "worker:1": (2222, ("10.0.0.1",)),
+    }
     (ps_rule,) = [r for r in scripts.inbound_rules(lan) if r.task.role == "ps"]
     win_lines = scripts.firewall_lines(ps_rule, "windows")
-    assert win_lines[0].startswith("New-NetFirewallRule -DisplayName 'od-dist ps 0' -Direction Inbound -Protocol TCP "
-                                   "-LocalPort 2224 -RemoteAddress 192.168.1.108,192.168.1.109,192.168.1.111")
+    assert win_lines[0].startswith(
+        "New-NetFirewallRule -DisplayName 'od-dist ps 0' -Direction Inbound -Protocol TCP "
+        "-LocalPort 2224 -RemoteAddress 192.168.1.108,192.168.1.109,192.168.1.111"
+    )
     assert win_lines[1].startswith('netsh advfirewall firewall add rule name="od-dist ps 0" dir=in')
-    assert "sudo ufw allow proto tcp from 192.168.1.109 to any port 2224" in scripts.firewall_lines(ps_rule, "linux")
+    assert "sudo ufw allow proto tcp from 192.168.1.109 to any port 2224" in scripts.firewall_lines(
+        ps_rule, "linux"
+    )
 
 
 def od_dist(*args, cwd=ROOT):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+    )
 
 
 def test_cli_writes_scripts_by_os_and_readme(tmp_path):
-    r = od_dist("scripts", f"--cluster={LAN}", "--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=runs/lan",
-                f"--out={tmp_path}", "--wait_timeout=120")
+    r = od_dist(
+        "scripts",
+        f"--cluster={LAN}",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        "--model_dir=runs/lan",
+        f"--out={tmp_path}",
+        "--wait_timeout=120",
+    )
     assert r.returncode == 0, r.stderr
-    assert sorted(os.listdir(tmp_path)) == ["README.md", "evaluator-0.sh", "master-0.cmd", "master-0.ps1", "ps-0.sh",
-                                            "worker-0.sh", "worker-1.sh"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "README.md",
+        "evaluator-0.sh",
+        "master-0.cmd",
+        "master-0.ps1",
+        "ps-0.sh",
+        "worker-0.sh",
+        "worker-1.sh",
+    ]
     readme = (tmp_path / "README.md").read_text()
     assert "Any order" in readme and "(120 s here)" in readme
     assert "| 192.168.1.108 | windows | master 0 |" in readme
     # The Windows master's port is open to the servers, which probe it; nothing else on Windows.
     assert readme.count("New-NetFirewallRule") == 1
-    assert ("New-NetFirewallRule -DisplayName 'od-dist master 0' -Direction Inbound -Protocol TCP -LocalPort 2223 "
-            "-RemoteAddress 192.168.1.116,192.168.1.109,192.168.1.111,192.168.1.120 -Action Allow") in readme
+    assert (
+        "New-NetFirewallRule -DisplayName 'od-dist master 0' -Direction Inbound -Protocol TCP -LocalPort 2223 "
+        "-RemoteAddress 192.168.1.116,192.168.1.109,192.168.1.111,192.168.1.120 -Action Allow"
+    ) in readme
     assert "### 192.168.1.116: ps 0, port 2224" in readme
     assert "No inbound port: evaluator 0 (192.168.1.120)." in readme
 
 
 def test_num_clones_only_for_the_roles_that_run_replicas():
     lan = cluster_mod.load(LAN)
-    args = {l.task.name: l.args for l in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])}
+    args = {
+        x.task.name: x.args for x in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])
+    }
     assert "--num_clones=2" in args["worker:0"] and "--num_clones=2" in args["worker:1"]
     for name in ("ps:0", "master:0", "evaluator:0"):  # parameter_server: no replicas there
         assert "--num_clones=2" not in args[name] and "--wait_timeout=9" in args[name], name
 
 
 def test_machines_of_unknown_os_get_all_three_scripts(tmp_path):
-    doc = {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.3:2222"], "ps": ["10.0.0.4:2222"],
-           "hosts": {"10.0.0.2": {"os": "linux"}, "10.0.0.3": {"workdir": "/srv/od"}, "10.0.0.4": {"os": "windows"}}}
-    scripts.write_scripts(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"], str(tmp_path), "cmd", 300)
+    doc = {
+        "master": "10.0.0.1:2222",
+        "worker": ["10.0.0.2:2222", "10.0.0.3:2222"],
+        "ps": ["10.0.0.4:2222"],
+        "hosts": {
+            "10.0.0.2": {"os": "linux"},
+            "10.0.0.3": {"workdir": "/srv/od"},
+            "10.0.0.4": {"os": "windows"},
+        },
+    }
+    scripts.write_scripts(
+        cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"], str(tmp_path), "cmd", 300
+    )
     assert sorted(os.listdir(tmp_path)) == [
-        "README.md", "master-0.cmd", "master-0.ps1", "master-0.sh",  # no hosts entry
-        "ps-0.cmd", "ps-0.ps1",  # declared windows
+        "README.md",
+        "master-0.cmd",
+        "master-0.ps1",
+        "master-0.sh",  # no hosts entry
+        "ps-0.cmd",
+        "ps-0.ps1",  # declared windows
         "worker-0.sh",  # declared linux
-        "worker-1.cmd", "worker-1.ps1", "worker-1.sh"]  # an entry without os
+        "worker-1.cmd",
+        "worker-1.ps1",
+        "worker-1.sh",
+    ]  # an entry without os
     readme = (tmp_path / "README.md").read_text()
     assert "| 10.0.0.1 | not declared | master 0 |" in readme
     # Its firewall lines for both systems.
@@ -471,10 +596,16 @@ def test_home_in_paths(tmp_path):
     (home / "venv" / "bin").mkdir(parents=True)
     (home / "work dir").mkdir()
     install_sh(home / "venv" / "bin" / "od-dist")
-    doc = {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"],
-           "hosts": {"10.0.0.1": {"os": "linux", "venv": "~/venv", "workdir": "~/work dir"}}}
-    (launch,) = [l for l in scripts.launches(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"])
-                 if l.task.role == "master"]
+    doc = {
+        "master": "10.0.0.1:2222",
+        "worker": ["10.0.0.2:2222"],
+        "hosts": {"10.0.0.1": {"os": "linux", "venv": "~/venv", "workdir": "~/work dir"}},
+    }
+    (launch,) = [
+        x
+        for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"])
+        if x.task.role == "master"
+    ]
     script = tmp_path / "master-0.sh"
     script.write_text(scripts.render_sh(launch))
     record = tmp_path / "record"
@@ -483,9 +614,11 @@ def test_home_in_paths(tmp_path):
     cwd, venv, _, *argv = record.read_bytes().decode().split("\0")[:-1]
     assert (cwd, venv) == (str(home / "work dir"), str(home / "venv"))
     assert argv == list(launch.args)
-    for settings, fragment in [({"os": "windows", "workdir": "~/od"}, "means nothing to Windows"),
-                               ({"venv": "~/venv"}, "declare 'os: linux'"),  # all three scripts
-                               ({"os": "linux", "python": "~bob/python"}, "only '~' and '~/...'")]:
+    for settings, fragment in [
+        ({"os": "windows", "workdir": "~/od"}, "means nothing to Windows"),
+        ({"venv": "~/venv"}, "declare 'os: linux'"),  # all three scripts
+        ({"os": "linux", "python": "~bob/python"}, "only '~' and '~/...'"),
+    ]:
         doc["hosts"] = {"10.0.0.1": settings}
         with pytest.raises(scripts.ScriptError, match=fragment):
             scripts.launches(cluster_mod.from_document(doc), "c.yaml", [])
@@ -506,30 +639,43 @@ def outside_single_quotes(line):
 
 def test_ps1_python_with_powershell_metacharacters():
     python = "py\"$(Start-Process calc)`*[x]'’;&"  # no path separator: found by Get-Command
-    doc = {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"],
-           "hosts": {"10.0.0.1": {"os": "windows", "python": python}}}
-    (launch,) = [l for l in scripts.launches(cluster_mod.from_document(doc), "c.yaml", []) if l.task.role == "master"]
+    doc = {
+        "master": "10.0.0.1:2222",
+        "worker": ["10.0.0.2:2222"],
+        "hosts": {"10.0.0.1": {"os": "windows", "python": python}},
+    }
+    (launch,) = [
+        x for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", []) if x.task.role == "master"
+    ]
     code = [line for line in scripts.render_ps1(launch).split("\r\n") if line and not line.startswith("#")]
     seen = []
     for line in code:
         bare, literals = outside_single_quotes(line)
         assert "Start-Process" not in bare and "$(" not in bare, line  # the value never reaches code
-        seen += [l for l in literals if "Start-Process" in l]
+        seen += [x for x in literals if "Start-Process" in x]
     assert python in seen  # Get-Command gets it exactly (escaped for -Name's wildcards by PowerShell itself)
-    assert any(l.startswith(python + " must be an .exe") for l in seen)
+    assert any(x.startswith(python + " must be an .exe") for x in seen)
 
 
 def test_checked_in_lan_example_is_current(tmp_path):
     (tmp_path / "clusters").mkdir()
     shutil.copy(LAN, tmp_path / "clusters")
-    r = od_dist("scripts", "--cluster=clusters/lan-example.yaml", "--pipeline=pipelines/shapes_retinanet.yaml",
-                "--model_dir=runs/lan", "--out=scripts/lan-example", cwd=tmp_path)
+    r = od_dist(
+        "scripts",
+        "--cluster=clusters/lan-example.yaml",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        "--model_dir=runs/lan",
+        "--out=scripts/lan-example",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     fresh, checked_in = tmp_path / "scripts" / "lan-example", os.path.join(ROOT, "scripts", "lan-example")
     assert sorted(os.listdir(fresh)) == sorted(os.listdir(checked_in))
     for name in os.listdir(fresh):
         with open(os.path.join(checked_in, name), "rb") as f:
-            assert (fresh / name).read_bytes() == f.read(), f"scripts/lan-example/{name} is stale: regenerate it"
+            assert (fresh / name).read_bytes() == f.read(), (
+                f"scripts/lan-example/{name} is stale: regenerate it"
+            )
 
 
 def test_cli_errors_exit_2(tmp_path):
@@ -559,9 +705,20 @@ def test_node_sh(tmp_path):
 
     def run(*args, **env):
         record.unlink(missing_ok=True)
-        full = dict(os.environ, PATH=f"{tree['bin']}:{os.environ['PATH']}", OD_DIST_RECORD=str(record),
-                    OD_DIST_WORKDIR=str(tree["work"]), **env)
-        for name in ("OD_DIST_VENV", "OD_DIST_PYTHON", "OD_DIST_PIPELINE", "OD_DIST_MODEL_DIR", "OD_DIST_CLUSTER"):
+        full = dict(
+            os.environ,
+            PATH=f"{tree['bin']}:{os.environ['PATH']}",
+            OD_DIST_RECORD=str(record),
+            OD_DIST_WORKDIR=str(tree["work"]),
+            **env,
+        )
+        for name in (
+            "OD_DIST_VENV",
+            "OD_DIST_PYTHON",
+            "OD_DIST_PIPELINE",
+            "OD_DIST_MODEL_DIR",
+            "OD_DIST_CLUSTER",
+        ):
             if name not in env:
                 full.pop(name, None)
         r = subprocess.run(["bash", node, *args], env=full, capture_output=True, text=True, timeout=30)
@@ -570,10 +727,25 @@ def test_node_sh(tmp_path):
         assert cwd == str(tree["work"])
         return argv, venv
 
-    argv, venv = run("worker", "1", "--wait_timeout=5", MODEL_DIR, OD_DIST_PIPELINE="pipelines/p q.yaml",
-                     OD_DIST_MODEL_DIR=MODEL_DIR, OD_DIST_VENV=str(tree["venv"]))
-    assert argv == ["train", "--cluster=clusters/cluster.yaml", "--role=worker", "--index=1",
-                    "--pipeline=pipelines/p q.yaml", f"--model_dir={MODEL_DIR}", "--wait_timeout=5", MODEL_DIR]
+    argv, venv = run(
+        "worker",
+        "1",
+        "--wait_timeout=5",
+        MODEL_DIR,
+        OD_DIST_PIPELINE="pipelines/p q.yaml",
+        OD_DIST_MODEL_DIR=MODEL_DIR,
+        OD_DIST_VENV=str(tree["venv"]),
+    )
+    assert argv == [
+        "train",
+        "--cluster=clusters/cluster.yaml",
+        "--role=worker",
+        "--index=1",
+        "--pipeline=pipelines/p q.yaml",
+        f"--model_dir={MODEL_DIR}",
+        "--wait_timeout=5",
+        MODEL_DIR,
+    ]
     assert venv == str(tree["venv"])
     argv, venv = run("master", OD_DIST_CLUSTER=CLUSTER_PATH)  # od-dist on PATH
     assert (argv, venv) == (["train", f"--cluster={CLUSTER_PATH}", "--role=master"], "<unset>")
@@ -591,7 +763,12 @@ def test_node_ps1_text():
     assert raw.isascii() and b"\n" not in raw.replace(b"\r\n", b"")
     text = raw.decode()
     # The same C-runtime quoting as windows_arg, and the same hand-over to Process.Start.
-    for needle in ("function ConvertTo-WindowsArgument", "'[\\s\"]'", "'\\' * (2 * $backslashes + 1)",
-                   "$start.WorkingDirectory = $PWD.ProviderPath", "[System.Diagnostics.Process]::Start($start)",
-                   "exit $process.ExitCode"):
+    for needle in (
+        "function ConvertTo-WindowsArgument",
+        "'[\\s\"]'",
+        "'\\' * (2 * $backslashes + 1)",
+        "$start.WorkingDirectory = $PWD.ProviderPath",
+        "[System.Diagnostics.Process]::Start($start)",
+        "exit $process.ExitCode",
+    ):
         assert needle in text, needle

@@ -11,8 +11,7 @@ from od_dist.data import shapes  # noqa: E402
 
 
 def _records(path):
-    return [tf.train.Example.FromString(r) for r in
-            tf.data.TFRecordDataset(path).as_numpy_iterator()]
+    return [tf.train.Example.FromString(r) for r in tf.data.TFRecordDataset(path).as_numpy_iterator()]
 
 
 def _read(path):
@@ -51,9 +50,11 @@ def test_label_map(small):
     out, _ = small
     with open(os.path.join(out, "label_map.pbtxt")) as f:
         text = f.read()
-    assert text == ("item {\n  id: 1\n  name: 'circle'\n}\n"
-                    "item {\n  id: 2\n  name: 'square'\n}\n"
-                    "item {\n  id: 3\n  name: 'triangle'\n}\n")
+    assert text == (
+        "item {\n  id: 1\n  name: 'circle'\n}\n"
+        "item {\n  id: 2\n  name: 'square'\n}\n"
+        "item {\n  id: 3\n  name: 'triangle'\n}\n"
+    )
 
 
 def test_example_format(small):
@@ -61,10 +62,20 @@ def test_example_format(small):
     ids = set()
     for ex in _records(summary["val"]):
         f = ex.features.feature
-        for key in ("image/encoded", "image/format", "image/source_id", "image/height",
-                    "image/width", "image/object/bbox/xmin", "image/object/bbox/ymin",
-                    "image/object/bbox/xmax", "image/object/bbox/ymax",
-                    "image/object/class/label", "image/object/area", "image/object/is_crowd"):
+        for key in (
+            "image/encoded",
+            "image/format",
+            "image/source_id",
+            "image/height",
+            "image/width",
+            "image/object/bbox/xmin",
+            "image/object/bbox/ymin",
+            "image/object/bbox/xmax",
+            "image/object/bbox/ymax",
+            "image/object/class/label",
+            "image/object/area",
+            "image/object/is_crowd",
+        ):
             assert key in f, key
         assert f["image/format"].bytes_list.value[0] == b"jpeg"
         h, w = f["image/height"].int64_list.value[0], f["image/width"].int64_list.value[0]
@@ -83,8 +94,9 @@ def test_example_format(small):
         assert (0 <= ymin).all() and (ymin < ymax).all() and (ymax <= 1).all()
         labels = list(f["image/object/class/label"].int64_list.value)
         assert set(labels) <= {1, 2, 3}
-        assert [t.decode() for t in f["image/object/class/text"].bytes_list.value] == \
-            [shapes.CLASSES[i - 1] for i in labels]
+        assert [t.decode() for t in f["image/object/class/text"].bytes_list.value] == [
+            shapes.CLASSES[i - 1] for i in labels
+        ]
         area = np.array(f["image/object/area"].float_list.value)
         assert (area > 0).all() and (area <= (xmax - xmin) * (ymax - ymin) * h * w + 1e-3).all()
         assert list(f["image/object/is_crowd"].int64_list.value) == [0] * n
@@ -93,6 +105,7 @@ def test_example_format(small):
 
 def test_model_garden_decoder_reads_it(small):
     from official.vision.dataloaders import tf_example_decoder
+
     _, summary = small
     decoder = tf_example_decoder.TfExampleDecoder()
     raw = next(iter(tf.data.TFRecordDataset(summary["train"])))
@@ -112,8 +125,8 @@ def test_boxes_are_exact():
         for (y0, x0, y1, x1), label, area in zip(boxes, labels, areas):
             ratios[int(label)].append(area / ((y1 - y0) * (x1 - x0)))
     assert abs(np.mean(ratios[1]) - np.pi / 4) < 0.03  # circle
-    assert np.mean(ratios[2]) == pytest.approx(1.0)     # square (filled rectangle)
-    assert abs(np.mean(ratios[3]) - 0.5) < 0.04         # triangle
+    assert np.mean(ratios[2]) == pytest.approx(1.0)  # square (filled rectangle)
+    assert abs(np.mean(ratios[3]) - 0.5) < 0.04  # triangle
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
@@ -144,6 +157,7 @@ def test_bad_arguments(tmp_path):
 
 def test_fast_enough(tmp_path):
     import time
+
     t = time.time()
     shapes.write_dataset(str(tmp_path), num_train=500, num_val=50)
     assert time.time() - t < 10  # ~1.5 ms an image here

@@ -21,7 +21,13 @@ def task(role, index=0):
     return Task(role, index, Address("127.0.0.1", 2000 + index))
 
 
-MASTER, PS0, W0, W1, EVAL = task("master"), task("ps"), task("worker", 0), task("worker", 1), task("evaluator")
+MASTER, PS0, W0, W1, EVAL = (
+    task("master"),
+    task("ps"),
+    task("worker", 0),
+    task("worker", 1),
+    task("evaluator"),
+)
 JOB = [PS0, W0, W1, MASTER, EVAL]
 
 
@@ -68,6 +74,7 @@ def test_describe_and_backoff():
 
 # ----- the loop, on stand-in tasks -------------------------------------------------------------
 
+
 class Job:
     """Stand-in tasks: each child runs a small script chosen per (task, start number)."""
 
@@ -76,7 +83,9 @@ class Job:
         self.procs = []
         self.lines = []
         self.scripts = scripts
-        self.sup = supervisor.Supervisor(strategy, tasks, self.start, self.lines.append, max_restarts, grace_s)
+        self.sup = supervisor.Supervisor(
+            strategy, tasks, self.start, self.lines.append, max_restarts, grace_s
+        )
 
     def start(self, t):
         n = sum(1 for name, _ in self.started if name == t.name)
@@ -117,7 +126,13 @@ def test_a_lost_parameter_server_worker_restarts_alone_and_the_job_finishes():
 
     job = Job(PS, [PS0, W0, W1, MASTER], scripts)
     assert job.run() == 0, job.lines
-    assert sorted(job.started) == [("master:0", 0), ("ps:0", 0), ("worker:0", 0), ("worker:1", 0), ("worker:1", 1)]
+    assert sorted(job.started) == [
+        ("master:0", 0),
+        ("ps:0", 0),
+        ("worker:0", 0),
+        ("worker:1", 0),
+        ("worker:1", 1),
+    ]
     assert "worker:1 died (exit 137, killed); restart 1/3 of worker:1 alone in 2 s" in job.lines
 
 
@@ -131,30 +146,44 @@ def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
     start = time.monotonic()
     assert job.run() == 1, job.lines
     assert time.monotonic() - start < 15
-    assert sorted(job.started) == [("master:0", 0), ("master:0", 1), ("ps:0", 0), ("ps:0", 1),
-                                   ("worker:0", 0), ("worker:0", 1)]
+    assert sorted(job.started) == [
+        ("master:0", 0),
+        ("master:0", 1),
+        ("ps:0", 0),
+        ("ps:0", 1),
+        ("worker:0", 0),
+        ("worker:0", 1),
+    ]
     assert job.lines[0] == "ps:0 died (exit 137, killed); restart 1/1 of every task in 2 s"
-    assert job.lines[1] == ("ps:0 died (exit 138, lost a peer); no restart left (--max_restarts 1); stopping every "
-                            "task; the first failure (root cause): ps:0 died (exit 137, killed)")
+    assert job.lines[1] == (
+        "ps:0 died (exit 138, lost a peer); no restart left (--max_restarts 1); stopping every "
+        "task; the first failure (root cause): ps:0 died (exit 137, killed)"
+    )
 
 
 def test_a_permanent_error_is_not_retried():
     job = Job(PS, [PS0, MASTER], lambda t, n: exits(2) if t.name == "master:0" else SERVE)
     assert job.run() == 2
     assert job.started == [("ps:0", 0), ("master:0", 0)]
-    assert job.lines == ["master:0 died (exit 2, invalid input); a permanent error, not retried; stopping every task"]
+    assert job.lines == [
+        "master:0 died (exit 2, invalid input); a permanent error, not retried; stopping every task"
+    ]
     job = Job(MWMS, [MASTER, W0], lambda t, n: exits(1) if t.name == "worker:0" else SERVE)
     assert job.run() == 1 and len(job.started) == 2
 
 
 def test_interrupt_stops_the_trainers_first_then_the_servers(tmp_path):
     order = tmp_path / "order"
-    trainer = (f"import signal, sys, time\n"
-               f"def stop(*a):\n    time.sleep(0.5); open({str(order)!r}, 'a').write('master\\n'); sys.exit(130)\n"
-               f"signal.signal(signal.SIGINT, stop)\ntime.sleep(60)")
-    server = (f"import signal, sys\n"
-              f"def stop(*a):\n    open({str(order)!r}, 'a').write('ps\\n'); sys.exit(0)\n"
-              f"signal.signal(signal.SIGTERM, stop)\nsignal.signal(signal.SIGINT, stop)\nimport time; time.sleep(60)")
+    trainer = (
+        f"import signal, sys, time\n"
+        f"def stop(*a):\n    time.sleep(0.5); open({str(order)!r}, 'a').write('master\\n'); sys.exit(130)\n"
+        f"signal.signal(signal.SIGINT, stop)\ntime.sleep(60)"
+    )
+    server = (
+        f"import signal, sys\n"
+        f"def stop(*a):\n    open({str(order)!r}, 'a').write('ps\\n'); sys.exit(0)\n"
+        f"signal.signal(signal.SIGTERM, stop)\nsignal.signal(signal.SIGINT, stop)\nimport time; time.sleep(60)"
+    )
     job = Job(PS, [PS0, MASTER], lambda t, n: trainer if t.role == "master" else server)
     threading.Timer(1.0, job.sup.on_signal, args=(signal.SIGINT,)).start()
     assert job.run() == 130
@@ -174,7 +203,7 @@ def test_a_second_interrupt_kills_at_once():
 
 def test_no_child_left_when_the_supervisor_fails():
     job = Job(PS, [PS0, MASTER], lambda t, n: SERVE)
-    job.sup.start = lambda t: (Job.start(job, t) if t.role == "ps" else (_ for _ in ()).throw(OSError("boom")))
+    job.sup.start = lambda t: Job.start(job, t) if t.role == "ps" else (_ for _ in ()).throw(OSError("boom"))
     with pytest.raises(OSError):
         job.sup.run()
     assert all(p.poll() is not None for p in job.procs)

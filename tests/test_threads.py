@@ -54,20 +54,26 @@ def test_inter_op_is_never_below_two_and_tf_data_keeps_its_default():
 
 
 def test_tasks_sharing_a_machine_come_from_the_cluster_hosts():
-    lan = spec.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.2:2223"],
-                              "ps": ["10.0.0.1:2224"]})
+    lan = spec.from_document(
+        {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.2:2223"], "ps": ["10.0.0.1:2224"]}
+    )
     assert threads.roles_sharing(lan, lan.task("worker", 1)) == ["worker", "worker"]
     assert sorted(threads.roles_sharing(lan, lan.task("ps", 0))) == ["master", "ps"]
-    local = spec.from_document({"master": "127.0.0.1:2230", "worker": ["localhost:2231", "127.0.0.1:2232"],
-                                "ps": ["127.0.0.1:2233"]})
+    local = spec.from_document(
+        {"master": "127.0.0.1:2230", "worker": ["localhost:2231", "127.0.0.1:2232"], "ps": ["127.0.0.1:2233"]}
+    )
     assert sorted(threads.roles_sharing(local, local.task("worker", 0))) == sorted(PS_LOCAL)
     assert threads.roles_sharing(None, None) == ["single"]
-    one_each = spec.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:1"]})
+    one_each = spec.from_document(
+        {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:1"]}
+    )
     assert threads.resolve(one_each, one_each.task("worker", 0), "parameter_server", cores=8) == Threads()
 
 
 def test_flags_override_each_setting_of_the_budget():
-    local = spec.from_document({"master": "127.0.0.1:2230", "worker": ["127.0.0.1:2231"], "ps": ["127.0.0.1:2233"]})
+    local = spec.from_document(
+        {"master": "127.0.0.1:2230", "worker": ["127.0.0.1:2231"], "ps": ["127.0.0.1:2233"]}
+    )
     worker = local.task("worker", 0)
     assert threads.resolve(local, worker, "parameter_server", cores=2) == Threads(2, 2, 0)
     assert threads.resolve(local, worker, "parameter_server", intra_op=4, data=2, cores=2) == Threads(4, 2, 2)
@@ -77,23 +83,38 @@ def test_flags_override_each_setting_of_the_budget():
 
 def test_train_config_carries_the_budget_and_refuses_inter_op_one_under_ps(tmp_path):
     cluster = tmp_path / "c.yaml"
-    cluster.write_text("master: 127.0.0.1:2230\nworker: [127.0.0.1:2231, 127.0.0.1:2232]\nps: [127.0.0.1:2233]\n")
+    cluster.write_text(
+        "master: 127.0.0.1:2230\nworker: [127.0.0.1:2231, 127.0.0.1:2232]\nps: [127.0.0.1:2233]\n"
+    )
     selected = config.select(str(cluster), "ps", 0, False)
     cfg = config.train_config(selected, None, None, None, False, None, 10, None, None, None)
     assert cfg.threads == Threads(1, 2, 0)
     cfg = config.train_config(selected, None, None, None, False, None, 10, 3, None, 1)
     assert cfg.threads == Threads(3, 2, 1)
-    with pytest.raises(InvalidCluster, match=r"--inter_op_threads: '1': deadlocks the parameter_server coordinator"):
+    with pytest.raises(
+        InvalidCluster, match=r"--inter_op_threads: '1': deadlocks the parameter_server coordinator"
+    ):
         config.train_config(selected, None, None, None, False, None, 10, None, 1, None)
 
 
 def test_inter_op_one_is_invalid_input_before_anything_starts(tmp_path, capsys):
     cluster = tmp_path / "c.yaml"
     cluster.write_text("master: 127.0.0.1:2230\nworker: [127.0.0.1:2231]\nps: [127.0.0.1:2233]\n")
-    code = main(["od-dist", "launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
-                 f"--model_dir={tmp_path}/m", "--inter_op_threads=1"])
+    code = main(
+        [
+            "od-dist",
+            "launch",
+            f"--cluster={cluster}",
+            f"--pipeline={PIPELINE}",
+            f"--model_dir={tmp_path}/m",
+            "--inter_op_threads=1",
+        ]
+    )
     assert code == 2
-    assert "--inter_op_threads: '1': deadlocks the parameter_server coordinator; use 2 or more" in capsys.readouterr().err
+    assert (
+        "--inter_op_threads: '1': deadlocks the parameter_server coordinator; use 2 or more"
+        in capsys.readouterr().err
+    )
 
 
 def test_launch_passes_the_thread_flags_on(tmp_path):
@@ -115,21 +136,42 @@ def test_each_launched_task_reports_the_threads_tensorflow_applied(tmp_path):
     from test_distributed import tiny
 
     data = tmp_path / "data"
-    subprocess.run([sys.executable, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=16",
-                    "--num_val=8"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=16", "--num_val=8"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     m, w, ps = free_ports(3)
     cluster = tmp_path / "c.yaml"
     cluster.write_text(f"master: 127.0.0.1:{m}\nworker: [127.0.0.1:{w}]\nps: [127.0.0.1:{ps}]\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_NUM_INTRAOP_THREADS")}
-    r = subprocess.run([sys.executable, "-m", "od_dist", "launch", f"--cluster={cluster}", f"--pipeline={PIPELINE}",
-                        f"--model_dir={tmp_path / 'model'}", tiny(str(data), steps=2), "--data_threads=3",
-                        "--wait_timeout=60"], capture_output=True, text=True, cwd=str(tmp_path), env=env,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "launch",
+            f"--cluster={cluster}",
+            f"--pipeline={PIPELINE}",
+            f"--model_dir={tmp_path / 'model'}",
+            tiny(str(data), steps=2),
+            "--data_threads=3",
+            "--wait_timeout=60",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        env=env,
+        timeout=300,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     cores = threads.machine_cores()
     roles = ["ps", "master", "worker"]
     for role in roles:
         want = threads.budget(cores, role, "parameter_server", roles)
-        line = rf"\[{role}:0\] {role}:0: threads intra-op {want.intra_op}, inter-op {want.inter_op}, tf.data 3 "
+        line = (
+            rf"\[{role}:0\] {role}:0: threads intra-op {want.intra_op}, inter-op {want.inter_op}, tf.data 3 "
+        )
         assert re.search(line, out), (line, out[-3000:])

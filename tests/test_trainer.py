@@ -12,16 +12,19 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from od_dist.job import trainer  # noqa: E402
 from od_dist.data import shapes  # noqa: E402
+from od_dist.job import trainer  # noqa: E402
 from od_dist.model.pipeline import load_pipeline  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
-PROGRESS = re.compile(r"^od-dist train \| step (\d+)/(\d+) \(\d+%\) \| loss ([\d.]+) \| "
-                      r"([\d.]+) steps/s \| ([\d.]+) examples/s \| ETA \S+$", re.M)
+PROGRESS = re.compile(
+    r"^od-dist train \| step (\d+)/(\d+) \(\d+%\) \| loss ([\d.]+) \| "
+    r"([\d.]+) steps/s \| ([\d.]+) examples/s \| ETA \S+$",
+    re.M,
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +35,12 @@ def data_dir(tmp_path_factory):
 
 
 def params_for(data_dir, steps, extra=""):
-    override = (f"trainer.train_steps={steps},trainer.steps_per_loop=5,"
-                "trainer.summary_interval=5,trainer.checkpoint_interval=5,"
-                f"task.train_data.input_path={data_dir}/train.tfrecord,"
-                f"task.validation_data.input_path={data_dir}/val.tfrecord")
+    override = (
+        f"trainer.train_steps={steps},trainer.steps_per_loop=5,"
+        "trainer.summary_interval=5,trainer.checkpoint_interval=5,"
+        f"task.train_data.input_path={data_dir}/train.tfrecord,"
+        f"task.validation_data.input_path={data_dir}/val.tfrecord"
+    )
     return load_pipeline(DEMO, override + extra, strategy="mirrored")
 
 
@@ -66,6 +71,7 @@ def test_train_writes_checkpoints_params_summaries(data_dir, tmp_path, capsys):
     assert glob.glob(os.path.join(model_dir, "train", "events.out.tfevents.*"))
     saved = load_pipeline(DEMO)  # params.yaml is Model Garden's own format
     from official.modeling import hyperparams
+
     hyperparams.override_params_dict(saved, os.path.join(model_dir, "params.yaml"), is_strict=True)
     assert saved.trainer.train_steps == 10
 
@@ -74,8 +80,10 @@ def test_resume_continues_from_the_latest_checkpoint(data_dir, trained, capsys):
     assert step_of(trained) == 10
     trainer.train(params_for(data_dir, 15), trained, tf.distribute.MirroredStrategy())
     out = capsys.readouterr().out
-    assert f"restored model from {trained}/ckpt-10" in out or \
-        f"restored from checkpoint: {trained}/ckpt-10" in out, out[-2000:]
+    assert (
+        f"restored model from {trained}/ckpt-10" in out
+        or f"restored from checkpoint: {trained}/ckpt-10" in out
+    ), out[-2000:]
     # One loop of 5 steps, from 10 to 15: nothing trained twice.
     assert [int(s) for s, *_ in PROGRESS.findall(out)] == [15]
     assert step_of(trained) == 15
@@ -103,6 +111,7 @@ def test_continuous_eval_returns_after_the_final_checkpoint(data_dir, trained):
     # The run is complete (train_steps reached): one evaluation, then return at once
     # rather than wait for the timeout.
     import time
+
     params = params_for(data_dir, step_of(trained))
     start = time.time()
     metrics = trainer.continuous_eval(params, trained, timeout_s=600)
@@ -124,19 +133,25 @@ def test_continuous_eval_follows_a_running_trainer(data_dir, tmp_path):
     writes it, and returns right after the final one."""
     import subprocess
     import sys
+
     model_dir = str(tmp_path / "run")
     os.makedirs(model_dir)
-    override = (f"trainer.train_steps=10,trainer.steps_per_loop=5,trainer.summary_interval=5,"
-                f"trainer.checkpoint_interval=5,task.train_data.input_path={data_dir}/train.tfrecord,"
-                f"task.validation_data.input_path={data_dir}/val.tfrecord")
-    code = ("import json, sys\n"
-            "from od_dist.job import trainer\n"
-            "from od_dist.model.pipeline import load_pipeline\n"
-            f"p = load_pipeline({DEMO!r}, {override!r}, 'mirrored')\n"
-            f"m = trainer.continuous_eval(p, {model_dir!r}, timeout_s=240)\n"
-            "print('RESULT ' + json.dumps(m))\n")
-    evaluator = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+    override = (
+        f"trainer.train_steps=10,trainer.steps_per_loop=5,trainer.summary_interval=5,"
+        f"trainer.checkpoint_interval=5,task.train_data.input_path={data_dir}/train.tfrecord,"
+        f"task.validation_data.input_path={data_dir}/val.tfrecord"
+    )
+    code = (
+        "import json, sys\n"
+        "from od_dist.job import trainer\n"
+        "from od_dist.model.pipeline import load_pipeline\n"
+        f"p = load_pipeline({DEMO!r}, {override!r}, 'mirrored')\n"
+        f"m = trainer.continuous_eval(p, {model_dir!r}, timeout_s=240)\n"
+        "print('RESULT ' + json.dumps(m))\n"
+    )
+    evaluator = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         trainer.train(params_for(data_dir, 10), model_dir, tf.distribute.MirroredStrategy())
         out, _ = evaluator.communicate(timeout=280)
@@ -160,7 +175,9 @@ def test_continuous_eval_waits_while_asked(tmp_path, data_dir):
         asked.append(1)
         return len(asked) < 3
 
-    empty = str(tmp_path / 'empty')
-    assert trainer.continuous_eval(params_for(data_dir, 10), empty, timeout_s=1,
-                                   keep_waiting=keep_waiting) is None
+    empty = str(tmp_path / "empty")
+    assert (
+        trainer.continuous_eval(params_for(data_dir, 10), empty, timeout_s=1, keep_waiting=keep_waiting)
+        is None
+    )
     assert len(asked) == 3

@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster import safe_yaml, validate
+from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster.spec import InvalidCluster
 
 PS_OK = """
@@ -17,8 +17,12 @@ ps: [10.0.0.4:2222]
 
 
 # PS_OK on loopback: one machine, so every task needs its own port.
-PS_LOOP = (PS_OK.replace("10.0.0.", "127.0.0.").replace("127.0.0.2:2222", "127.0.0.2:2223")
-           .replace("127.0.0.3:2222", "127.0.0.3:2224").replace("127.0.0.4:2222", "127.0.0.4:2225"))
+PS_LOOP = (
+    PS_OK.replace("10.0.0.", "127.0.0.")
+    .replace("127.0.0.2:2222", "127.0.0.2:2223")
+    .replace("127.0.0.3:2222", "127.0.0.3:2224")
+    .replace("127.0.0.4:2222", "127.0.0.4:2225")
+)
 
 
 def load_text(text):
@@ -39,56 +43,166 @@ def problems_of(text):
 RULES = [
     ("empty file", PS_OK, "", ["empty"]),
     ("top level mapping", PS_OK, "- 10.0.0.1:2222\n", ["top level is not a mapping"]),
-    ("unknown key with did-you-mean", PS_OK, PS_OK + "workers: [10.0.0.9:1]\n", ["workers", "did you mean 'worker'"]),
-    ("master and chief both", PS_OK.replace("master", "chief"), PS_OK + "chief: 10.0.0.9:1\n",
-     ["chief", "both are given"]),
-    ("one master, not a list", PS_OK, PS_OK.replace("master: 10.0.0.1:2222", "master: [10.0.0.1:2222, 10.0.0.9:1]"),
-     ["master", "exactly one master"]),
-    ("master required for parameter_server", PS_OK, PS_OK.replace("master: 10.0.0.1:2222\n", ""),
-     ["master", "needs exactly one master"]),
-    ("host:port shape", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4"), ["ps[0]", "'10.0.0.4'", "no port"]),
+    (
+        "unknown key with did-you-mean",
+        PS_OK,
+        PS_OK + "workers: [10.0.0.9:1]\n",
+        ["workers", "did you mean 'worker'"],
+    ),
+    (
+        "master and chief both",
+        PS_OK.replace("master", "chief"),
+        PS_OK + "chief: 10.0.0.9:1\n",
+        ["chief", "both are given"],
+    ),
+    (
+        "one master, not a list",
+        PS_OK,
+        PS_OK.replace("master: 10.0.0.1:2222", "master: [10.0.0.1:2222, 10.0.0.9:1]"),
+        ["master", "exactly one master"],
+    ),
+    (
+        "master required for parameter_server",
+        PS_OK,
+        PS_OK.replace("master: 10.0.0.1:2222\n", ""),
+        ["master", "needs exactly one master"],
+    ),
+    (
+        "host:port shape",
+        PS_OK,
+        PS_OK.replace("10.0.0.4:2222", "10.0.0.4"),
+        ["ps[0]", "'10.0.0.4'", "no port"],
+    ),
     ("port is a number", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4:http"), ["ps[0]", "not a number"]),
-    ("port range high", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4:65536"), ["ps[0]", "65536", "out of range"]),
-    ("port range low", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4:0"), ["ps[0]", "port 0", "out of range"]),
-    ("IPv6 in brackets", PS_OK.replace("10.0.0.4:2222", "'[fd00::4]:2222'"),
-     PS_OK.replace("10.0.0.4:2222", "'fd00::4:2222'"), ["ps[0]", "must be in brackets", "[fd00::4]:2222"]),
-    ("brackets hold IPv6 only", PS_OK, PS_OK.replace("10.0.0.4:2222", "'[host]:2222'"), ["not an IPv6 address"]),
-    ("valid host name", PS_OK.replace("10.0.0.4", "gpu-box-4.lab"), PS_OK.replace("10.0.0.4", "gpu_box"),
-     ["ps[0]", "'gpu_box' is not a valid host name"]),
+    (
+        "port range high",
+        PS_OK,
+        PS_OK.replace("10.0.0.4:2222", "10.0.0.4:65536"),
+        ["ps[0]", "65536", "out of range"],
+    ),
+    (
+        "port range low",
+        PS_OK,
+        PS_OK.replace("10.0.0.4:2222", "10.0.0.4:0"),
+        ["ps[0]", "port 0", "out of range"],
+    ),
+    (
+        "IPv6 in brackets",
+        PS_OK.replace("10.0.0.4:2222", "'[fd00::4]:2222'"),
+        PS_OK.replace("10.0.0.4:2222", "'fd00::4:2222'"),
+        ["ps[0]", "must be in brackets", "[fd00::4]:2222"],
+    ),
+    (
+        "brackets hold IPv6 only",
+        PS_OK,
+        PS_OK.replace("10.0.0.4:2222", "'[host]:2222'"),
+        ["not an IPv6 address"],
+    ),
+    (
+        "valid host name",
+        PS_OK.replace("10.0.0.4", "gpu-box-4.lab"),
+        PS_OK.replace("10.0.0.4", "gpu_box"),
+        ["ps[0]", "'gpu_box' is not a valid host name"],
+    ),
     ("valid IPv4", PS_OK, PS_OK.replace("10.0.0.4", "10.0.0.256"), ["not a valid IPv4 address"]),
-    ("entries are strings", PS_OK, PS_OK.replace("[10.0.0.4:2222]", "[2222]"), ["ps[0]", "an int", "as text"]),
-    ("worker is a list", PS_OK, PS_OK.replace("[10.0.0.2:2222, 10.0.0.3:2222]", "{a: 1}"), ["worker", "not a list"]),
-    ("same host:port twice", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.2:2222"),
-     ["ps[0]", "same address as worker[0]"]),
-    ("same IPv6 written two ways", PS_OK.replace("10.0.0.4:2222", "'[fd00::4]:2222'"),
-     PS_OK.replace("10.0.0.4:2222", "'[fd00::4]:2222'").replace("10.0.0.3:2222", "'[fd00:0::4]:2222'"),
-     ["same address as"]),
-    ("ps present for parameter_server", "strategy: parameter_server\n" + PS_OK,
-     "strategy: parameter_server\n" + PS_OK.replace("ps: [10.0.0.4:2222]\n", ""), ["ps", "needs at least one ps"]),
-    ("workers present for parameter_server", PS_OK, PS_OK.replace("worker: [10.0.0.2:2222, 10.0.0.3:2222]\n", ""),
-     ["worker", "needs at least one worker"]),
-    ("ps absent for multi_worker_mirrored", "strategy: multi_worker_mirrored\nmaster: 10.0.0.1:1\nworker: [10.0.0.2:1]\n",
-     "strategy: multi_worker_mirrored\n" + PS_OK, ["ps", "has no ps"]),
+    (
+        "entries are strings",
+        PS_OK,
+        PS_OK.replace("[10.0.0.4:2222]", "[2222]"),
+        ["ps[0]", "an int", "as text"],
+    ),
+    (
+        "worker is a list",
+        PS_OK,
+        PS_OK.replace("[10.0.0.2:2222, 10.0.0.3:2222]", "{a: 1}"),
+        ["worker", "not a list"],
+    ),
+    (
+        "same host:port twice",
+        PS_OK,
+        PS_OK.replace("10.0.0.4:2222", "10.0.0.2:2222"),
+        ["ps[0]", "same address as worker[0]"],
+    ),
+    (
+        "same IPv6 written two ways",
+        PS_OK.replace("10.0.0.4:2222", "'[fd00::4]:2222'"),
+        PS_OK.replace("10.0.0.4:2222", "'[fd00::4]:2222'").replace("10.0.0.3:2222", "'[fd00:0::4]:2222'"),
+        ["same address as"],
+    ),
+    (
+        "ps present for parameter_server",
+        "strategy: parameter_server\n" + PS_OK,
+        "strategy: parameter_server\n" + PS_OK.replace("ps: [10.0.0.4:2222]\n", ""),
+        ["ps", "needs at least one ps"],
+    ),
+    (
+        "workers present for parameter_server",
+        PS_OK,
+        PS_OK.replace("worker: [10.0.0.2:2222, 10.0.0.3:2222]\n", ""),
+        ["worker", "needs at least one worker"],
+    ),
+    (
+        "ps absent for multi_worker_mirrored",
+        "strategy: multi_worker_mirrored\nmaster: 10.0.0.1:1\nworker: [10.0.0.2:1]\n",
+        "strategy: multi_worker_mirrored\n" + PS_OK,
+        ["ps", "has no ps"],
+    ),
     ("a trainer is listed", "worker: [10.0.0.2:1]\n", "num_clones: 1\n", ["no trainer is listed"]),
-    ("known strategy", PS_OK + "strategy: parameter_server\n", PS_OK + "strategy: paramserver\n",
-     ["strategy", "'paramserver'", "did you mean 'parameter_server'"]),
+    (
+        "known strategy",
+        PS_OK + "strategy: parameter_server\n",
+        PS_OK + "strategy: paramserver\n",
+        ["strategy", "'paramserver'", "did you mean 'parameter_server'"],
+    ),
     ("num_clones positive", PS_OK + "num_clones: 2\n", PS_OK + "num_clones: 0\n", ["num_clones", "positive"]),
-    ("num_clones not bool", PS_OK + "num_clones: 1\n", PS_OK + "num_clones: true\n", ["num_clones", "positive"]),
-    ("hosts is a mapping", PS_OK + "hosts: {10.0.0.2: {os: linux}}\n", PS_OK + "hosts: [10.0.0.2]\n",
-     ["hosts", "not a mapping"]),
-    ("hosts name a task's host", PS_OK + "hosts: {10.0.0.2: {os: linux}}\n", PS_OK + "hosts: {10.0.0.99: {os: linux}}\n",
-     ["hosts.10.0.0.99", "no task"]),
-    ("host os known", PS_OK + "hosts: {10.0.0.2: {os: windows}}\n", PS_OK + "hosts: {10.0.0.2: {os: macos}}\n",
-     ["hosts.10.0.0.2.os", "'macos'", "linux, windows"]),
-    ("host keys known", PS_OK + "hosts: {10.0.0.2: {venv: /v}}\n", PS_OK + "hosts: {10.0.0.2: {vnev: /v}}\n",
-     ["hosts.10.0.0.2.vnev", "did you mean 'venv'"]),
-    ("python or venv, not both", PS_OK + "hosts: {10.0.0.2: {python: /p}}\n",
-     PS_OK + "hosts: {10.0.0.2: {python: /p, venv: /v}}\n", ["both 'python' and 'venv'"]),
-    ("same num_clones on every parameter_server worker",
-     PS_OK + "hosts: {10.0.0.2: {num_clones: 2}, 10.0.0.3: {num_clones: 2}}\n",
-     PS_OK + "hosts: {10.0.0.2: {num_clones: 2}}\n", ["same num_clones on every worker", "worker:0=2, worker:1=1"]),
-    ("evaluator is one address", PS_OK + "evaluator: 10.0.0.5\n", PS_OK + "evaluator: [10.0.0.5, 10.0.0.6]\n",
-     ["evaluator", "exactly one evaluator"]),
+    (
+        "num_clones not bool",
+        PS_OK + "num_clones: 1\n",
+        PS_OK + "num_clones: true\n",
+        ["num_clones", "positive"],
+    ),
+    (
+        "hosts is a mapping",
+        PS_OK + "hosts: {10.0.0.2: {os: linux}}\n",
+        PS_OK + "hosts: [10.0.0.2]\n",
+        ["hosts", "not a mapping"],
+    ),
+    (
+        "hosts name a task's host",
+        PS_OK + "hosts: {10.0.0.2: {os: linux}}\n",
+        PS_OK + "hosts: {10.0.0.99: {os: linux}}\n",
+        ["hosts.10.0.0.99", "no task"],
+    ),
+    (
+        "host os known",
+        PS_OK + "hosts: {10.0.0.2: {os: windows}}\n",
+        PS_OK + "hosts: {10.0.0.2: {os: macos}}\n",
+        ["hosts.10.0.0.2.os", "'macos'", "linux, windows"],
+    ),
+    (
+        "host keys known",
+        PS_OK + "hosts: {10.0.0.2: {venv: /v}}\n",
+        PS_OK + "hosts: {10.0.0.2: {vnev: /v}}\n",
+        ["hosts.10.0.0.2.vnev", "did you mean 'venv'"],
+    ),
+    (
+        "python or venv, not both",
+        PS_OK + "hosts: {10.0.0.2: {python: /p}}\n",
+        PS_OK + "hosts: {10.0.0.2: {python: /p, venv: /v}}\n",
+        ["both 'python' and 'venv'"],
+    ),
+    (
+        "same num_clones on every parameter_server worker",
+        PS_OK + "hosts: {10.0.0.2: {num_clones: 2}, 10.0.0.3: {num_clones: 2}}\n",
+        PS_OK + "hosts: {10.0.0.2: {num_clones: 2}}\n",
+        ["same num_clones on every worker", "worker:0=2, worker:1=1"],
+    ),
+    (
+        "evaluator is one address",
+        PS_OK + "evaluator: 10.0.0.5\n",
+        PS_OK + "evaluator: [10.0.0.5, 10.0.0.6]\n",
+        ["evaluator", "exactly one evaluator"],
+    ),
     ("YAML syntax with line", PS_OK, PS_OK + "ps: [10.0.0.9:1\n", ["line 6", "invalid YAML"]),
     ("duplicate YAML keys", PS_OK, PS_OK + "ps: [10.0.0.9:1]\n", ["line 5", "duplicate key 'ps'", "line 4"]),
     ("no YAML aliases", PS_OK, "x: &w [10.0.0.2:1]\nworker: *w\n", ["aliases", "*w"]),
@@ -136,7 +250,8 @@ def test_hostile_files_fail_fast(tmp_path):
 
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
-        for p, c in zip("abcdefgh", "bcdefghi"))
+        for p, c in zip("abcdefgh", "bcdefghi")
+    )
     deep = "a: " + "[" * 10000 + "]" * 10000 + "\n"
     huge = tmp_path / "huge.yaml"
     huge.write_text("a: " + "x" * (safe_yaml.MAX_BYTES + 10) + "\n")
@@ -223,37 +338,77 @@ def test_loopback_cluster_skips_host_check():
 
 
 MORE_RULES = [
-    ("loopback only with loopback", PS_LOOP,
-     PS_OK.replace("10.0.0.4", "127.0.0.1"), ["ps[0]", "a loopback address in a cluster that also lists other machines"]),
-    ("localhost is 127.0.0.1", PS_LOOP,
-     PS_OK.replace("10.0.0.", "127.0.0.").replace("127.0.0.4", "localhost").replace("127.0.0.3:2222", "127.0.0.1:2222")
-     .replace("127.0.0.2", "127.0.0.1").replace("127.0.0.1:2222]", "127.0.0.1:2223]"),
-     ["same address as"]),
-    ("ports are ASCII digits", PS_OK, PS_OK.replace("10.0.0.4:2222", "10.0.0.4:2\u00b2"), ["ps[0]", "not a number"]),
-    ("IPv6 without port hint", PS_OK + "evaluator: '[fe80::1]'\n", PS_OK + "evaluator: 'fe80::1'\n",
-     ["must be in brackets", "[fe80::1]:PORT"]),
+    (
+        "loopback only with loopback",
+        PS_LOOP,
+        PS_OK.replace("10.0.0.4", "127.0.0.1"),
+        ["ps[0]", "a loopback address in a cluster that also lists other machines"],
+    ),
+    (
+        "localhost is 127.0.0.1",
+        PS_LOOP,
+        PS_OK.replace("10.0.0.", "127.0.0.")
+        .replace("127.0.0.4", "localhost")
+        .replace("127.0.0.3:2222", "127.0.0.1:2222")
+        .replace("127.0.0.2", "127.0.0.1")
+        .replace("127.0.0.1:2222]", "127.0.0.1:2223]"),
+        ["same address as"],
+    ),
+    (
+        "ports are ASCII digits",
+        PS_OK,
+        PS_OK.replace("10.0.0.4:2222", "10.0.0.4:2\u00b2"),
+        ["ps[0]", "not a number"],
+    ),
+    (
+        "IPv6 without port hint",
+        PS_OK + "evaluator: '[fe80::1]'\n",
+        PS_OK + "evaluator: 'fe80::1'\n",
+        ["must be in brackets", "[fe80::1]:PORT"],
+    ),
 ]
 
 
 LOOP = "master: 127.0.0.1:2229\nworker: ['[::1]:2230', 127.0.0.1:2231]\nps: [127.0.0.1:2232]\n"
 EDGES = [
-    ("hosts: one machine in two spellings",
-     PS_OK.replace("10.0.0.2", "box-b").replace("10.0.0.3", "box-c") + "hosts: {BOX-B: {os: linux}, box-c: {}}\n",
-     PS_OK.replace("10.0.0.2", "box-b") + "hosts: {BOX-B: {os: linux}, box-b: {os: windows}}\n",
-     ["hosts.box-b", "the same machine as hosts.BOX-B"]),
-    ("hosts: one IPv6 address in two spellings", PS_OK.replace("10.0.0.2:2222", "'[fd00::2]:2222'")
-     + "hosts: {'[fd00::2]': {os: linux}}\n",
-     PS_OK.replace("10.0.0.2:2222", "'[fd00::2]:2222'") + "hosts: {'fd00::2': {os: linux}, 'fd00:0:0::2': {}}\n",
-     ["hosts.fd00:0:0::2", "the same machine as hosts.fd00::2"]),
-    ("hosts: a key with a port", PS_OK + "hosts: {10.0.0.2: {os: linux}}\n",
-     PS_OK + "hosts: {'10.0.0.2:2222': {os: linux}}\n", ["hosts.10.0.0.2:2222", "not host:port", "as 10.0.0.2"]),
-    ("loopback: [::1] and 127.0.0.1 share a port", LOOP,
-     LOOP.replace("127.0.0.1:2231", "127.0.0.1:2230"), ["worker[1]", "same address as worker[0]", "loopback"]),
-    ("loopback: localhost and 127.0.0.2 share a port", LOOP,
-     LOOP.replace("127.0.0.1:2231", "localhost:2231").replace("127.0.0.1:2232", "127.0.0.2:2231"),
-     ["ps[0]", "same address as worker[1]"]),
-    ("YAML 1.1 base-60 numbers", PS_OK + "num_clones: 80\n", PS_OK + "num_clones: 1:20\n",
-     ["line 5", "'1:20'", "base-60", "read as 80"]),
+    (
+        "hosts: one machine in two spellings",
+        PS_OK.replace("10.0.0.2", "box-b").replace("10.0.0.3", "box-c")
+        + "hosts: {BOX-B: {os: linux}, box-c: {}}\n",
+        PS_OK.replace("10.0.0.2", "box-b") + "hosts: {BOX-B: {os: linux}, box-b: {os: windows}}\n",
+        ["hosts.box-b", "the same machine as hosts.BOX-B"],
+    ),
+    (
+        "hosts: one IPv6 address in two spellings",
+        PS_OK.replace("10.0.0.2:2222", "'[fd00::2]:2222'") + "hosts: {'[fd00::2]': {os: linux}}\n",
+        PS_OK.replace("10.0.0.2:2222", "'[fd00::2]:2222'")
+        + "hosts: {'fd00::2': {os: linux}, 'fd00:0:0::2': {}}\n",
+        ["hosts.fd00:0:0::2", "the same machine as hosts.fd00::2"],
+    ),
+    (
+        "hosts: a key with a port",
+        PS_OK + "hosts: {10.0.0.2: {os: linux}}\n",
+        PS_OK + "hosts: {'10.0.0.2:2222': {os: linux}}\n",
+        ["hosts.10.0.0.2:2222", "not host:port", "as 10.0.0.2"],
+    ),
+    (
+        "loopback: [::1] and 127.0.0.1 share a port",
+        LOOP,
+        LOOP.replace("127.0.0.1:2231", "127.0.0.1:2230"),
+        ["worker[1]", "same address as worker[0]", "loopback"],
+    ),
+    (
+        "loopback: localhost and 127.0.0.2 share a port",
+        LOOP,
+        LOOP.replace("127.0.0.1:2231", "localhost:2231").replace("127.0.0.1:2232", "127.0.0.2:2231"),
+        ["ps[0]", "same address as worker[1]"],
+    ),
+    (
+        "YAML 1.1 base-60 numbers",
+        PS_OK + "num_clones: 80\n",
+        PS_OK + "num_clones: 1:20\n",
+        ["line 5", "'1:20'", "base-60", "read as 80"],
+    ),
 ]
 
 
@@ -273,7 +428,9 @@ def test_host_names_resolved_for_the_public_rule():
 def test_name_lookups_resolve_what_resolves_and_print_nothing(capfd):
     from od_dist.cluster import hostinfo
 
-    c = load_text(PS_OK.replace("10.0.0.4", "no-such-host.invalid").replace("10.0.0.3", "localhost.localdomain"))
+    c = load_text(
+        PS_OK.replace("10.0.0.4", "no-such-host.invalid").replace("10.0.0.3", "localhost.localdomain")
+    )
     found = hostinfo.resolve_names(c)
     assert found["no-such-host.invalid"] == frozenset()
     assert "localhost" not in found and "10.0.0.2" not in found  # IP literals need no lookup
@@ -289,7 +446,10 @@ def test_more_rules(rule, good, bad, fragments):
 def test_tf_config_shapes_give_clear_errors():
     import json
 
-    base = {"cluster": {"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}, "task": {"type": "worker", "index": 0}}
+    base = {
+        "cluster": {"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]},
+        "task": {"type": "worker", "index": 0},
+    }
     for bad, fragment in [
         (dict(base, task="chief"), "no valid task type"),
         (dict(base, task={"type": ["chief"]}), "no valid task type"),

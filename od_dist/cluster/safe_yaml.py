@@ -60,7 +60,6 @@ class _StrictLoader(yaml.SafeLoader):
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
-
     def construct_base60(self, node):
         # YAML 1.1 reads 1:20 as 80 (base 60); nobody writing a cluster file means that.
         value = yaml.SafeLoader.yaml_constructors[node.tag](self, node)

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from od_dist.cluster import safe_yaml, validate
 from od_dist.cluster.validate import MULTI_WORKER_MIRRORED, PARAMETER_SERVER  # noqa: F401 (re-exported)
 
 TF_JOB = {"master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
-FROM_TF_JOB = {"chief": "master", "master": "master", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
+FROM_TF_JOB = {
+    "chief": "master",
+    "master": "master",
+    "worker": "worker",
+    "ps": "ps",
+    "evaluator": "evaluator",
+}
 
 
 class InvalidCluster(ValueError):
@@ -90,7 +96,11 @@ class Cluster:
 
     def tasks_on(self, is_local) -> tuple[Task, ...]:
         """The tasks whose host `is_local` says is this machine (all of a loopback cluster)."""
-        return self.tasks() if self.loopback_only() else tuple(t for t in self.tasks() if is_local(t.address.host))
+        return (
+            self.tasks()
+            if self.loopback_only()
+            else tuple(t for t in self.tasks() if is_local(t.address.host))
+        )
 
     def task(self, role: str, index: int = 0) -> Task:
         return self.tasks_of(role)[index]
@@ -157,10 +167,7 @@ def from_document(doc, source: str = "") -> Cluster:
         return tuple(_address(v) for v in ([value] if isinstance(value, str) else value))
 
     master = doc.get("master", doc.get("chief"))
-    hosts = {
-        validate.host_key(h): HostSettings(**s)
-        for h, s in (doc.get("hosts") or {}).items()
-    }
+    hosts = {validate.host_key(h): HostSettings(**s) for h, s in (doc.get("hosts") or {}).items()}
     cluster = Cluster(
         strategy=validate.infer_strategy(doc),
         master=_address(master) if master else None,
@@ -192,21 +199,53 @@ def from_tf_config(text: str) -> tuple[Cluster, str, int]:
     except ValueError as e:
         raise InvalidCluster([f"TF_CONFIG: not valid JSON ({e}); unset it or fix it"], source) from None
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
-        raise InvalidCluster(["TF_CONFIG: no 'cluster' mapping; it must look like "
-                              '{"cluster": {"chief": [...], ...}, "task": {"type": "chief", "index": 0}}'], source)
+        raise InvalidCluster(
+            [
+                "TF_CONFIG: no 'cluster' mapping; it must look like "
+                '{"cluster": {"chief": [...], ...}, "task": {"type": "chief", "index": 0}}'
+            ],
+            source,
+        )
     doc: dict = {}
     for job, entries in config["cluster"].items():
         role = FROM_TF_JOB.get(job)
         if role is None:
-            raise InvalidCluster([validate.problem(f"TF_CONFIG cluster.{job}", job, "unknown task type",
-                                                   "use chief, worker, ps or evaluator")], source)
+            raise InvalidCluster(
+                [
+                    validate.problem(
+                        f"TF_CONFIG cluster.{job}",
+                        job,
+                        "unknown task type",
+                        "use chief, worker, ps or evaluator",
+                    )
+                ],
+                source,
+            )
         if role in doc:
-            raise InvalidCluster([validate.problem(f"TF_CONFIG cluster.{job}", job, "chief and master are the same "
-                                                   "task type and both are given", "keep only one")], source)
+            raise InvalidCluster(
+                [
+                    validate.problem(
+                        f"TF_CONFIG cluster.{job}",
+                        job,
+                        "chief and master are the same task type and both are given",
+                        "keep only one",
+                    )
+                ],
+                source,
+            )
         if role in ("master", "evaluator"):
             if not isinstance(entries, list) or len(entries) != 1:
-                raise InvalidCluster([validate.problem(f"TF_CONFIG cluster.{job}", entries,
-                                                       f"exactly one {job} is allowed", "list one address")], source)
+                raise InvalidCluster(
+                    [
+                        validate.problem(
+                            f"TF_CONFIG cluster.{job}",
+                            entries,
+                            f"exactly one {job} is allowed",
+                            "list one address",
+                        )
+                    ],
+                    source,
+                )
             entries = entries[0]
         doc[role] = entries
     task = config.get("task") or {}
@@ -216,8 +255,17 @@ def from_tf_config(text: str) -> tuple[Cluster, str, int]:
     role = FROM_TF_JOB.get(kind) if isinstance(kind, str) else None
     index = task.get("index", 0)
     if role is None or isinstance(index, bool) or not isinstance(index, int):
-        raise InvalidCluster([validate.problem("TF_CONFIG task", task, "no valid task type and index",
-                                               'add "task": {"type": "worker", "index": 0}')], source)
+        raise InvalidCluster(
+            [
+                validate.problem(
+                    "TF_CONFIG task",
+                    task,
+                    "no valid task type and index",
+                    'add "task": {"type": "worker", "index": 0}',
+                )
+            ],
+            source,
+        )
     cluster = from_document(doc, source)
     problems = validate.check_task(cluster, role, index)
     if problems:

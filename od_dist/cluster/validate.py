@@ -46,11 +46,13 @@ def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
         end = text.find("]")
         if end < 0:
             raise AddressError("unclosed '['", "write IPv6 addresses as [addr]:port, e.g. [fd00::5]:2222")
-        host, rest = text[1:end], text[end + 1:]
+        host, rest = text[1:end], text[end + 1 :]
         try:
             host = str(ipaddress.IPv6Address(host))
         except ValueError:
-            raise AddressError(f"'{host}' is not an IPv6 address", "brackets are only for IPv6 addresses") from None
+            raise AddressError(
+                f"'{host}' is not an IPv6 address", "brackets are only for IPv6 addresses"
+            ) from None
         if rest and not rest.startswith(":"):
             raise AddressError("unexpected text after ']'", "write it as [addr]:port")
         port_text = rest[1:] if rest else None
@@ -92,7 +94,9 @@ def _check_host(host: str) -> str:
         try:
             return str(ipaddress.IPv4Address(host))
         except ValueError:
-            raise AddressError(f"'{host}' is not a valid IPv4 address", "use four numbers 0-255, e.g. 10.0.0.5") from None
+            raise AddressError(
+                f"'{host}' is not a valid IPv4 address", "use four numbers 0-255, e.g. 10.0.0.5"
+            ) from None
     labels = host.rstrip(".").split(".")
     if len(host) > 253 or not all(_LABEL.match(label) for label in labels):
         raise AddressError(
@@ -129,10 +133,18 @@ def is_public(host: str) -> bool:
 
 def check_shape(doc) -> list[str]:
     if doc is None:
-        return ["cluster file: '': the file is empty; write at least 'master: host:port' (see clusters/local.yaml)"]
+        return [
+            "cluster file: '': the file is empty; write at least 'master: host:port' (see clusters/local.yaml)"
+        ]
     if not isinstance(doc, dict):
-        return [problem("cluster file", type(doc).__name__, "the top level is not a mapping",
-                        "start with keys such as 'master: host:port' and 'worker: [...]'")]
+        return [
+            problem(
+                "cluster file",
+                type(doc).__name__,
+                "the top level is not a mapping",
+                "start with keys such as 'master: host:port' and 'worker: [...]'",
+            )
+        ]
     return []
 
 
@@ -142,8 +154,14 @@ def check_keys(doc: dict) -> list[str]:
         if not isinstance(key, str) or key not in TOP_KEYS:
             out.append(problem(str(key), key, "unknown key", _did_you_mean(str(key), TOP_KEYS)))
     if "master" in doc and "chief" in doc:
-        out.append(problem("chief", doc["chief"], "'master' and 'chief' are the same role and both are given",
-                           "keep only one of them"))
+        out.append(
+            problem(
+                "chief",
+                doc["chief"],
+                "'master' and 'chief' are the same role and both are given",
+                "keep only one of them",
+            )
+        )
     return out
 
 
@@ -166,18 +184,32 @@ def check_addresses(doc: dict) -> list[str]:
     out = []
     for name in ("master", "chief", "evaluator"):
         if isinstance(doc.get(name), list):
-            out.append(problem(name, doc[name], f"exactly one {name} is allowed, not a list",
-                               f"write a single 'host:port' for {name}"))
+            out.append(
+                problem(
+                    name,
+                    doc[name],
+                    f"exactly one {name} is allowed, not a list",
+                    f"write a single 'host:port' for {name}",
+                )
+            )
     for role in ("worker", "ps"):
         value = doc.get(role)
         if value is not None and not isinstance(value, (str, list)):
-            out.append(problem(role, value, "not a list of addresses", f"write it as {role}: ['host:port', ...]"))
+            out.append(
+                problem(role, value, "not a list of addresses", f"write it as {role}: ['host:port', ...]")
+            )
     seen: dict[tuple[str, int], str] = {}
     for role, key, value in address_entries(doc):
         if not isinstance(value, str):
             kind = type(value).__name__
-            out.append(problem(key, value, f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a 'host:port' string",
-                               "write the address as text, e.g. 10.0.0.5:2222"))
+            out.append(
+                problem(
+                    key,
+                    value,
+                    f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a 'host:port' string",
+                    "write the address as text, e.g. 10.0.0.5:2222",
+                )
+            )
             continue
         try:
             host, port = parse_address(value.strip(), need_port=role != "evaluator")
@@ -193,7 +225,9 @@ def check_addresses(doc: dict) -> list[str]:
         if (host, port) in seen:
             what = f"the same address as {seen[host, port]}"
             if host.startswith("this machine"):
-                what += " (every loopback address is this machine, and a server listens on all of its addresses)"
+                what += (
+                    " (every loopback address is this machine, and a server listens on all of its addresses)"
+                )
             out.append(problem(key, value, what, "give every task its own host:port"))
         else:
             seen[host, port] = key
@@ -210,27 +244,61 @@ def infer_strategy(doc: dict) -> str | None:
 def check_strategy(doc: dict) -> list[str]:
     strategy = doc.get("strategy")
     if strategy is not None and strategy not in STRATEGIES:
-        return [problem("strategy", strategy, "unknown strategy", _did_you_mean(str(strategy), STRATEGIES)
-                        .replace("known keys", "known strategies"))]
+        return [
+            problem(
+                "strategy",
+                strategy,
+                "unknown strategy",
+                _did_you_mean(str(strategy), STRATEGIES).replace("known keys", "known strategies"),
+            )
+        ]
     strategy = infer_strategy(doc)
     has_master = "master" in doc or "chief" in doc
     out = []
     if strategy == PARAMETER_SERVER:
         if not doc.get("ps"):
-            out.append(problem("ps", doc.get("ps", ""), "parameter_server needs at least one ps",
-                               "add 'ps: [host:port]', or set 'strategy: multi_worker_mirrored'"))
+            out.append(
+                problem(
+                    "ps",
+                    doc.get("ps", ""),
+                    "parameter_server needs at least one ps",
+                    "add 'ps: [host:port]', or set 'strategy: multi_worker_mirrored'",
+                )
+            )
         if not has_master:
-            out.append(problem("master", "", "parameter_server needs exactly one master (the coordinator)",
-                               "add 'master: host:port'"))
+            out.append(
+                problem(
+                    "master",
+                    "",
+                    "parameter_server needs exactly one master (the coordinator)",
+                    "add 'master: host:port'",
+                )
+            )
         if not doc.get("worker"):
-            out.append(problem("worker", doc.get("worker", ""), "parameter_server needs at least one worker",
-                               "add 'worker: [host:port, ...]'"))
+            out.append(
+                problem(
+                    "worker",
+                    doc.get("worker", ""),
+                    "parameter_server needs at least one worker",
+                    "add 'worker: [host:port, ...]'",
+                )
+            )
     else:
         if "ps" in doc:
-            out.append(problem("ps", doc["ps"], "multi_worker_mirrored keeps variables on the trainers and has no ps",
-                               "remove 'ps', or set 'strategy: parameter_server'"))
+            out.append(
+                problem(
+                    "ps",
+                    doc["ps"],
+                    "multi_worker_mirrored keeps variables on the trainers and has no ps",
+                    "remove 'ps', or set 'strategy: parameter_server'",
+                )
+            )
         if not has_master and not doc.get("worker"):
-            out.append(problem("master", "", "no trainer is listed", "add 'master: host:port' and/or 'worker: [...]'"))
+            out.append(
+                problem(
+                    "master", "", "no trainer is listed", "add 'master: host:port' and/or 'worker: [...]'"
+                )
+            )
     return out
 
 
@@ -249,7 +317,11 @@ def check_hosts(doc: dict) -> list[str]:
     if hosts is None:
         return []
     if not isinstance(hosts, dict):
-        return [problem("hosts", hosts, "not a mapping", "write 'hosts:' then one '<host>: {os: linux}' per machine")]
+        return [
+            problem(
+                "hosts", hosts, "not a mapping", "write 'hosts:' then one '<host>: {os: linux}' per machine"
+            )
+        ]
     used = set()
     for _, _, value in address_entries(doc):
         try:
@@ -266,28 +338,51 @@ def check_hosts(doc: dict) -> list[str]:
             out.append(problem(key, host, e.what, e.fix))
             continue
         if normalized in seen:  # YAML sees two keys; they would silently merge into one machine
-            out.append(problem(key, host, f"the same machine as hosts.{seen[normalized]}",
-                               "keep one entry per machine"))
+            out.append(
+                problem(
+                    key, host, f"the same machine as hosts.{seen[normalized]}", "keep one entry per machine"
+                )
+            )
             continue
         seen[normalized] = str(host)
         if normalized not in used:
-            out.append(problem(key, host, "no task of the cluster runs on this host",
-                               "fix the spelling or remove the entry"))
+            out.append(
+                problem(
+                    key,
+                    host,
+                    "no task of the cluster runs on this host",
+                    "fix the spelling or remove the entry",
+                )
+            )
         if not isinstance(settings, dict):
-            out.append(problem(key, settings, "not a mapping", "write e.g. '{os: windows, venv: C:\\od\\venv}'"))
+            out.append(
+                problem(key, settings, "not a mapping", "write e.g. '{os: windows, venv: C:\\od\\venv}'")
+            )
             continue
         for name, value in settings.items():
             if name not in HOST_KEYS:
-                out.append(problem(f"{key}.{name}", value, "unknown key", _did_you_mean(str(name), HOST_KEYS)))
+                out.append(
+                    problem(f"{key}.{name}", value, "unknown key", _did_you_mean(str(name), HOST_KEYS))
+                )
             elif name == "os" and value not in HOST_OSES:
-                out.append(problem(f"{key}.os", value, "unknown operating system", f"use one of: {', '.join(HOST_OSES)}"))
+                out.append(
+                    problem(
+                        f"{key}.os", value, "unknown operating system", f"use one of: {', '.join(HOST_OSES)}"
+                    )
+                )
             elif name in ("python", "venv", "workdir") and (not isinstance(value, str) or not value.strip()):
                 out.append(problem(f"{key}.{name}", value, "not a path", "write the path as text"))
             elif name == "num_clones":
                 out.extend(_check_count(f"{key}.num_clones", value))
         if "python" in settings and "venv" in settings:
-            out.append(problem(f"{key}.python", settings["python"], "both 'python' and 'venv' are given",
-                               "keep one: 'venv' (a virtual environment) or 'python' (an interpreter)"))
+            out.append(
+                problem(
+                    f"{key}.python",
+                    settings["python"],
+                    "both 'python' and 'venv' are given",
+                    "keep one: 'venv' (a virtual environment) or 'python' (an interpreter)",
+                )
+            )
     return out
 
 
@@ -299,8 +394,9 @@ def host_key(key) -> str:
         return str(ipaddress.IPv6Address(text.split("%", 1)[0]))
     host, port = parse_address(text, need_port=False)
     if port is not None:
-        raise AddressError("a hosts key is a machine, not host:port",
-                           f"write it as {format_address(host, None)}")
+        raise AddressError(
+            "a hosts key is a machine, not host:port", f"write it as {format_address(host, None)}"
+        )
     return host
 
 
@@ -316,9 +412,15 @@ def check_loopback_mix(doc: dict) -> list[str]:
     loop = [k for k, h in hosts.items() if is_loopback(h)]
     if loop and len(loop) < len(hosts):
         other = next(k for k, h in hosts.items() if not is_loopback(h))
-        return [problem(loop[0], doc_value(doc, loop[0]), f"a loopback address in a cluster that also lists "
-                        f"other machines ({other}); other machines would reach themselves",
-                        "use this machine's network address, or make every entry loopback")]
+        return [
+            problem(
+                loop[0],
+                doc_value(doc, loop[0]),
+                f"a loopback address in a cluster that also lists "
+                f"other machines ({other}); other machines would reach themselves",
+                "use this machine's network address, or make every entry loopback",
+            )
+        ]
     return []
 
 
@@ -333,8 +435,14 @@ def check_document(doc) -> list[str]:
     shape = check_shape(doc)
     if shape:
         return shape
-    return (check_keys(doc) + check_addresses(doc) + check_loopback_mix(doc) + check_strategy(doc)
-            + check_num_clones(doc) + check_hosts(doc))
+    return (
+        check_keys(doc)
+        + check_addresses(doc)
+        + check_loopback_mix(doc)
+        + check_strategy(doc)
+        + check_num_clones(doc)
+        + check_hosts(doc)
+    )
 
 
 # ----- rules on a built cluster ---------------------------------------------------------------
@@ -347,8 +455,14 @@ def check_equal_clones(cluster) -> list[str]:
     counts = {t.name: cluster.clones_for(t.address.host) for t in cluster.tasks_of("worker")}
     if len(set(counts.values())) > 1:
         shown = ", ".join(f"{name}={n}" for name, n in counts.items())
-        return [problem("hosts.*.num_clones", shown, "parameter_server needs the same num_clones on every worker",
-                        "give every worker host the same num_clones")]
+        return [
+            problem(
+                "hosts.*.num_clones",
+                shown,
+                "parameter_server needs the same num_clones on every worker",
+                "give every worker host the same num_clones",
+            )
+        ]
     return []
 
 
@@ -365,9 +479,15 @@ def check_public(cluster, allow_public: bool, resolved=None) -> list[str]:
         public = [ip for ip in resolved.get(host, ()) if is_public(ip)]
         if is_public(host) or public:
             where = f" ({host} resolves to {', '.join(sorted(public))})" if public else ""
-            out.append(problem(t.key, str(t.address), f"a public internet address{where}",
-                               "the TensorFlow server has no authentication and runs any graph it is sent: use a "
-                               "private network, or pass --allow_public_addresses if you accept that risk"))
+            out.append(
+                problem(
+                    t.key,
+                    str(t.address),
+                    f"a public internet address{where}",
+                    "the TensorFlow server has no authentication and runs any graph it is sent: use a "
+                    "private network, or pass --allow_public_addresses if you accept that risk",
+                )
+            )
     return out
 
 
@@ -378,14 +498,18 @@ def normalize_role(role: str | None) -> str | None:
 def check_task(cluster, role: str, index: int) -> list[str]:
     role = normalize_role(role)
     if role not in ROLES:
-        return [problem("--role", role, "unknown role", f"use one of: {', '.join(ROLES)} (or chief for master)")]
+        return [
+            problem("--role", role, "unknown role", f"use one of: {', '.join(ROLES)} (or chief for master)")
+        ]
     count = len(cluster.tasks_of(role))
     if count == 0:
         return [problem("--role", role, f"the cluster file lists no {role}", "pick a role the file lists")]
     if role in ("master", "evaluator") and index != 0:
         return [problem("--index", index, f"there is only one {role}", "use --index 0 or leave --index out")]
     if not 0 <= index < count:
-        return [problem("--index", index, f"{role} has indexes 0 to {count - 1}", f"use an index below {count}")]
+        return [
+            problem("--index", index, f"{role} has indexes 0 to {count - 1}", f"use an index below {count}")
+        ]
     return []
 
 
@@ -396,25 +520,47 @@ def check_this_machine(cluster, role: str, index: int, is_local) -> list[str]:
         return []
     mine = cluster.tasks_on(is_local)
     if len(mine) == 1:
-        hint = (f"this machine is {mine[0].role} index {mine[0].index}, not {index}: "
-                f"run with --role {mine[0].role} --index {mine[0].index}")
+        hint = (
+            f"this machine is {mine[0].role} index {mine[0].index}, not {index}: "
+            f"run with --role {mine[0].role} --index {mine[0].index}"
+        )
     elif mine:
         hint = "this machine has " + ", ".join(t.name for t in mine) + f": pick one of them, not {task.name}"
     else:
-        hint = "no entry of the cluster file is an address of this machine: fix the address or run on that host"
+        hint = (
+            "no entry of the cluster file is an address of this machine: fix the address or run on that host"
+        )
     return [problem(task.key, str(task.address), "not an address of this machine", hint)]
 
 
 def infer_task(cluster, is_local) -> tuple[object | None, list[str]]:
     """With --role omitted: the one entry that is this machine."""
     if cluster.loopback_only():
-        return None, [problem("--role", "", "every task of this loopback cluster runs on this machine",
-                              "pass --role and --index, or run 'od-dist launch' to start them all")]
+        return None, [
+            problem(
+                "--role",
+                "",
+                "every task of this loopback cluster runs on this machine",
+                "pass --role and --index, or run 'od-dist launch' to start them all",
+            )
+        ]
     mine = cluster.tasks_on(is_local)
     if len(mine) == 1:
         return mine[0], []
     if not mine:
-        return None, [problem("--role", "", "no entry of the cluster file is an address of this machine",
-                              "fix the addresses, or pass --role and --index")]
-    return None, [problem("--role", "", "several entries are this machine: " + ", ".join(t.name for t in mine),
-                          "pass --role and --index")]
+        return None, [
+            problem(
+                "--role",
+                "",
+                "no entry of the cluster file is an address of this machine",
+                "fix the addresses, or pass --role and --index",
+            )
+        ]
+    return None, [
+        problem(
+            "--role",
+            "",
+            "several entries are this machine: " + ", ".join(t.name for t in mine),
+            "pass --role and --index",
+        )
+    ]

@@ -20,13 +20,13 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
 
-LABEL_MAP_FILE = 'label_map.pbtxt'
-SPLITS = ('train', 'val')
+LABEL_MAP_FILE = "label_map.pbtxt"
+SPLITS = ("train", "val")
 IMAGES_PER_SHARD = 1000  # ~100 MB of JPEGs at 640x480: a size tf.data reads well in parallel
-_SHARD_RE = re.compile(r'^(train|val)-\d{5}-of-\d{5}\.tfrecord$')
+_SHARD_RE = re.compile(r"^(train|val)-\d{5}-of-\d{5}\.tfrecord$")
 
 
 class BadAnnotation(ValueError):
@@ -43,43 +43,51 @@ class DatasetError(ValueError):
 
 # ----- label maps -----------------------------------------------------------------------------
 
-_ITEM_RE = re.compile(r'item\s*\{(.*?)\}', re.S)
-_FIELD_RE = re.compile(r'''(\w+)\s*:\s*(?:'([^']*)'|"([^"]*)"|(-?\d+))''')
+_ITEM_RE = re.compile(r"item\s*\{(.*?)\}", re.S)
+_FIELD_RE = re.compile(r"""(\w+)\s*:\s*(?:'([^']*)'|"([^"]*)"|(-?\d+))""")
 
 
 def label_map_text(names: dict[int, str]) -> str:
     """The Object Detection API's ``.pbtxt`` label map, ids from 1."""
-    return ''.join(f"item {{\n  id: {i}\n  name: '{n}'\n}}\n" for i, n in sorted(names.items()))
+    return "".join(f"item {{\n  id: {i}\n  name: '{n}'\n}}\n" for i, n in sorted(names.items()))
 
 
 def read_labels(path: str) -> dict[int, str]:
     """``--labels FILE``: an Object Detection API ``label_map.pbtxt`` (``item { id: 1 name: 'cat' }``)
     or a text file with one class name per line (ids 1, 2, ... in file order). Returns {id: name}."""
     if not os.path.isfile(path):
-        raise DatasetError(f"--labels: '{path}': no such file; pass a label_map.pbtxt or a text file "
-                           "with one class name per line")
-    with open(path, encoding='utf-8') as f:
+        raise DatasetError(
+            f"--labels: '{path}': no such file; pass a label_map.pbtxt or a text file "
+            "with one class name per line"
+        )
+    with open(path, encoding="utf-8") as f:
         text = f.read()
     names: dict[int, str] = {}
-    if 'item' in text and '{' in text:
+    if "item" in text and "{" in text:
         for n, body in enumerate(_ITEM_RE.findall(text), start=1):
             fields = {k: s1 or s2 or num for k, s1, s2, num in _FIELD_RE.findall(body)}
-            if 'id' not in fields or 'name' not in fields:
-                raise DatasetError(f"--labels: '{path}': item {n} needs both id and name; write "
-                                   "item {{ id: 1 name: 'cat' }}")
-            i = int(fields['id'])
+            if "id" not in fields or "name" not in fields:
+                raise DatasetError(
+                    f"--labels: '{path}': item {n} needs both id and name; write "
+                    "item {{ id: 1 name: 'cat' }}"
+                )
+            i = int(fields["id"])
             if i < 1:
-                raise DatasetError(f"--labels: '{path}': item {n}: id {i}: ids start at 1 (0 is the "
-                                   "background); renumber from 1")
+                raise DatasetError(
+                    f"--labels: '{path}': item {n}: id {i}: ids start at 1 (0 is the "
+                    "background); renumber from 1"
+                )
             if i in names:
                 raise DatasetError(f"--labels: '{path}': id {i} is used twice; give each class its own id")
-            names[i] = fields['name']
+            names[i] = fields["name"]
     else:
         lines = [ln.strip() for ln in text.splitlines()]
-        names = {i: n for i, n in enumerate([ln for ln in lines if ln and not ln.startswith('#')], 1)}
+        names = {i: n for i, n in enumerate([ln for ln in lines if ln and not ln.startswith("#")], 1)}
     if not names:
-        raise DatasetError(f"--labels: '{path}': no classes found; write one name per line or "
-                           "item { id: 1 name: 'cat' } entries")
+        raise DatasetError(
+            f"--labels: '{path}': no classes found; write one name per line or "
+            "item { id: 1 name: 'cat' } entries"
+        )
     dup = [n for n in set(names.values()) if list(names.values()).count(n) > 1]
     if dup:
         raise DatasetError(f"--labels: '{path}': class '{dup[0]}' is listed twice; list it once")
@@ -88,9 +96,8 @@ def read_labels(path: str) -> dict[int, str]:
 
 def unknown_class(name: str, known: Iterable[str], labels_path: str) -> str:
     close = difflib.get_close_matches(name, list(known), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ''
-    return (f"class '{name}' is not in --labels '{labels_path}'{hint}; add it there or fix the "
-            'name')
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"class '{name}' is not in --labels '{labels_path}'{hint}; add it there or fix the name"
 
 
 # ----- split, shards, progress ----------------------------------------------------------------
@@ -107,7 +114,7 @@ def split(count: int, val_fraction: float, seed: int = 0) -> list[str]:
     order = list(range(count))
     random.Random(seed).shuffle(order)
     val = set(order[:n_val])
-    return ['val' if i in val else 'train' for i in range(count)]
+    return ["val" if i in val else "train" for i in range(count)]
 
 
 def num_shards(count: int) -> int:
@@ -139,14 +146,20 @@ class Progress:
         elapsed = max(now - self.start, 1e-6)
         rate = self.done / elapsed
         if not self.total:  # total unknown (records being read)
-            print(f'od-dist {self.what} | {self.done} images | {rate:.0f} images/s | {elapsed:.1f} s',
-                  file=self.stream, flush=True)
+            print(
+                f"od-dist {self.what} | {self.done} images | {rate:.0f} images/s | {elapsed:.1f} s",
+                file=self.stream,
+                flush=True,
+            )
             return
         pct = 100 * self.done // max(self.total, 1)
         eta = (self.total - self.done) / rate if rate > 0 else 0
-        print(f'od-dist {self.what} | {self.done}/{self.total} images ({pct}%) | {rate:.0f} images/s | '
-              f'{"ETA %ds" % round(eta) if self.done < self.total else "%.1f s" % elapsed}',
-              file=self.stream, flush=True)
+        print(
+            f"od-dist {self.what} | {self.done}/{self.total} images ({pct}%) | {rate:.0f} images/s | "
+            f"{f'ETA {round(eta)}s' if self.done < self.total else f'{elapsed:.1f} s'}",
+            file=self.stream,
+            flush=True,
+        )
 
 
 # ----- writing --------------------------------------------------------------------------------
@@ -163,11 +176,18 @@ class Written:
     seconds: float = 0.0
 
     def pattern(self, split_name: str) -> str:
-        return os.path.join(self.out_dir, f'{split_name}-*.tfrecord')
+        return os.path.join(self.out_dir, f"{split_name}-*.tfrecord")
 
 
-def write_dataset(out_dir: str, items: Sequence, splits: Sequence[str], make_example: Callable,
-                  names: dict[int, str], what: str, progress_stream=None) -> Written:
+def write_dataset(
+    out_dir: str,
+    items: Sequence,
+    splits: Sequence[str],
+    make_example: Callable,
+    names: dict[int, str],
+    what: str,
+    progress_stream=None,
+) -> Written:
     """Writes ``items`` (in order) as sharded ``train-*.tfrecord`` / ``val-*.tfrecord`` plus
     ``label_map.pbtxt`` into ``out_dir``, through a staging directory renamed into place at the end.
 
@@ -175,21 +195,22 @@ def write_dataset(out_dir: str, items: Sequence, splits: Sequence[str], make_exa
     raise ``BadAnnotation``; source ids are 1..len(items) in ``items`` order. On any error the
     staging directory is removed and ``out_dir`` is left as it was.
     """
-    from official.vision.data import tfrecord_lib  # pylint: disable=g-import-not-at-top
+    from official.vision.data import tfrecord_lib
 
     out_dir = os.path.normpath(out_dir)
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(out_dir)}.partial-', dir=parent)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become the dataset's mode
     result = Written(out_dir, os.path.join(out_dir, LABEL_MAP_FILE), max(names) + 1 if names else 1)
-    progress = Progress(what + ': writing', len(items), stream=progress_stream)
+    progress = Progress(what + ": writing", len(items), stream=progress_stream)
     try:
         for split_name in SPLITS:
-            chosen = [(item, sid) for sid, (item, s) in enumerate(zip(items, splits), start=1)
-                      if s == split_name]
+            chosen = [
+                (item, sid) for sid, (item, s) in enumerate(zip(items, splits), start=1) if s == split_name
+            ]
             result.images[split_name] = len(chosen)
             result.objects[split_name] = result.ignored[split_name] = 0
             if not chosen:
@@ -205,9 +226,13 @@ def write_dataset(out_dir: str, items: Sequence, splits: Sequence[str], make_exa
 
             # Single-process and lazy: one image in memory at a time, whatever the dataset's size.
             tfrecord_lib.write_tf_record_dataset(
-                os.path.join(staging, split_name), iter(chosen), example, num_shards(len(chosen)),
-                multiple_processes=0)
-        with open(os.path.join(staging, LABEL_MAP_FILE), 'w', encoding='utf-8') as f:
+                os.path.join(staging, split_name),
+                iter(chosen),
+                example,
+                num_shards(len(chosen)),
+                multiple_processes=0,
+            )
+        with open(os.path.join(staging, LABEL_MAP_FILE), "w", encoding="utf-8") as f:
             f.write(label_map_text(names))
         result.seconds = progress.finish()
         _move_into_place(staging, out_dir)
@@ -230,92 +255,107 @@ def _move_into_place(staging: str, out_dir: str) -> None:
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
 
 
-def box_features(boxes: Sequence[Sequence[float]], labels: Sequence[int], names: dict[int, str],
-                 crowd: Sequence[int], areas: Sequence[float]) -> dict:
+def box_features(
+    boxes: Sequence[Sequence[float]],
+    labels: Sequence[int],
+    names: dict[int, str],
+    crowd: Sequence[int],
+    areas: Sequence[float],
+) -> dict:
     """Feature dict for normalized ``[ymin, xmin, ymax, xmax]`` boxes."""
-    from official.vision.data import tfrecord_lib  # pylint: disable=g-import-not-at-top
+    from official.vision.data import tfrecord_lib
 
     conv = tfrecord_lib.convert_to_feature
     return {
-        'image/object/bbox/ymin': conv([float(b[0]) for b in boxes], 'float_list'),
-        'image/object/bbox/xmin': conv([float(b[1]) for b in boxes], 'float_list'),
-        'image/object/bbox/ymax': conv([float(b[2]) for b in boxes], 'float_list'),
-        'image/object/bbox/xmax': conv([float(b[3]) for b in boxes], 'float_list'),
-        'image/object/class/label': conv([int(c) for c in labels], 'int64_list'),
-        'image/object/class/text': conv([names[int(c)].encode('utf-8') for c in labels], 'bytes_list'),
-        'image/object/is_crowd': conv([int(c) for c in crowd], 'int64_list'),
+        "image/object/bbox/ymin": conv([float(b[0]) for b in boxes], "float_list"),
+        "image/object/bbox/xmin": conv([float(b[1]) for b in boxes], "float_list"),
+        "image/object/bbox/ymax": conv([float(b[2]) for b in boxes], "float_list"),
+        "image/object/bbox/xmax": conv([float(b[3]) for b in boxes], "float_list"),
+        "image/object/class/label": conv([int(c) for c in labels], "int64_list"),
+        "image/object/class/text": conv([names[int(c)].encode("utf-8") for c in labels], "bytes_list"),
+        "image/object/is_crowd": conv([int(c) for c in crowd], "int64_list"),
         # The Object Detection API's name for the same thing; Model Garden ignores it.
-        'image/object/difficult': conv([int(c) for c in crowd], 'int64_list'),
-        'image/object/area': conv([float(a) for a in areas], 'float_list'),
+        "image/object/difficult": conv([int(c) for c in crowd], "int64_list"),
+        "image/object/area": conv([float(a) for a in areas], "float_list"),
     }
 
 
 def image_format(path: str) -> tuple[str, tuple[int, int]]:
     """('jpeg'|'png'|..., (width, height)) from the file's header; BadAnnotation when not an image."""
-    from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
+    from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as im:
-            return (im.format or '').lower(), im.size
+            return (im.format or "").lower(), im.size
     except (UnidentifiedImageError, OSError) as e:
-        raise BadAnnotation(f"image '{path}': not a readable image ({e.__class__.__name__}); replace "
-                            'the file or remove its annotation') from None
+        raise BadAnnotation(
+            f"image '{path}': not a readable image ({e.__class__.__name__}); replace "
+            "the file or remove its annotation"
+        ) from None
 
 
 # Formats tf.io.decode_image reads; any other is re-encoded as PNG.
-DECODABLE = ('jpeg', 'png', 'gif', 'bmp')
+DECODABLE = ("jpeg", "png", "gif", "bmp")
 
 
 def encoded_image(path: str, fmt: str) -> tuple[bytes, str]:
     if fmt in DECODABLE:
-        with open(path, 'rb') as f:
-            return f.read(), 'jpg' if fmt == 'jpeg' else fmt
-    import io  # pylint: disable=g-import-not-at-top
+        with open(path, "rb") as f:
+            return f.read(), "jpg" if fmt == "jpeg" else fmt
+    import io
 
-    from PIL import Image  # pylint: disable=g-import-not-at-top
+    from PIL import Image
+
     buf = io.BytesIO()
     with Image.open(path) as im:
-        im.convert('RGB').save(buf, format='PNG')
-    return buf.getvalue(), 'png'
+        im.convert("RGB").save(buf, format="PNG")
+    return buf.getvalue(), "png"
 
 
-def print_summary(written: Written, skipped: int, out=sys.stdout, unit: str = 'annotation file(s)') -> None:
+def print_summary(written: Written, skipped: int, out=sys.stdout, unit: str = "annotation file(s)") -> None:
     """What a pipeline needs: the paths and num_classes."""
     w = written
-    print(f"wrote {w.images['train']} train and {w.images['val']} validation images "
-          f"({w.objects['train']} + {w.objects['val']} objects, "
-          f"{w.ignored['train'] + w.ignored['val']} difficult/crowd kept as is_crowd) "
-          f"to {w.out_dir} in {w.seconds:.1f} s" + (f'; skipped {skipped} bad {unit}'
-                                                     if skipped else ''), file=out)
-    print('for your pipeline (see pipelines/custom_retinanet.yaml):', file=out)
-    print(f'  task.model.num_classes: {w.num_classes}        # background + {len(_names(w))} classes',
-          file=out)
+    print(
+        f"wrote {w.images['train']} train and {w.images['val']} validation images "
+        f"({w.objects['train']} + {w.objects['val']} objects, "
+        f"{w.ignored['train'] + w.ignored['val']} difficult/crowd kept as is_crowd) "
+        f"to {w.out_dir} in {w.seconds:.1f} s" + (f"; skipped {skipped} bad {unit}" if skipped else ""),
+        file=out,
+    )
+    print("for your pipeline (see pipelines/custom_retinanet.yaml):", file=out)
+    print(
+        f"  task.model.num_classes: {w.num_classes}        # background + {len(_names(w))} classes", file=out
+    )
     print(f"  task.train_data.input_path: {w.pattern('train')}", file=out)
     print(f"  task.validation_data.input_path: {w.pattern('val')}", file=out)
-    print(f'  label map: {w.label_map}', file=out)
+    print(f"  label map: {w.label_map}", file=out)
     sys.stdout.flush()
 
 
 def _names(w: Written) -> list:
-    with open(os.path.join(w.out_dir, LABEL_MAP_FILE), encoding='utf-8') as f:
+    with open(os.path.join(w.out_dir, LABEL_MAP_FILE), encoding="utf-8") as f:
         return _ITEM_RE.findall(f.read())
 
 
-def report_problems(problems: list[str], what: str, skip_bad: bool, limit: int = 20,
-                    unit: str = 'annotation file(s)') -> None:
+def report_problems(
+    problems: list[str], what: str, skip_bad: bool, limit: int = 20, unit: str = "annotation file(s)"
+) -> None:
     """Prints each problem on its own line (at most ``limit``) to stderr; without ``skip_bad`` and
     with problems, raises ProblemsReported (nothing is written)."""
     for p in problems[:limit]:
-        print(f'od-dist {what}: {p}', file=sys.stderr)
+        print(f"od-dist {what}: {p}", file=sys.stderr)
     if len(problems) > limit:
-        print(f'od-dist {what}: ... and {len(problems) - limit} more', file=sys.stderr)
+        print(f"od-dist {what}: ... and {len(problems) - limit} more", file=sys.stderr)
     if not skip_bad and problems:
-        print(f'od-dist {what}: {len(problems)} bad {unit}, nothing written; fix them, or '
-              'pass --skip_bad to convert without them', file=sys.stderr)
-        raise ProblemsReported(f'{len(problems)} bad {unit}')
+        print(
+            f"od-dist {what}: {len(problems)} bad {unit}, nothing written; fix them, or "
+            "pass --skip_bad to convert without them",
+            file=sys.stderr,
+        )
+        raise ProblemsReported(f"{len(problems)} bad {unit}")
 
 
 def matching_files(directory: str, suffix: str) -> Iterator[str]:
-    for path in sorted(glob.glob(os.path.join(glob.escape(directory), '**', '*'), recursive=True)):
+    for path in sorted(glob.glob(os.path.join(glob.escape(directory), "**", "*"), recursive=True)):
         if path.lower().endswith(suffix) and os.path.isfile(path):
             yield path

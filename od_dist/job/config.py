@@ -37,8 +37,15 @@ def load_cluster(path: str, allow_public: bool) -> Cluster:
     return cluster
 
 
-def select(cluster_path: str | None, role: str | None, index: int | None, allow_public: bool,
-           require_task: bool = True, allow_none: bool = False, machine=None) -> TaskConfig:
+def select(
+    cluster_path: str | None,
+    role: str | None,
+    index: int | None,
+    allow_public: bool,
+    require_task: bool = True,
+    allow_none: bool = False,
+    machine=None,
+) -> TaskConfig:
     """Loads the cluster from --cluster (else TF_CONFIG) and picks this process's task.
 
     Raises InvalidCluster with every problem found. `machine` is a hostinfo.ThisMachine (tests
@@ -57,9 +64,16 @@ def select(cluster_path: str | None, role: str | None, index: int | None, allow_
         source = "TF_CONFIG"
         cluster, tf_role, tf_index = cluster_mod.from_tf_config(tf_config)
         if role is not None and (role, index if index is not None else 0) != (tf_role, tf_index):
-            raise InvalidCluster([validate.problem(
-                "--role", f"{role} {index if index is not None else 0}",
-                f"TF_CONFIG says this task is {tf_role} {tf_index}", "leave --role/--index out, or unset TF_CONFIG")])
+            raise InvalidCluster(
+                [
+                    validate.problem(
+                        "--role",
+                        f"{role} {index if index is not None else 0}",
+                        f"TF_CONFIG says this task is {tf_role} {tf_index}",
+                        "leave --role/--index out, or unset TF_CONFIG",
+                    )
+                ]
+            )
         problems = public_problems(cluster, allow_public)
         if problems:
             raise InvalidCluster(problems, source)
@@ -69,13 +83,27 @@ def select(cluster_path: str | None, role: str | None, index: int | None, allow_
     elif allow_none:
         # Without a cluster this process would train alone, into a model_dir that may be the real
         # job's: a role given means a cluster was meant.
-        raise InvalidCluster([validate.problem(
-            "--role", role if index is None else f"{role} {index}",
-            "given without --cluster, and TF_CONFIG is not set: there is no cluster to take this role in",
-            "pass --cluster FILE (the job's cluster file), or leave --role/--index out to train on one machine")])
+        raise InvalidCluster(
+            [
+                validate.problem(
+                    "--role",
+                    role if index is None else f"{role} {index}",
+                    "given without --cluster, and TF_CONFIG is not set: there is no cluster to take this role in",
+                    "pass --cluster FILE (the job's cluster file), or leave --role/--index out to train on one machine",
+                )
+            ]
+        )
     else:
-        raise InvalidCluster([validate.problem("--cluster", "", "no cluster file given and TF_CONFIG is not set",
-                                               "pass --cluster clusters/local.yaml (or set TF_CONFIG)")])
+        raise InvalidCluster(
+            [
+                validate.problem(
+                    "--cluster",
+                    "",
+                    "no cluster file given and TF_CONFIG is not set",
+                    "pass --cluster clusters/local.yaml (or set TF_CONFIG)",
+                )
+            ]
+        )
 
     if machine is None and not cluster.loopback_only():
         from od_dist.cluster import hostinfo
@@ -88,15 +116,20 @@ def select(cluster_path: str | None, role: str | None, index: int | None, allow_
         task, problems = validate.infer_task(cluster, is_local)
         if problems:
             raise InvalidCluster(problems, source)
-        return TaskConfig(cluster, task, source, f"inferred from this machine's addresses ({machine.describe()})")
+        return TaskConfig(
+            cluster, task, source, f"inferred from this machine's addresses ({machine.describe()})"
+        )
     index = 0 if index is None else index
     problems = validate.check_task(cluster, role, index)
     if not problems:
         problems = validate.check_this_machine(cluster, role, index, is_local)
     if problems:
         raise InvalidCluster(problems, source)
-    note = ("loopback-only cluster: every task runs on this machine" if cluster.loopback_only()
-            else f"an address of this machine ({machine.describe()})")
+    note = (
+        "loopback-only cluster: every task runs on this machine"
+        if cluster.loopback_only()
+        else f"an address of this machine ({machine.describe()})"
+    )
     return TaskConfig(cluster, cluster.task(role, index), source, note)
 
 
@@ -129,37 +162,67 @@ class TrainConfig:
     @property
     def is_server(self) -> bool:
         """ps always; workers under parameter_server only execute what the master schedules."""
-        return self.role == "ps" or (self.role == "worker" and self.strategy_name == validate.PARAMETER_SERVER)
+        return self.role == "ps" or (
+            self.role == "worker" and self.strategy_name == validate.PARAMETER_SERVER
+        )
 
 
-def train_config(selected: TaskConfig, pipeline: str | None, model_dir: str | None, num_clones: int | None,
-                 clone_on_cpu: bool, params_override: str | None, wait_timeout: int,
-                 intra_op_threads: int | None = None, inter_op_threads: int | None = None,
-                 data_threads: int | None = None) -> TrainConfig:
+def train_config(
+    selected: TaskConfig,
+    pipeline: str | None,
+    model_dir: str | None,
+    num_clones: int | None,
+    clone_on_cpu: bool,
+    params_override: str | None,
+    wait_timeout: int,
+    intra_op_threads: int | None = None,
+    inter_op_threads: int | None = None,
+    data_threads: int | None = None,
+) -> TrainConfig:
     cluster, task = selected.cluster, selected.task
     if num_clones is None:
         num_clones = cluster.clones_for(task.address.host) if cluster and task else 1
     strategy = cluster.strategy if cluster else "mirrored"
     threads = threads_mod.resolve(cluster, task, strategy, intra_op_threads, inter_op_threads, data_threads)
-    config = TrainConfig(selected, pipeline, model_dir, num_clones, clone_on_cpu, params_override, wait_timeout,
-                         threads)
+    config = TrainConfig(
+        selected, pipeline, model_dir, num_clones, clone_on_cpu, params_override, wait_timeout, threads
+    )
     problems = []
     if inter_op_threads == 1 and strategy == validate.PARAMETER_SERVER:
-        problems.append(validate.problem("--inter_op_threads", 1, "deadlocks the parameter_server coordinator",
-                                         f"use {threads_mod.MIN_INTER_OP} or more, or 0 for TensorFlow's default"))
+        problems.append(
+            validate.problem(
+                "--inter_op_threads",
+                1,
+                "deadlocks the parameter_server coordinator",
+                f"use {threads_mod.MIN_INTER_OP} or more, or 0 for TensorFlow's default",
+            )
+        )
     if not config.is_server:  # servers run no pipeline; the same launch line still works for them
         for flag, value in (("--pipeline", pipeline), ("--model_dir", model_dir)):
             if not value:
-                problems.append(validate.problem(flag, "", f"required for the {config.role} role",
-                                                 f"pass {flag}=..."))
+                problems.append(
+                    validate.problem(flag, "", f"required for the {config.role} role", f"pass {flag}=...")
+                )
         if pipeline and not os.path.isfile(pipeline):
-            problems.append(validate.problem("--pipeline", pipeline, "no such file",
-                                             "pass a pipeline YAML, e.g. pipelines/shapes_retinanet.yaml"))
+            problems.append(
+                validate.problem(
+                    "--pipeline",
+                    pipeline,
+                    "no such file",
+                    "pass a pipeline YAML, e.g. pipelines/shapes_retinanet.yaml",
+                )
+            )
     if cluster and clone_on_cpu and num_clones > 1:
         # Both cluster strategies place replicas on GPUs only (one CPU device per task).
-        problems.append(validate.problem(
-            "--num_clones", num_clones, f"--clone_on_cpu runs several replicas only on one machine; "
-            f"{cluster.strategy} uses one CPU device per task", "use --num_clones=1, GPUs, or no --cluster"))
+        problems.append(
+            validate.problem(
+                "--num_clones",
+                num_clones,
+                f"--clone_on_cpu runs several replicas only on one machine; "
+                f"{cluster.strategy} uses one CPU device per task",
+                "use --num_clones=1, GPUs, or no --cluster",
+            )
+        )
     if problems:
         raise InvalidCluster(problems, selected.source)
     return config

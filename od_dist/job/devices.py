@@ -38,18 +38,23 @@ def configure(num_clones: int, clone_on_cpu: bool) -> list[str]:
         cpu = tf.config.list_physical_devices("CPU")[0]
         if num_clones > 1:
             tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_clones)])
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_clones)]
+            )
         return [f"/cpu:{i}" for i in range(num_clones)]
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         apply_policy()
         if num_clones > 1:
-            raise DeviceError(f"--num_clones={num_clones} asks for {num_clones} GPUs but this machine has none; "
-                              "add --clone_on_cpu to run the replicas on logical CPU devices")
+            raise DeviceError(
+                f"--num_clones={num_clones} asks for {num_clones} GPUs but this machine has none; "
+                "add --clone_on_cpu to run the replicas on logical CPU devices"
+            )
         return ["/cpu:0"]
     if num_clones > len(gpus):
-        raise DeviceError(f"--num_clones={num_clones} asks for {num_clones} GPUs but this machine has "
-                          f"{len(gpus)}; lower --num_clones")
+        raise DeviceError(
+            f"--num_clones={num_clones} asks for {num_clones} GPUs but this machine has "
+            f"{len(gpus)}; lower --num_clones"
+        )
     tf.config.set_visible_devices(gpus[:num_clones], "GPU")
     apply_policy()
     return [f"/gpu:{i}" for i in range(num_clones)]

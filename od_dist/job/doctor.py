@@ -65,16 +65,30 @@ def check_entry(cluster: Cluster, role: str | None, index: int | None, machine) 
         task = cluster.task(role, index)
         return [Check(OK, "this machine", f"{task.name} at {task.address}")], (task,)
     if cluster.loopback_only():
-        return [Check(OK, "this machine", "a loopback-only cluster: every task runs here "
-                      "(od-dist launch starts them all)")], mine
+        return [
+            Check(
+                OK,
+                "this machine",
+                "a loopback-only cluster: every task runs here (od-dist launch starts them all)",
+            )
+        ], mine
     if not mine:
-        return [Check(FIX, "this machine", f"no entry of the cluster file is an address of this machine "
-                      f"({machine.describe()}); run doctor on a machine the file lists, or fix its addresses")], mine
+        return [
+            Check(
+                FIX,
+                "this machine",
+                f"no entry of the cluster file is an address of this machine "
+                f"({machine.describe()}); run doctor on a machine the file lists, or fix its addresses",
+            )
+        ], mine
     if len(mine) == 1:
-        return [Check(OK, "this machine", f"{mine[0].name} at {mine[0].address} (found by its addresses)")], mine
+        return [
+            Check(OK, "this machine", f"{mine[0].name} at {mine[0].address} (found by its addresses)")
+        ], mine
     names = ", ".join(t.name for t in mine)
-    return [Check(OK, "this machine", f"runs {names}: start each with --role/--index, "
-                  "or all with od-dist launch")], mine
+    return [
+        Check(OK, "this machine", f"runs {names}: start each with --role/--index, or all with od-dist launch")
+    ], mine
 
 
 # ----- peers ----------------------------------------------------------------------------------------
@@ -98,8 +112,14 @@ def check_names(peers) -> tuple[list[Check], set[str]]:
             checks.append(Check(OK, f"name {host}", f"resolves to {', '.join(sorted(addresses))} ({users})"))
         else:
             unresolved.add(host)
-            checks.append(Check(FIX, f"name {host}", f"does not resolve from this machine ({users}): add it to "
-                                "DNS or to the hosts file, or write its IP address in the cluster file"))
+            checks.append(
+                Check(
+                    FIX,
+                    f"name {host}",
+                    f"does not resolve from this machine ({users}): add it to "
+                    "DNS or to the hosts file, or write its IP address in the cluster file",
+                )
+            )
     return checks, unresolved
 
 
@@ -109,15 +129,22 @@ def probe(host: str, port: int, timeout: float) -> tuple[str, str]:
         with socket.create_connection((host, port), timeout=timeout):
             return OK, "listening (its task is up)"
     except ConnectionRefusedError:
-        return WARN, ("connection refused: the machine answers and nothing listens on the port yet (fine "
-                      "before its task starts), or a firewall rejects it")
-    except socket.timeout:
-        return FIX, (f"no answer within {timeout:g} s: a firewall drops TCP port {port} on {host}, or the machine "
-                     f"is off; open port {port} there to this machine (the README written by od-dist scripts "
-                     "lists every port and peer)")
+        return WARN, (
+            "connection refused: the machine answers and nothing listens on the port yet (fine "
+            "before its task starts), or a firewall rejects it"
+        )
+    except TimeoutError:
+        return FIX, (
+            f"no answer within {timeout:g} s: a firewall drops TCP port {port} on {host}, or the machine "
+            f"is off; open port {port} there to this machine (the README written by od-dist scripts "
+            "lists every port and peer)"
+        )
     except OSError as e:
         if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN):
-            return FIX, f"no route to host ({e.strerror}): the machine is off or on another network; check its address"
+            return (
+                FIX,
+                f"no route to host ({e.strerror}): the machine is off or on another network; check its address",
+            )
         return FIX, f"cannot connect ({e.strerror or e}); check the address and the network"
 
 
@@ -186,8 +213,14 @@ def check_ports_here(mine) -> list[Check]:
                 s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
                 checks.append(Check(OK, f"port {port} here", f"free for {task.name}"))
             except OSError as e:
-                checks.append(Check(FIX, f"port {port} here", f"in use{_port_owner(port)} ({e.strerror}); "
-                                    f"{task.name} cannot start: stop that program, or give {task.key} another port"))
+                checks.append(
+                    Check(
+                        FIX,
+                        f"port {port} here",
+                        f"in use{_port_owner(port)} ({e.strerror}); "
+                        f"{task.name} cannot start: stop that program, or give {task.key} another port",
+                    )
+                )
     return checks
 
 
@@ -220,19 +253,42 @@ def check_versions() -> list[Check]:
         "numpy": _version("numpy"),
     }
     checks = []
-    tf_version, mg_version, np_version = (found["TensorFlow"], found["Model Garden (tf-models-official)"],
-                                          found["numpy"])
+    tf_version, mg_version, np_version = (
+        found["TensorFlow"],
+        found["Model Garden (tf-models-official)"],
+        found["numpy"],
+    )
     if tf_version is None or _major_minor(tf_version) != (2, 20):
-        checks.append(Check(FIX, "TensorFlow", f"{tf_version or 'not installed'}; od-dist needs 2.20: "
-                            "pip install 'tensorflow~=2.20.0' (or reinstall od-dist)"))
+        checks.append(
+            Check(
+                FIX,
+                "TensorFlow",
+                f"{tf_version or 'not installed'}; od-dist needs 2.20: "
+                "pip install 'tensorflow~=2.20.0' (or reinstall od-dist)",
+            )
+        )
     if mg_version is None or _major_minor(mg_version) != (2, 20):
-        checks.append(Check(FIX, "Model Garden", f"tf-models-official {mg_version or 'not installed'}; od-dist "
-                            "needs 2.20.0: pip install tf-models-official==2.20.0"))
+        checks.append(
+            Check(
+                FIX,
+                "Model Garden",
+                f"tf-models-official {mg_version or 'not installed'}; od-dist "
+                "needs 2.20.0: pip install tf-models-official==2.20.0",
+            )
+        )
     if np_version is not None and _major_minor(np_version) >= (2, 4):
-        checks.append(Check(FIX, "numpy", f"{np_version}: Model Garden 2.20's COCO evaluation fails with "
-                            "numpy 2.4; pip install 'numpy<2.4'"))
+        checks.append(
+            Check(
+                FIX,
+                "numpy",
+                f"{np_version}: Model Garden 2.20's COCO evaluation fails with "
+                "numpy 2.4; pip install 'numpy<2.4'",
+            )
+        )
     shown = ", ".join(f"{k} {v or 'missing'}" for k, v in found.items())
-    checks.insert(0, Check(OK if not checks else WARN, "versions", shown + " (every machine should show the same)"))
+    checks.insert(
+        0, Check(OK if not checks else WARN, "versions", shown + " (every machine should show the same)")
+    )
     return checks
 
 
@@ -271,17 +327,35 @@ def check_gpus(cluster: Cluster, mine, counted=None) -> list[Check]:
     if need > gpus:
         if gpus == 0 and need == 1:
             return [Check(OK, "GPUs", f"none here ({how}); {names} will train on the CPU (num_clones 1)")]
-        return [Check(FIX, "GPUs", f"num_clones {need} for {names} needs {need} GPUs, found {gpus} ({how}): lower "
-                      "num_clones (hosts.<host>.num_clones in the cluster file, or --num_clones) or add GPUs")]
-    return [Check(OK, "GPUs", f"{gpus} here ({how}) for num_clones {need} ({names}); TensorFlow's own CUDA "
-                  "libraries are not checked (that needs importing TensorFlow)")]
+        return [
+            Check(
+                FIX,
+                "GPUs",
+                f"num_clones {need} for {names} needs {need} GPUs, found {gpus} ({how}): lower "
+                "num_clones (hosts.<host>.num_clones in the cluster file, or --num_clones) or add GPUs",
+            )
+        ]
+    return [
+        Check(
+            OK,
+            "GPUs",
+            f"{gpus} here ({how}) for num_clones {need} ({names}); TensorFlow's own CUDA "
+            "libraries are not checked (that needs importing TensorFlow)",
+        )
+    ]
 
 
 # ----- all of it ------------------------------------------------------------------------------------
 
 
-def run(cluster_path: str, role: str | None, index: int | None, allow_public: bool,
-        connect_timeout: float = CONNECT_TIMEOUT_S, machine=None) -> tuple[list[Check], str]:
+def run(
+    cluster_path: str,
+    role: str | None,
+    index: int | None,
+    allow_public: bool,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
+    machine=None,
+) -> tuple[list[Check], str]:
     """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2)."""
     from od_dist.job import config
 
@@ -289,8 +363,10 @@ def run(cluster_path: str, role: str | None, index: int | None, allow_public: bo
     if index is not None and role is None:
         raise InvalidCluster([validate.problem("--index", index, "given without --role", "add --role")])
     machine = machine or hostinfo.this_machine()
-    head = (f"{cluster_path}: valid, strategy {cluster.strategy}, {len(cluster.tasks())} tasks, "
-            f"num_clones {cluster.num_clones}")
+    head = (
+        f"{cluster_path}: valid, strategy {cluster.strategy}, {len(cluster.tasks())} tasks, "
+        f"num_clones {cluster.num_clones}"
+    )
     checks, mine = check_entry(cluster, role, index, machine)
     name_checks, unresolved = check_names([t for t in cluster.server_tasks() if t not in mine])
     checks += name_checks

@@ -11,7 +11,9 @@ from __future__ import annotations
 OK = 0
 FAILED = 1  # permanent: a bug or an unrecoverable runtime failure (no checkpoint to evaluate, ...)
 INVALID = 2  # permanent: invalid input (cluster file, flag, pipeline); nothing was started
-LOST_PEER = 138  # retryable: a peer was lost (ps, master, an all-reduce trainer, every parameter_server worker)
+LOST_PEER = (
+    138  # retryable: a peer was lost (ps, master, an all-reduce trainer, every parameter_server worker)
+)
 # or did not come within --wait_timeout (a late pod or machine is there at the next try)
 INTERRUPTED = 130  # retryable: SIGINT (Ctrl+C); a trainer saved a checkpoint first
 KILLED = 137  # retryable: SIGKILL (128 + 9), as a shell or Kubernetes reports it

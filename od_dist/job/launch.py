@@ -74,8 +74,10 @@ def _pump(stream, prefix: str, log_path: str, lock: threading.Lock) -> None:
 
 
 def _drop_log(log, log_path: str, error: Exception) -> None:
-    _say(f"cannot write {log_path} ({getattr(error, 'strerror', None) or error}); "
-         "its lines go to the console only from here")
+    _say(
+        f"cannot write {log_path} ({getattr(error, 'strerror', None) or error}); "
+        "its lines go to the console only from here"
+    )
     if log is not None:
         try:
             log.close()
@@ -100,8 +102,9 @@ def _write_console(text: str) -> None:
             pass
 
 
-def start_child(argv: list[str], stdout=None, tf_config: str | None = None,
-                task_log: str | None = None) -> subprocess.Popen:
+def start_child(
+    argv: list[str], stdout=None, tf_config: str | None = None, task_log: str | None = None
+) -> subprocess.Popen:
     """A task as a child process in its own process group: a Ctrl+C in the terminal reaches only
     the supervisor, which then stops the trainers before the servers. On Linux the child also dies
     with the supervisor (PR_SET_PDEATHSIG), so even a supervisor killed with SIGKILL leaves none."""
@@ -119,8 +122,9 @@ def start_child(argv: list[str], stdout=None, tf_config: str | None = None,
         if sys.platform.startswith("linux"):
             kwargs["preexec_fn"] = _die_with_parent_hook()
     if stdout is not None:
-        kwargs.update(stdout=stdout, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
-                      bufsize=1)
+        kwargs.update(
+            stdout=stdout, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace", bufsize=1
+        )
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, **kwargs)
 
 
@@ -142,16 +146,31 @@ def handle_signals(handler) -> dict:
     return {getattr(signal, n): signal.signal(getattr(signal, n), handler) for n in names}
 
 
-def run(cluster_path: str, strategy: str, tasks: list[Task], train_args: list[str], model_dir: str,
-        max_restarts: int, grace_s: float) -> int:
+def run(
+    cluster_path: str,
+    strategy: str,
+    tasks: list[Task],
+    train_args: list[str],
+    model_dir: str,
+    max_restarts: int,
+    grace_s: float,
+) -> int:
     """Starts the tasks, supervises and restarts them (supervisor.py), returns the job's exit status."""
     log_dir = os.path.join(model_dir, "logs")
     os.makedirs(log_dir, exist_ok=True)
     lock = threading.Lock()
 
     def start(task: Task) -> Child:
-        argv = [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster_path}", f"--role={task.role}",
-                f"--index={task.index}", *train_args]
+        argv = [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "train",
+            f"--cluster={cluster_path}",
+            f"--role={task.role}",
+            f"--index={task.index}",
+            *train_args,
+        ]
         return _start(task, argv, log_dir, lock)
 
     def finish(child: Child) -> None:
@@ -160,24 +179,38 @@ def run(cluster_path: str, strategy: str, tasks: list[Task], train_args: list[st
     sup = supervisor.Supervisor(strategy, tasks, start, _say, max_restarts, grace_s, finish=finish)
     previous = handle_signals(sup.on_signal)
     try:
-        _say(f"starting {', '.join(t.name for t in tasks)}; logs in {log_dir}; up to {max_restarts} "
-             f"restart(s) (--max_restarts)")
+        _say(
+            f"starting {', '.join(t.name for t in tasks)}; logs in {log_dir}; up to {max_restarts} "
+            f"restart(s) (--max_restarts)"
+        )
         return sup.run()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def run_task(task: Task, strategy: str, argv: list[str], max_restarts: int, grace_s: float,
-             tf_config: str | None = None) -> int:
+def run_task(
+    task: Task,
+    strategy: str,
+    argv: list[str],
+    max_restarts: int,
+    grace_s: float,
+    tf_config: str | None = None,
+) -> int:
     """`od-dist train --max_restarts N`: this machine's one task as a child (its output straight to
     the console), restarted by the same rules and messages as under launch."""
 
     def say(message: str) -> None:
         print(f"od-dist train: {message}", file=sys.stderr, flush=True)
 
-    sup = supervisor.Supervisor(strategy, [task], lambda t: supervisor.Running(t, start_child(argv, tf_config=tf_config)),
-                                say, max_restarts, grace_s)
+    sup = supervisor.Supervisor(
+        strategy,
+        [task],
+        lambda t: supervisor.Running(t, start_child(argv, tf_config=tf_config)),
+        say,
+        max_restarts,
+        grace_s,
+    )
     previous = handle_signals(sup.on_signal)
     try:
         return sup.run()
@@ -201,9 +234,15 @@ def check_pipeline(path: str, params_override: str | None, strategy: str) -> tup
     """Loads the pipeline as the trainers will, before any task starts: (0, '') when it is good,
     (2, the one-line problem) when it is not, (1, what went wrong) when the check itself failed.
     It runs in a short-lived child so TensorFlow stays out of the launcher, which forks every task."""
-    r = subprocess.run([sys.executable, "-c", _CHECK_PIPELINE, path, params_override or "", strategy],
-                       capture_output=True, text=True, encoding="utf-8", errors="replace",
-                       stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    r = subprocess.run(
+        [sys.executable, "-c", _CHECK_PIPELINE, path, params_override or "", strategy],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        stdin=subprocess.DEVNULL,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     if r.returncode == 0:
         return 0, ""
     lines = [line for line in r.stderr.splitlines() if line.strip()]

@@ -1,10 +1,10 @@
 """`od-dist train`: what each role does, dispatched from one registry.
 
-  ps, worker (parameter_server)   serve until the master is done      -> server.serve
-  master (parameter_server)       coordinate training, then stop the servers
-  master, worker (multi_worker)   train together (all-reduce)
-  evaluator                       evaluate each new checkpoint until the final one
-  single (no cluster)             train on this machine's --num_clones devices
+ps, worker (parameter_server)   serve until the master is done      -> server.serve
+master (parameter_server)       coordinate training, then stop the servers
+master, worker (multi_worker)   train together (all-reduce)
+evaluator                       evaluate each new checkpoint until the final one
+single (no cluster)             train on this machine's --num_clones devices
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import sys
 
 from od_dist.job import exit_codes
 from od_dist.job.config import TrainConfig
-
 
 EVAL_POLL_S = 30
 
@@ -66,8 +65,11 @@ def run_trainer(config: TrainConfig) -> int:
         return exit_codes.LOST_PEER
     except (devices.DeviceError, server.ServerError) as e:
         raise RoleError(str(e)) from None
-    print(f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
-          f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}", flush=True)
+    print(
+        f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
+        f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}",
+        flush=True,
+    )
     who = task.name if task else "single"
     peers = [t for t in cluster.server_tasks() if t != task] if cluster else []
     try:
@@ -90,8 +92,11 @@ def run_trainer(config: TrainConfig) -> int:
         lost = watch.lost_in_error(str(e), peers) if _is_peer_error(e) else []
         if not lost:
             raise
-        watch.exit_lost(who, f"lost {', '.join(f'{t.name} at {t.address}' for t in lost)} "
-                             f"({type(e).__name__}); {_after_loss(config)}")
+        watch.exit_lost(
+            who,
+            f"lost {', '.join(f'{t.name} at {t.address}' for t in lost)} "
+            f"({type(e).__name__}); {_after_loss(config)}",
+        )
     if config.is_coordinator:
         _stop_servers(cluster, server.DONE)
     return 0
@@ -104,15 +109,20 @@ def _stop_servers(cluster, why: str) -> None:
     servers = [t for t in cluster.server_tasks() if t.role in ("ps", "worker")]
     failed = server.send_stop(cluster, servers, why)
     told = [t.name for t in servers if t.name not in failed]
-    print(f"master: {why}; told {', '.join(told) or 'no server'} to stop"
-          + "".join(f"; {name}: {reason}" for name, reason in failed.items()), flush=True)
+    print(
+        f"master: {why}; told {', '.join(told) or 'no server'} to stop"
+        + "".join(f"; {name}: {reason}" for name, reason in failed.items()),
+        flush=True,
+    )
 
 
 def _after_loss(config: TrainConfig) -> str:
     if config.is_coordinator:
         return "restart the job (every task) to resume from the last checkpoint"
-    return "multi_worker_mirrored cannot go on without every trainer; restart all of them to resume " \
+    return (
+        "multi_worker_mirrored cannot go on without every trainer; restart all of them to resume "
         "from the last checkpoint"
+    )
 
 
 def _watched(config: TrainConfig, peers) -> list:
@@ -122,9 +132,16 @@ def _watched(config: TrainConfig, peers) -> list:
 
     if config.is_coordinator:
         workers = [t for t in peers if t.role == "worker"]
-        return [(workers, True, config.wait_timeout, "every worker is gone, so nothing trains; restart them "
-                 "on the same addresses to rejoin, or restart the job to resume from the last checkpoint"),
-                ([t for t in peers if t.role == "ps"], False, config.wait_timeout, _after_loss(config))]
+        return [
+            (
+                workers,
+                True,
+                config.wait_timeout,
+                "every worker is gone, so nothing trains; restart them "
+                "on the same addresses to rejoin, or restart the job to resume from the last checkpoint",
+            ),
+            ([t for t in peers if t.role == "ps"], False, config.wait_timeout, _after_loss(config)),
+        ]
     if config.strategy_name == "multi_worker_mirrored":
         return [(peers, False, watch.TRAINER_GONE_S, _after_loss(config))]
     return []
@@ -155,11 +172,14 @@ def run_evaluator(config: TrainConfig) -> int:
             last_seen[0] = time.monotonic()
         return time.monotonic() - last_seen[0] < config.wait_timeout
 
-    metrics = trainer.continuous_eval(params, config.model_dir, timeout_s=min(EVAL_POLL_S, config.wait_timeout),
-                                      keep_waiting=keep_waiting)
+    metrics = trainer.continuous_eval(
+        params, config.model_dir, timeout_s=min(EVAL_POLL_S, config.wait_timeout), keep_waiting=keep_waiting
+    )
     if metrics is None:
-        raise RoleError(f"evaluator: no checkpoint appeared in {config.model_dir} while the master was reachable "
-                        f"(or within {config.wait_timeout} s); is the master training into the same --model_dir?")
+        raise RoleError(
+            f"evaluator: no checkpoint appeared in {config.model_dir} while the master was reachable "
+            f"(or within {config.wait_timeout} s); is the master training into the same --model_dir?"
+        )
     return 0
 
 

@@ -70,7 +70,8 @@ def bind_port(task: Task) -> socket.socket:
             raise ServerError(
                 f"{task.name}: port {task.address.port} is already in use on this machine "
                 f"({e.strerror}); stop the program using it, or give {task.key} another port "
-                "in the cluster file") from None
+                "in the cluster file"
+            ) from None
         raise
     return s
 
@@ -88,17 +89,28 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
             pass
         os.remove(marker)
     except OSError as e:
-        print(f"{task.name}: cannot write in its working directory {os.getcwd()} ({e.strerror}): the master "
-              f"cannot tell it to stop after training, so it will stop {wait_timeout:.0f} s after the master "
-              "is gone; run it from a writable directory", file=sys.stderr, flush=True)
+        print(
+            f"{task.name}: cannot write in its working directory {os.getcwd()} ({e.strerror}): the master "
+            f"cannot tell it to stop after training, so it will stop {wait_timeout:.0f} s after the master "
+            "is gone; run it from a writable directory",
+            file=sys.stderr,
+            flush=True,
+        )
     if devices is not None:
         devices()
     try:
-        server = tf.distribute.Server(tf.train.ClusterSpec(cluster.cluster_spec()), job_name=task.tf_job,
-                                      task_index=task.index, protocol="grpc", start=True)
+        server = tf.distribute.Server(
+            tf.train.ClusterSpec(cluster.cluster_spec()),
+            job_name=task.tf_job,
+            task_index=task.index,
+            protocol="grpc",
+            start=True,
+        )
     except (tf.errors.UnknownError, tf.errors.InternalError) as e:
-        raise ServerError(f"{task.name}: could not start the TensorFlow server on {task.address} "
-                          f"({e.message.strip()}); is the port free?") from None
+        raise ServerError(
+            f"{task.name}: could not start the TensorFlow server on {task.address} "
+            f"({e.message.strip()}); is the port free?"
+        ) from None
     stop = threading.Event()
     received = []
 
@@ -133,9 +145,13 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
                 if is_listening(master.host, master.port):
                     last_seen = now
                 elif now - last_seen > wait_timeout:
-                    print(f"{task.name}: lost the master at {master} (unreachable for {wait_timeout:.0f} s); "
-                          f"stopping, exit {exit_codes.LOST_PEER} (restart the job to resume from the last "
-                          "checkpoint, or raise --wait_timeout to wait longer)", file=sys.stderr, flush=True)
+                    print(
+                        f"{task.name}: lost the master at {master} (unreachable for {wait_timeout:.0f} s); "
+                        f"stopping, exit {exit_codes.LOST_PEER} (restart the job to resume from the last "
+                        "checkpoint, or raise --wait_timeout to wait longer)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return exit_codes.LOST_PEER
         print(f"{task.name}: stopped by signal {received[0]}", flush=True)
         return 0
@@ -167,19 +183,26 @@ def send_stop(cluster: Cluster, tasks, why: str = DONE, timeout_s: float = 30.0)
     told, the reason: gone ("could not reach"), or its working directory would not take the
     marker (e.g. read-only)."""
     import tensorflow as tf
-    from tensorflow.python.eager import context, executor as executor_lib
+    from tensorflow.python.eager import context
+    from tensorflow.python.eager import executor as executor_lib
 
     told = set()
     problems = {}
-    unreachable = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-                   tf.errors.AbortedError)
+    unreachable = (
+        tf.errors.UnavailableError,
+        tf.errors.DeadlineExceededError,
+        tf.errors.CancelledError,
+        tf.errors.AbortedError,
+    )
 
     def write(task):
         try:
             # Its own executor: a failed remote op poisons the executor it ran in, and with the
             # shared one every other task's write would report this task's error.
-            with context.executor_scope(executor_lib.new_executor(enable_async=False)), \
-                    tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"):
+            with (
+                context.executor_scope(executor_lib.new_executor(enable_async=False)),
+                tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"),
+            ):
                 tf.io.write_file(stop_marker(cluster, task), why)
                 # A remote op without outputs can return before it ran: reading the marker back
                 # surfaces a write that failed (a read-only directory).
@@ -189,8 +212,10 @@ def send_stop(cluster: Cluster, tasks, why: str = DONE, timeout_s: float = 30.0)
             logging.info("could not tell %s to stop: %s", task.name, e)
             problems[task.name] = "could not reach it"
         except tf.errors.OpError as e:
-            problems[task.name] = ("could not write its stop marker in its working directory "
-                                   f"({e.message.strip().splitlines()[0]})")
+            problems[task.name] = (
+                "could not write its stop marker in its working directory "
+                f"({e.message.strip().splitlines()[0]})"
+            )
 
     threads = [threading.Thread(target=write, args=(t,), daemon=True) for t in tasks]
     for thread in threads:

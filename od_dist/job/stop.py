@@ -59,23 +59,31 @@ class StopRequest:
             now = time.monotonic()
             if self.signum is None:
                 self.signum, self._first_at = signum, now
-                print(f"{self.who}: {signal.Signals(signum).name} received; saving a checkpoint at the end of "
-                      "this loop, then exiting (press Ctrl+C again to exit at once, without it)", flush=True)
+                print(
+                    f"{self.who}: {signal.Signals(signum).name} received; saving a checkpoint at the end of "
+                    "this loop, then exiting (press Ctrl+C again to exit at once, without it)",
+                    flush=True,
+                )
                 return
             if now - self._first_at < SAME_REQUEST_S:
                 return
-        print(f"{self.who}: {signal.Signals(signum).name} received again; exiting now without a checkpoint",
-              file=sys.stderr, flush=True)
+        print(
+            f"{self.who}: {signal.Signals(signum).name} received again; exiting now without a checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(code_for(signum))
 
-    def install(self) -> "StopRequest":
+    def install(self) -> StopRequest:
         """Installs the handlers (from the main thread)."""
         try:
             reader, writer = socket.socketpair()
             writer.setblocking(False)
             self._previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
             self._wakeup = (reader, writer)
-            threading.Thread(target=self._read_wakeups, args=(reader,), name="od-dist-signals", daemon=True).start()
+            threading.Thread(
+                target=self._read_wakeups, args=(reader,), name="od-dist-signals", daemon=True
+            ).start()
             handler = lambda signum, frame: None  # the wakeup thread does the work  # noqa: E731
         except (OSError, ValueError):  # no wakeup socket here: note the signal from the handler
             handler = lambda signum, frame: self.note(signum)  # noqa: E731
@@ -105,7 +113,7 @@ class StopRequest:
                 sock.close()
             self._wakeup = None
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         return self.install()
 
     def __exit__(self, *exc) -> None:

@@ -1,8 +1,8 @@
 """A tf.distribute strategy built from the validated cluster, after a bounded wait for the peers.
 
-  - no cluster:               MirroredStrategy over --num_clones devices of this machine
-  - parameter_server:         ParameterServerStrategy; the master is the coordinator
-  - multi_worker_mirrored:    MultiWorkerMirroredStrategy; the master and every worker train
+- no cluster:               MirroredStrategy over --num_clones devices of this machine
+- parameter_server:         ParameterServerStrategy; the master is the coordinator
+- multi_worker_mirrored:    MultiWorkerMirroredStrategy; the master and every worker train
 """
 
 from __future__ import annotations
@@ -11,13 +11,16 @@ import contextlib
 import faulthandler
 import time
 
-from od_dist.job import devices
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
+from od_dist.job import devices
 from od_dist.job.server import bind_port, is_listening
 
 PROGRESS_EVERY_S = 10.0
-TF_NAMES = {"mirrored": "MirroredStrategy", "parameter_server": "ParameterServerStrategy",
-            "multi_worker_mirrored": "MultiWorkerMirroredStrategy"}
+TF_NAMES = {
+    "mirrored": "MirroredStrategy",
+    "parameter_server": "ParameterServerStrategy",
+    "multi_worker_mirrored": "MultiWorkerMirroredStrategy",
+}
 
 
 class PeerTimeout(RuntimeError):
@@ -26,8 +29,10 @@ class PeerTimeout(RuntimeError):
 
 def _missing_message(missing, timeout_s: float) -> str:
     names = ", ".join(f"{t.name} at {t.address}" for t in missing)
-    return (f"timed out after {timeout_s:.0f} s waiting for {names}; start them (the same od-dist train "
-            "command on their machines), check that their ports are open in the firewall, or raise --wait_timeout")
+    return (
+        f"timed out after {timeout_s:.0f} s waiting for {names}; start them (the same od-dist train "
+        "command on their machines), check that their ports are open in the firewall, or raise --wait_timeout"
+    )
 
 
 def wait_for_peers(peers, timeout_s: float) -> None:
@@ -44,7 +49,9 @@ def wait_for_peers(peers, timeout_s: float) -> None:
             raise PeerTimeout(_missing_message(missing, timeout_s))
         if now >= next_report:
             next_report = now + PROGRESS_EVERY_S
-            print(f"waiting for {', '.join(t.name for t in missing)} ({deadline - now:.0f} s left)", flush=True)
+            print(
+                f"waiting for {', '.join(t.name for t in missing)} ({deadline - now:.0f} s left)", flush=True
+            )
         time.sleep(0.5)
 
 
@@ -78,8 +85,12 @@ def _resolver(cluster: Cluster, task: Task, num_gpus: int):
     import tensorflow as tf
 
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(cluster.cluster_spec()), task_type=task.tf_job, task_id=task.index,
-        rpc_layer="grpc", num_accelerators={"GPU": num_gpus} if num_gpus else None)
+        tf.train.ClusterSpec(cluster.cluster_spec()),
+        task_type=task.tf_job,
+        task_id=task.index,
+        rpc_layer="grpc",
+        num_accelerators={"GPU": num_gpus} if num_gpus else None,
+    )
 
 
 def _worker_gpus(cluster: Cluster, resolver) -> int:
@@ -90,16 +101,22 @@ def _worker_gpus(cluster: Cluster, resolver) -> int:
     # make_master_device_default=False keeps ops of this client local; with the default it hangs.
     tf.config.experimental_connect_to_cluster(resolver, job_name="chief", make_master_device_default=False)
     gpus = tf.config.list_logical_devices("GPU")
-    counts = {t.name: sum(f"/job:worker/replica:0/task:{t.index}/" in d.name for d in gpus)
-              for t in cluster.tasks_of("worker")}
+    counts = {
+        t.name: sum(f"/job:worker/replica:0/task:{t.index}/" in d.name for d in gpus)
+        for t in cluster.tasks_of("worker")
+    }
     if len(set(counts.values())) > 1:
         shown = ", ".join(f"{name}={n}" for name, n in counts.items())
-        raise devices.DeviceError(f"parameter_server needs the same number of GPUs on every worker, found {shown}; "
-                                  "give every worker the same --num_clones and GPUs")
+        raise devices.DeviceError(
+            f"parameter_server needs the same number of GPUs on every worker, found {shown}; "
+            "give every worker the same --num_clones and GPUs"
+        )
     return next(iter(counts.values()))
 
 
-def make(cluster: Cluster | None, task: Task | None, num_clones: int, clone_on_cpu: bool, wait_timeout: float):
+def make(
+    cluster: Cluster | None, task: Task | None, num_clones: int, clone_on_cpu: bool, wait_timeout: float
+):
     import tensorflow as tf
 
     if cluster is None:

@@ -18,8 +18,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from od_dist.cluster.spec import Task
 from od_dist.cluster.validate import PARAMETER_SERVER
@@ -113,7 +113,9 @@ def send(proc: subprocess.Popen, signum: int) -> None:
         pass
 
 
-def wait_all(procs: list[subprocess.Popen], timeout_s: float, interrupted: Callable[[], bool] = lambda: False) -> bool:
+def wait_all(
+    procs: list[subprocess.Popen], timeout_s: float, interrupted: Callable[[], bool] = lambda: False
+) -> bool:
     """Waits until every process has exited (True), the timeout passes or `interrupted()` (False)."""
     deadline = time.monotonic() + timeout_s
     while any(p.poll() is None for p in procs):
@@ -137,7 +139,9 @@ def kill_all(procs: list[subprocess.Popen]) -> None:
             pass
 
 
-def stop(procs: list[subprocess.Popen], grace_s: float, interrupted: Callable[[], bool] = lambda: False) -> None:
+def stop(
+    procs: list[subprocess.Popen], grace_s: float, interrupted: Callable[[], bool] = lambda: False
+) -> None:
     """SIGTERM, then SIGKILL whatever is left after grace_s (or at once when interrupted() says so)."""
     for p in procs:
         send(p, signal.SIGTERM)
@@ -191,8 +195,11 @@ class Supervisor:
             self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
 
     def _procs(self, trainers: bool | None = None) -> list[subprocess.Popen]:
-        return [r.proc for r in self.running.values()
-                if trainers is None or is_trainer(self.strategy, r.task.role) == trainers]
+        return [
+            r.proc
+            for r in self.running.values()
+            if trainers is None or is_trainer(self.strategy, r.task.role) == trainers
+        ]
 
     def _stop_all(self, grace_s: float, trainers_first: bool) -> None:
         interrupted = lambda: len(self.signals) > 1  # noqa: E731 - a second Ctrl+C: kill at once
@@ -211,17 +218,24 @@ class Supervisor:
             name = signal.Signals(signum).name
         except ValueError:
             name = f"signal {signum}"
-        trainers = [r.task.name for r in self.running.values()
-                    if is_trainer(self.strategy, r.task.role) and r.proc.poll() is None]
+        trainers = [
+            r.task.name
+            for r in self.running.values()
+            if is_trainer(self.strategy, r.task.role) and r.proc.poll() is None
+        ]
         if trainers:
-            self.say(f"{name}: asking {', '.join(trainers)} to save a checkpoint and stop (up to "
-                     f"{self.grace_s:.0f} s; interrupt again to stop at once), then the other tasks")
+            self.say(
+                f"{name}: asking {', '.join(trainers)} to save a checkpoint and stop (up to "
+                f"{self.grace_s:.0f} s; interrupt again to stop at once), then the other tasks"
+            )
             for p in self._procs(trainers=True):
                 send(p, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
             if not wait_all(self._procs(trainers=True), self.grace_s, lambda: len(self.signals) > 1):
                 if len(self.signals) == 1:
-                    self.say(f"{', '.join(trainers)} still running after {self.grace_s:.0f} s "
-                             "(--grace_period); killing them")
+                    self.say(
+                        f"{', '.join(trainers)} still running after {self.grace_s:.0f} s "
+                        "(--grace_period); killing them"
+                    )
                 kill_all(self._procs(trainers=True))
         else:
             self.say(f"{name}: stopping every task")
@@ -272,8 +286,10 @@ class Supervisor:
             if trainers_done_at is not None and time.monotonic() - trainers_done_at > SERVER_GRACE_S:
                 stuck = [r.task for r in self.running.values() if r.task.role != "evaluator"]
                 if stuck and len(stuck) == len(self.running):
-                    self.say(f"{', '.join(t.name for t in stuck)} still running {SERVER_GRACE_S:.0f} s after "
-                             "training finished; stopping them")
+                    self.say(
+                        f"{', '.join(t.name for t in stuck)} still running {SERVER_GRACE_S:.0f} s after "
+                        "training finished; stopping them"
+                    )
                     servers = [t for t in stuck if not is_trainer(self.strategy, t.role)]
                     return exit_codes.FAILED if servers else exit_codes.OK
             time.sleep(POLL_S)
@@ -297,13 +313,17 @@ class Supervisor:
         cause = f"{task.name} died ({describe(code)})"
         if p.action == PERMANENT:
             self.say(f"{cause}; a permanent error, not retried; stopping every task{self._log_note(task)}")
-            return exit_codes.INVALID if exit_codes.normalize(code) == exit_codes.INVALID else exit_codes.FAILED
+            return (
+                exit_codes.INVALID if exit_codes.normalize(code) == exit_codes.INVALID else exit_codes.FAILED
+            )
         if self.first_failure is None:
             self.first_failure = cause
         if self.restarts >= self.max_restarts:
             root = "" if self.restarts == 0 else f"; the first failure (root cause): {self.first_failure}"
-            self.say(f"{cause}; no restart left (--max_restarts {self.max_restarts}); stopping every task{root}"
-                     f"{self._log_note(task)}")
+            self.say(
+                f"{cause}; no restart left (--max_restarts {self.max_restarts}); stopping every task{root}"
+                f"{self._log_note(task)}"
+            )
             return exit_codes.FAILED
         self.restarts += 1
         wait = backoff_s(self.restarts)

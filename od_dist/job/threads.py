@@ -83,13 +83,24 @@ def roles_sharing(cluster: Cluster | None, task: Task | None) -> list[str]:
     return [t.role for t in cluster.tasks() if _same_machine(t.address.host, task.address.host)]
 
 
-def resolve(cluster: Cluster | None, task: Task | None, strategy: str, intra_op: int | None = None,
-            inter_op: int | None = None, data: int | None = None, cores: int | None = None) -> Threads:
+def resolve(
+    cluster: Cluster | None,
+    task: Task | None,
+    strategy: str,
+    intra_op: int | None = None,
+    inter_op: int | None = None,
+    data: int | None = None,
+    cores: int | None = None,
+) -> Threads:
     """This task's threads: each flag the user gave (None: not given) over the default budget."""
-    auto = budget(cores or machine_cores(), task.role if task else "single", strategy, roles_sharing(cluster, task))
-    return Threads(auto.intra_op if intra_op is None else intra_op,
-                   auto.inter_op if inter_op is None else inter_op,
-                   auto.data if data is None else data)
+    auto = budget(
+        cores or machine_cores(), task.role if task else "single", strategy, roles_sharing(cluster, task)
+    )
+    return Threads(
+        auto.intra_op if intra_op is None else intra_op,
+        auto.inter_op if inter_op is None else inter_op,
+        auto.data if data is None else data,
+    )
 
 
 def apply(threads: Threads, label: str) -> Threads:
@@ -108,8 +119,11 @@ def apply(threads: Threads, label: str) -> Threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
     if threads.inter_op:
         tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
-    applied = Threads(tf.config.threading.get_intra_op_parallelism_threads(),
-                      tf.config.threading.get_inter_op_parallelism_threads(), threads.data)
+    applied = Threads(
+        tf.config.threading.get_intra_op_parallelism_threads(),
+        tf.config.threading.get_inter_op_parallelism_threads(),
+        threads.data,
+    )
     print(f"{label}: threads {applied.describe()} ({machine_cores()} cores)", flush=True)
     return applied
 

@@ -26,9 +26,9 @@ import math
 import os
 import re
 import time
-from typing import Any, Optional
+from typing import Any
 
-_PREFIX = 'od-dist'
+_PREFIX = "od-dist"
 
 
 class TrainerError(RuntimeError):
@@ -42,68 +42,78 @@ class ResumeMismatch(TrainerError):
 class Stopped(Exception):
     """Training stopped on a signal after saving a checkpoint; ``code`` is the exit status."""
 
-    def __init__(self, code: int, step: int, path: Optional[str], why: str):
+    def __init__(self, code: int, step: int, path: str | None, why: str):
         super().__init__(why)
         self.code, self.step, self.path, self.why = code, step, path, why
 
 
 def _format_eta(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
-        return '?'
+        return "?"
     seconds = int(round(seconds))
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     if h:
-        return f'{h}h{m:02d}m'
+        return f"{h}h{m:02d}m"
     if m:
-        return f'{m}m{s:02d}s'
-    return f'{s}s'
+        return f"{m}m{s:02d}s"
+    return f"{s}s"
 
 
-def _scalar(value) -> Optional[float]:
+def _scalar(value) -> float | None:
     try:
-        import orbit  # pylint: disable=g-import-not-at-top
+        import orbit
+
         return float(orbit.utils.get_value(value))
     except (TypeError, ValueError):
         return None
 
 
-COCO_KEYS = ('AP', 'AP50', 'AP75', 'APs', 'APm', 'APl',
-             'ARmax1', 'ARmax10', 'ARmax100', 'ARs', 'ARm', 'ARl')
+COCO_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "ARmax1", "ARmax10", "ARmax100", "ARs", "ARm", "ARl")
 
 
 def _controller_cls():
     """Builds the Controller subclass lazily (orbit imports TensorFlow)."""
-    import orbit  # pylint: disable=g-import-not-at-top
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from absl import logging  # pylint: disable=g-import-not-at-top
-    from orbit import controller as orbit_controller  # pylint: disable=g-import-not-at-top
+    import orbit
+    import tensorflow as tf
+    from absl import logging
+    from orbit import controller as orbit_controller
 
     # orbit prints every loop's and every evaluation's whole output dict; the od-dist progress and
     # eval lines say it in one line, so those go to the absl INFO log only (orbit 2.20's module-level _log; its other messages,
     # checkpoint saves and restores, still print).
-    printing_log = orbit_controller._log  # pylint: disable=protected-access
-    if not getattr(printing_log, 'od_dist', False):
+    printing_log = orbit_controller._log
+    if not getattr(printing_log, "od_dist", False):
+
         def quiet_train_log(message: str):
-            if '| output:' in message:  # train and eval dicts; the eval one is a screenful
+            if "| output:" in message:  # train and eval dicts; the eval one is a screenful
                 logging.info(message)
             else:
                 printing_log(message)
+
         quiet_train_log.od_dist = True
-        orbit_controller._log = quiet_train_log  # pylint: disable=protected-access
+        orbit_controller._log = quiet_train_log
 
     class OdController(orbit.Controller):
         """orbit.Controller plus progress lines, eval JSON, and a bounded continuous eval."""
 
-        def __init__(self, *args, od_model_dir: str, od_batch_size: int,
-                     od_train_steps: int, od_keep_waiting=None, od_stop=None, **kwargs):
+        def __init__(
+            self,
+            *args,
+            od_model_dir: str,
+            od_batch_size: int,
+            od_train_steps: int,
+            od_keep_waiting=None,
+            od_stop=None,
+            **kwargs,
+        ):
             self._od_keep_waiting = od_keep_waiting
             self._od_stop = od_stop
             self._od_model_dir = od_model_dir
             self._od_batch = od_batch_size
             self._od_train_steps = od_train_steps
             self._od_last_train_output: dict = {}
-            self.last_eval: Optional[dict] = None
+            self.last_eval: dict | None = None
             super().__init__(*args, **kwargs)
             if self.trainer is not None:
                 self.train_actions = tuple(self.train_actions) + (self._od_capture,)
@@ -115,8 +125,11 @@ def _controller_cls():
             manager = self.checkpoint_manager
             if self.trainer is not None and checkpoint_path is None:  # training starts here
                 self._od_check_same_start(tf.train.latest_checkpoint(self._od_model_dir))
-            if (checkpoint_path is None and manager is not None and
-                os.path.abspath(manager.directory) != os.path.abspath(self._od_model_dir)):
+            if (
+                checkpoint_path is None
+                and manager is not None
+                and os.path.abspath(manager.directory) != os.path.abspath(self._od_model_dir)
+            ):
                 checkpoint_path = tf.train.latest_checkpoint(self._od_model_dir)
             if self.trainer is None and manager is not None:
                 # Evaluation only: the optimizer's slots are not needed; say so, rather
@@ -125,7 +138,7 @@ def _controller_cls():
                 if checkpoint_path:
                     with self.strategy.scope():
                         manager.checkpoint.restore(checkpoint_path).expect_partial()
-                    print(f'{_PREFIX} eval | restored {checkpoint_path}', flush=True)
+                    print(f"{_PREFIX} eval | restored {checkpoint_path}", flush=True)
                     return checkpoint_path
             return super().restore_checkpoint(checkpoint_path)
 
@@ -139,24 +152,24 @@ def _controller_cls():
             if not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
                 return [(me, *values)]
             row = [_trainer_id(self.strategy), *values]
-            gathered = self.strategy.gather(
-                self.strategy.run(lambda: tf.constant([row], tf.int64)), axis=0)
+            gathered = self.strategy.gather(self.strategy.run(lambda: tf.constant([row], tf.int64)), axis=0)
             rows = {tuple(int(v) for v in r) for r in gathered.numpy().tolist()}  # one per replica
             names = _trainer_names(self.strategy)
             return sorted((names[r[0]], *r[1:]) for r in rows)
 
-        def _od_check_same_start(self, latest: Optional[str]):
+        def _od_check_same_start(self, latest: str | None):
             """Before any restore (restoring is itself collective under multi_worker_mirrored,
             and trainers that restore different steps fail in it or train apart): every trainer
             must find the same latest checkpoint in model_dir."""
-            step = int(latest.rsplit('-', 1)[1]) if latest else 0
+            step = int(latest.rsplit("-", 1)[1]) if latest else 0
             starts = self._od_all_trainers(step)
             if len({s for _, s in starts}) > 1:
-                shown = ', '.join(f'{name} at step {s}' for name, s in starts)
+                shown = ", ".join(f"{name} at step {s}" for name, s in starts)
                 raise ResumeMismatch(
-                    f'--model_dir: {self._od_model_dir!r}: the trainers would resume from different steps '
-                    f'({shown}; 0: no checkpoint): each must see the checkpoints the master writes there; '
-                    'give every trainer the same shared folder (a network share) as --model_dir')
+                    f"--model_dir: {self._od_model_dir!r}: the trainers would resume from different steps "
+                    f"({shown}; 0: no checkpoint): each must see the checkpoints the master writes there; "
+                    "give every trainer the same shared folder (a network share) as --model_dir"
+                )
 
         def _od_stop_if_asked(self):
             """At a loop boundary: if any trainer got a stop signal, every trainer saves a
@@ -169,13 +182,17 @@ def _controller_cls():
             step = int(self.global_step.numpy())
             path = None
             if self.checkpoint_manager is not None:
-                path = self.checkpoint_manager.save(checkpoint_number=step, check_interval=False,
-                                                    options=self._checkpoint_options)
+                path = self.checkpoint_manager.save(
+                    checkpoint_number=step, check_interval=False, options=self._checkpoint_options
+                )
             self._sync_on_async_checkpointing()
             if not self.strategy.extended.should_checkpoint:
                 path = None  # a multi_worker_mirrored worker's copy, in a temporary folder
-            why = (self._od_stop.name if self._od_stop.requested else
-                   ', '.join(f'{name} was stopped' for name, _ in asked))
+            why = (
+                self._od_stop.name
+                if self._od_stop.requested
+                else ", ".join(f"{name} was stopped" for name, _ in asked)
+            )
             raise Stopped(max(code for _, code in asked), step, path, why)
 
         def _train_n_steps(self, num_steps: int):
@@ -190,27 +207,29 @@ def _controller_cls():
             step = int(self.global_step.numpy())
             rate = (step - step0) / elapsed
             out = self._od_last_train_output
-            loss = _scalar(out.get('total_loss', out.get('training_loss')))
+            loss = _scalar(out.get("total_loss", out.get("training_loss")))
             target = self._od_train_steps
             pct = 100.0 * step / target if target else 0.0
-            eta = (target - step) / rate if rate > 0 else float('inf')
-            loss_s = f'{loss:.4f}' if loss is not None else '?'
-            print(f'{_PREFIX} train | step {step}/{target} ({pct:.0f}%) | loss {loss_s} | '
-                  f'{rate:.2f} steps/s | {rate * self._od_batch:.1f} examples/s | '
-                  f'ETA {_format_eta(eta)}', flush=True)
+            eta = (target - step) / rate if rate > 0 else float("inf")
+            loss_s = f"{loss:.4f}" if loss is not None else "?"
+            print(
+                f"{_PREFIX} train | step {step}/{target} ({pct:.0f}%) | loss {loss_s} | "
+                f"{rate:.2f} steps/s | {rate * self._od_batch:.1f} examples/s | "
+                f"ETA {_format_eta(eta)}",
+                flush=True,
+            )
 
         def evaluate(self, steps: int = -1):
             output = super().evaluate(steps)
             step = int(self.global_step.numpy())
-            metrics: dict[str, Any] = {'step': step}
+            metrics: dict[str, Any] = {"step": step}
             for k, v in (output or {}).items():
                 f = _scalar(v)
                 if f is not None:
                     metrics[k] = f
             _write_metrics(self._od_model_dir, metrics)
-            shown = ' | '.join(f'{k} {metrics[k]:.3f}' for k in ('AP', 'AP50', 'AP75')
-                               if k in metrics)
-            print(f'{_PREFIX} eval | step {step} | {shown}', flush=True)
+            shown = " | ".join(f"{k} {metrics[k]:.3f}" for k in ("AP", "AP50", "AP75") if k in metrics)
+            print(f"{_PREFIX} eval | step {step} | {shown}", flush=True)
             self.last_eval = metrics
             return output
 
@@ -228,20 +247,19 @@ def _controller_cls():
                     self.restore_checkpoint(path)
                 except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
                     # Rotated away (max_to_keep) before we read it: wait for the next one.
-                    print(f'{_PREFIX} eval | skipping {path}: {type(e).__name__}', flush=True)
+                    print(f"{_PREFIX} eval | skipping {path}: {type(e).__name__}", flush=True)
                     continue
                 output = self.evaluate(steps)
                 if int(self.global_step.numpy()) >= self._od_train_steps:
                     return output
-            print(f'{_PREFIX} eval | no new checkpoint in {directory} for {timeout} s; '
-                  'stopping', flush=True)
+            print(f"{_PREFIX} eval | no new checkpoint in {directory} for {timeout} s; stopping", flush=True)
             return output
 
     return OdController
 
 
 def _resolver(strategy):
-    return getattr(strategy, '_cluster_resolver', None) or getattr(strategy, 'cluster_resolver', None)
+    return getattr(strategy, "_cluster_resolver", None) or getattr(strategy, "cluster_resolver", None)
 
 
 def _trainer_names(strategy) -> list:
@@ -249,15 +267,17 @@ def _trainer_names(strategy) -> list:
     resolver = _resolver(strategy)
     spec = resolver.cluster_spec() if resolver else None
     if not spec or not spec.jobs:
-        return ['single']
-    return ['master:0'] + [f'worker:{i}' for i in range(spec.num_tasks('worker') if 'worker' in spec.jobs else 0)]
+        return ["single"]
+    return ["master:0"] + [
+        f"worker:{i}" for i in range(spec.num_tasks("worker") if "worker" in spec.jobs else 0)
+    ]
 
 
 def _trainer_id(strategy) -> int:
     resolver = _resolver(strategy)
     if not resolver or not resolver.cluster_spec().jobs:
         return 0
-    return 0 if resolver.task_type == 'chief' else int(resolver.task_id) + 1
+    return 0 if resolver.task_type == "chief" else int(resolver.task_id) + 1
 
 
 def _trainer_name(strategy) -> str:
@@ -266,14 +286,17 @@ def _trainer_name(strategy) -> str:
 
 def _num_ps_workers(strategy) -> int:
     """Workers of a ParameterServerStrategy (0 for any other strategy)."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return 0
-    resolver = (getattr(strategy, '_cluster_resolver', None) or  # set by TF 2.20
-                strategy.cluster_resolver)
+    resolver = (
+        getattr(strategy, "_cluster_resolver", None)  # set by TF 2.20
+        or strategy.cluster_resolver
+    )
     if resolver is None:
-        return int(getattr(strategy, '_num_workers', 1))
-    return resolver.cluster_spec().num_tasks('worker')
+        return int(getattr(strategy, "_num_workers", 1))
+    return resolver.cluster_spec().num_tasks("worker")
 
 
 def _spread_trainer_cls():
@@ -284,21 +307,20 @@ def _spread_trainer_cls():
     splits the loop's steps into one closure per worker; the coordinator still joins
     at the end of the loop, so global_step, summaries and checkpoints are unchanged.
     """
-    import orbit  # pylint: disable=g-import-not-at-top
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from official.core import base_trainer  # pylint: disable=g-import-not-at-top
+    import orbit
+    import tensorflow as tf
+    from official.core import base_trainer
 
     class SpreadTrainer(base_trainer.Trainer):
-
         def create_train_loop_fn(self):
-            if not getattr(self, '_is_async', False):
+            if not getattr(self, "_is_async", False):
                 return super().create_train_loop_fn()
             loop_fn = orbit.StandardTrainer.create_train_loop_fn(self)
             workers = max(1, _num_ps_workers(self.strategy))
             coordinator = self.coordinator_for_async()
 
             def spread_loop_fn(iterator, num_steps):
-                total = int(num_steps.numpy() if hasattr(num_steps, 'numpy') else num_steps)
+                total = int(num_steps.numpy() if hasattr(num_steps, "numpy") else num_steps)
                 base, extra = divmod(total, workers)
                 for i in range(workers):
                     n = base + (1 if i < extra else 0)
@@ -311,62 +333,82 @@ def _spread_trainer_cls():
 
 
 def _write_metrics(model_dir: str, metrics: dict) -> None:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    text = json.dumps(metrics, indent=2, sort_keys=True) + '\n'
-    vdir = os.path.join(model_dir, 'validation')
+    import tensorflow as tf
+
+    text = json.dumps(metrics, indent=2, sort_keys=True) + "\n"
+    vdir = os.path.join(model_dir, "validation")
     tf.io.gfile.makedirs(vdir)
-    for path in (os.path.join(vdir, f"metrics-{metrics['step']}.json"),
-                 os.path.join(model_dir, 'eval_metrics.json')):
-        tmp = path + '.tmp'
-        with tf.io.gfile.GFile(tmp, 'w') as f:
+    for path in (
+        os.path.join(vdir, f"metrics-{metrics['step']}.json"),
+        os.path.join(model_dir, "eval_metrics.json"),
+    ):
+        tmp = path + ".tmp"
+        with tf.io.gfile.GFile(tmp, "w") as f:
             f.write(text)
         tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def _prepare(params) -> None:
-    import official.vision  # pylint: disable=g-import-not-at-top,unused-import  # registers tasks
-    from official.modeling import performance  # pylint: disable=g-import-not-at-top
+    import official.vision  # noqa: F401 (registers the detection tasks)
+    from official.modeling import performance
+
     if params.runtime.mixed_precision_dtype:
         performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
 
 
 def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None, data_threads: int = 0, stop=None):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from official.core import task_factory  # pylint: disable=g-import-not-at-top
-    from official.core import train_lib  # pylint: disable=g-import-not-at-top
-    from official.core import train_utils  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+    from official.core import (
+        task_factory,
+        train_lib,
+        train_utils,
+    )
+
     _prepare(params)
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         task = task_factory.get_task(params.task, logging_dir=model_dir)
         if data_threads:
-            from od_dist.job import threads  # pylint: disable=g-import-not-at-top
+            from od_dist.job import threads
+
             task.build_inputs = threads.with_data_threads(task.build_inputs, data_threads)
         trainer_obj = None
-        if mode == 'train' and _num_ps_workers(strategy) > 1:
+        if mode == "train" and _num_ps_workers(strategy) > 1:
             trainer_obj = train_utils.create_trainer(
-                params, task, train=True, evaluate=False,
-                checkpoint_exporter=train_utils.maybe_create_best_ckpt_exporter(
-                    params, model_dir),
-                trainer_cls=_spread_trainer_cls())
+                params,
+                task,
+                train=True,
+                evaluate=False,
+                checkpoint_exporter=train_utils.maybe_create_best_ckpt_exporter(params, model_dir),
+                trainer_cls=_spread_trainer_cls(),
+            )
     controller_cls = functools.partial(
-        _controller_cls(), od_model_dir=model_dir,
+        _controller_cls(),
+        od_model_dir=model_dir,
         od_batch_size=int(params.task.train_data.global_batch_size),
         od_train_steps=int(params.trainer.train_steps),
-        od_keep_waiting=keep_waiting, od_stop=stop)
+        od_keep_waiting=keep_waiting,
+        od_stop=stop,
+    )
     holder = {}
 
     def make_controller(**kwargs):
-        holder['controller'] = controller_cls(**kwargs)
-        return holder['controller']
+        holder["controller"] = controller_cls(**kwargs)
+        return holder["controller"]
 
     train_lib.run_experiment(
-        distribution_strategy=strategy, task=task, mode=mode, params=params,
-        model_dir=model_dir, controller_cls=make_controller, trainer=trainer_obj)
-    return holder['controller']
+        distribution_strategy=strategy,
+        task=task,
+        mode=mode,
+        params=params,
+        model_dir=model_dir,
+        controller_cls=make_controller,
+        trainer=trainer_obj,
+    )
+    return holder["controller"]
 
 
-def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = 'single') -> int:
+def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = "single") -> int:
     """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``; returns the
     final step.
 
@@ -376,29 +418,33 @@ def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = 's
     tf.data thread pool (--data_threads). SIGTERM/SIGINT/SIGBREAK stop it at the end of the
     current loop with a checkpoint: raises Stopped (see od_dist.job.stop).
     """
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from official.core import train_utils  # pylint: disable=g-import-not-at-top
-    from od_dist.job import stop as stop_mod  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+    from official.core import train_utils
+
+    from od_dist.job import stop as stop_mod
+
     strategy = strategy or tf.distribute.get_strategy()
     tf.io.gfile.makedirs(model_dir)
     if strategy.extended.should_checkpoint:
         train_utils.serialize_config(params, model_dir)
         for path in clean_partial_checkpoints(model_dir):
-            print(f'{_PREFIX} train | removed {path}, left by a save that did not finish', flush=True)
+            print(f"{_PREFIX} train | removed {path}, left by a save that did not finish", flush=True)
     # Model Garden's own SIGTERM handler (SaveCheckpointIfPreempted, multi_worker_mirrored only)
     # saves one loop later and keeps training; od-dist's stop replaces it.
     params = params.replace()
-    params.override({'trainer': {'preemption_on_demand_checkpoint': False}}, is_strict=True)
+    params.override({"trainer": {"preemption_on_demand_checkpoint": False}}, is_strict=True)
     start = time.time()
     with stop_mod.StopRequest(who) as stop:
-        controller = _run(params, model_dir, strategy, 'train', data_threads=data_threads, stop=stop)
+        controller = _run(params, model_dir, strategy, "train", data_threads=data_threads, stop=stop)
     step = int(controller.global_step.numpy())
-    print(f'{_PREFIX} train | done at step {step} in {time.time() - start:.1f} s; '
-          f'checkpoints in {model_dir}', flush=True)
+    print(
+        f"{_PREFIX} train | done at step {step} in {time.time() - start:.1f} s; checkpoints in {model_dir}",
+        flush=True,
+    )
     return step
 
 
-_CHECKPOINT_FILE = re.compile(r'^(ckpt-(\d+))(\.index|\.data-\d+-of-\d+|_temp)$')
+_CHECKPOINT_FILE = re.compile(r"^(ckpt-(\d+))(\.index|\.data-\d+-of-\d+|_temp)$")
 
 
 def clean_partial_checkpoints(model_dir: str) -> list:
@@ -411,21 +457,22 @@ def clean_partial_checkpoints(model_dir: str) -> list:
     every reader (restore, the evaluator) uses; so a ``ckpt-N`` newer than the latest one named
     there, temporary shards, and ``*.tempstate*`` files are leftovers, never read.
     """
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+
     if not tf.io.gfile.isdir(model_dir):
         return []
     state = tf.train.get_checkpoint_state(model_dir)
     named = [state.model_checkpoint_path, *state.all_model_checkpoint_paths] if state else []
-    named_steps = {int(m.group(2)) for m in (_CHECKPOINT_FILE.match(os.path.basename(p) + '.index')
-                                               for p in named) if m}
+    named_steps = {
+        int(m.group(2)) for m in (_CHECKPOINT_FILE.match(os.path.basename(p) + ".index") for p in named) if m
+    }
     newest = max(named_steps, default=-1)
     removed = []
     for name in sorted(tf.io.gfile.listdir(model_dir)):
-        name = name.rstrip('/')
+        name = name.rstrip("/")
         path = os.path.join(model_dir, name)
         m = _CHECKPOINT_FILE.match(name)
-        partial = ('.tempstate' in name or
-                   (m and (m.group(3) == '_temp' or int(m.group(2)) > newest)))
+        partial = ".tempstate" in name or (m and (m.group(3) == "_temp" or int(m.group(2)) > newest))
         if not partial:
             continue
         if tf.io.gfile.isdir(path):
@@ -439,8 +486,10 @@ def clean_partial_checkpoints(model_dir: str) -> list:
 def _eval_params(params):
     """A copy for in-process evaluation: plain loop, whole validation split allowed."""
     params = params.replace()
-    params.override({'trainer': {'eval_tf_while_loop': False},
-                     'runtime': {'distribution_strategy': 'mirrored'}}, is_strict=True)
+    params.override(
+        {"trainer": {"eval_tf_while_loop": False}, "runtime": {"distribution_strategy": "mirrored"}},
+        is_strict=True,
+    )
     return params
 
 
@@ -451,20 +500,21 @@ def evaluate_latest(params, model_dir: str) -> dict:
     validation losses) as floats, and writes them to ``<model_dir>/eval_metrics.json``,
     ``<model_dir>/validation/metrics-STEP.json`` and TensorBoard (``validation/``).
     """
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+
     latest = tf.train.latest_checkpoint(model_dir)
     if not latest:
         raise TrainerError(
             f"model_dir '{model_dir}': no checkpoint to evaluate; train first "
-            '(or pass the model_dir the trainer writes)')
-    controller = _run(_eval_params(params), model_dir, None, 'eval')
+            "(or pass the model_dir the trainer writes)"
+        )
+    controller = _run(_eval_params(params), model_dir, None, "eval")
     if controller.last_eval is None:
         raise TrainerError(f"model_dir '{model_dir}': evaluation produced no metrics")
     return controller.last_eval
 
 
-def continuous_eval(params, model_dir: str, timeout_s: float,
-                    keep_waiting=None) -> Optional[dict]:
+def continuous_eval(params, model_dir: str, timeout_s: float, keep_waiting=None) -> dict | None:
     """Evaluator sidecar: evaluates each new checkpoint in ``model_dir``.
 
     Returns the metrics of the last evaluation right after the checkpoint at
@@ -473,10 +523,10 @@ def continuous_eval(params, model_dir: str, timeout_s: float,
     (a callable), it is asked every ``timeout_s`` seconds without a new checkpoint,
     and evaluation goes on waiting while it returns True.
     """
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+
     tf.io.gfile.makedirs(model_dir)
     params = _eval_params(params)
-    params.override({'trainer': {'continuous_eval_timeout': int(math.ceil(timeout_s))}},
-                    is_strict=True)
-    controller = _run(params, model_dir, None, 'continuous_eval', keep_waiting)
+    params.override({"trainer": {"continuous_eval_timeout": int(math.ceil(timeout_s))}}, is_strict=True)
+    controller = _run(params, model_dir, None, "continuous_eval", keep_waiting)
     return controller.last_eval

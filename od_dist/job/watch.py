@@ -40,7 +40,7 @@ class Watch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="od-dist-peer-watch", daemon=True)
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         if self.groups:
             self._thread.start()
         return self

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 
-LABEL_MAP_FILE = 'label_map.pbtxt'
+LABEL_MAP_FILE = "label_map.pbtxt"
 
 
 class ExportError(RuntimeError):
@@ -25,7 +25,7 @@ class ExportError(RuntimeError):
 
 def find_label_map(params) -> str | None:
     """label_map.pbtxt beside the training records (where the converters and `data shapes` put it)."""
-    for pattern in str(params.task.train_data.input_path or '').split(','):
+    for pattern in str(params.task.train_data.input_path or "").split(","):
         files = sorted(glob.glob(pattern.strip())) if pattern.strip() else []
         for d in {os.path.dirname(f) for f in files} or {os.path.dirname(pattern.strip())}:
             path = os.path.join(d, LABEL_MAP_FILE)
@@ -34,45 +34,60 @@ def find_label_map(params) -> str | None:
     return None
 
 
-def export(params, model_dir: str, out_dir: str, checkpoint: str | None = None,
-           labels: str | None = None) -> dict:
+def export(
+    params, model_dir: str, out_dir: str, checkpoint: str | None = None, labels: str | None = None
+) -> dict:
     """Exports the latest checkpoint of ``model_dir`` (or ``checkpoint``) to ``out_dir``.
     Returns {'checkpoint', 'out', 'label_map' (or None), 'input_size'}."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
 
     if checkpoint:
         ckpt = checkpoint
-        if not (tf.io.gfile.exists(ckpt + '.index') or os.path.isdir(ckpt)):
-            raise ExportError(f"--checkpoint: '{ckpt}': no such checkpoint; pass a path like "
-                              f'{model_dir}/ckpt-1000 (without .index)')
+        if not (tf.io.gfile.exists(ckpt + ".index") or os.path.isdir(ckpt)):
+            raise ExportError(
+                f"--checkpoint: '{ckpt}': no such checkpoint; pass a path like "
+                f"{model_dir}/ckpt-1000 (without .index)"
+            )
         if os.path.isdir(ckpt):
             ckpt = tf.train.latest_checkpoint(ckpt)
     else:
         ckpt = tf.train.latest_checkpoint(model_dir) if os.path.isdir(model_dir) else None
     if not ckpt:
-        raise ExportError(f"--model_dir: '{model_dir}': no checkpoint to export; train first "
-                          '(od-dist train ... --model_dir) or pass --checkpoint')
+        raise ExportError(
+            f"--model_dir: '{model_dir}': no checkpoint to export; train first "
+            "(od-dist train ... --model_dir) or pass --checkpoint"
+        )
     label_map = labels or find_label_map(params)
     if labels and not os.path.isfile(labels):
-        raise ExportError(f"--labels: '{labels}': no such file; pass the label_map.pbtxt of the training "
-                          'data')
-    from official.vision.serving import export_saved_model_lib  # pylint: disable=g-import-not-at-top
+        raise ExportError(
+            f"--labels: '{labels}': no such file; pass the label_map.pbtxt of the training data"
+        )
+    from official.vision.serving import export_saved_model_lib
 
-    tf.get_logger().setLevel('ERROR')  # a page of "Skipping full serialization of layer" warnings
+    tf.get_logger().setLevel("ERROR")  # a page of "Skipping full serialization of layer" warnings
     params.task.export_config.output_normalized_coordinates = True
     size = list(params.task.model.input_size[:2])
     out_dir = os.path.normpath(out_dir)
-    if os.path.exists(out_dir) and not (os.path.isdir(out_dir) and (
-            not os.listdir(out_dir) or os.path.isfile(os.path.join(out_dir, 'saved_model.pb')))):
-        raise ExportError(f"--out: '{out_dir}': exists and is not an earlier export; choose another --out "
-                          '(an earlier export there would be replaced)')
+    if os.path.exists(out_dir) and not (
+        os.path.isdir(out_dir)
+        and (not os.listdir(out_dir) or os.path.isfile(os.path.join(out_dir, "saved_model.pb")))
+    ):
+        raise ExportError(
+            f"--out: '{out_dir}': exists and is not an earlier export; choose another --out "
+            "(an earlier export there would be replaced)"
+        )
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(out_dir)}.partial-', dir=parent)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
     try:
         export_saved_model_lib.export_inference_graph(
-            input_type='image_tensor', batch_size=1, input_image_size=size, params=params,
-            checkpoint_path=ckpt, export_dir=staging)
+            input_type="image_tensor",
+            batch_size=1,
+            input_image_size=size,
+            params=params,
+            checkpoint_path=ckpt,
+            export_dir=staging,
+        )
         if label_map:
             shutil.copyfile(label_map, os.path.join(staging, LABEL_MAP_FILE))
         umask = os.umask(0)
@@ -83,4 +98,4 @@ def export(params, model_dir: str, out_dir: str, checkpoint: str | None = None,
         os.rename(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return {'checkpoint': ckpt, 'out': out_dir, 'label_map': label_map, 'input_size': size}
+    return {"checkpoint": ckpt, "out": out_dir, "label_map": label_map, "input_size": size}

@@ -27,17 +27,18 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
 from od_dist.cluster import safe_yaml
 
-STRATEGIES = ('parameter_server', 'multi_worker_mirrored', 'mirrored')
+STRATEGIES = ("parameter_server", "multi_worker_mirrored", "mirrored")
 # Model Garden's own name for "one device, no strategy"; fine wherever 'mirrored' is.
-_SINGLE_MACHINE_ALIASES = ('one_device',)
-_TOP_LEVEL = ('experiment', 'task', 'trainer', 'runtime')
-_DETECTION_PREFIXES = ('retinanet', 'fasterrcnn', 'maskrcnn', 'cascadercnn')
+_SINGLE_MACHINE_ALIASES = ("one_device",)
+_TOP_LEVEL = ("experiment", "task", "trainer", "runtime")
+_DETECTION_PREFIXES = ("retinanet", "fasterrcnn", "maskrcnn", "cascadercnn")
 
 
 class PipelineError(ValueError):
@@ -49,12 +50,16 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.add_implicit_resolver(
-    'tag:yaml.org,2002:float',
-    re.compile(r'''^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
     |\.[0-9_]+(?:[eE][-+][0-9]+)?
-    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*)$''', re.X),
-    list('-+0123456789.'))
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*)$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -62,34 +67,37 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
     if close:
         return f"did you mean '{close[0]}'?"
-    shown = ', '.join(choices[:12]) + (', ...' if len(choices) > 12 else '')
-    return f'known keys: {shown}'
+    shown = ", ".join(choices[:12]) + (", ..." if len(choices) > 12 else "")
+    return f"known keys: {shown}"
 
 
 def _read_file(path: str) -> dict:
     if not os.path.isfile(path):
         raise PipelineError(
             f"pipeline '{path}': no such file; pass the path of a pipeline YAML, "
-            "e.g. pipelines/shapes_retinanet.yaml")
+            "e.g. pipelines/shapes_retinanet.yaml"
+        )
     try:
         safe_yaml.load_file(path)  # size cap, no aliases, no duplicate keys
-        with open(path, encoding='utf-8') as f:
+        with open(path, encoding="utf-8") as f:
             doc = yaml.load(f, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
     except safe_yaml.YamlError as e:
         raise PipelineError(f"pipeline '{path}': {e}") from None
     except yaml.YAMLError as e:
-        raise PipelineError(f"pipeline '{path}': invalid YAML: {e}".replace('\n', ' ')) from None
+        raise PipelineError(f"pipeline '{path}': invalid YAML: {e}".replace("\n", " ")) from None
     if not isinstance(doc, dict):
         raise PipelineError(
             f"pipeline '{path}': the file must be a mapping with 'experiment:' and "
-            "task:/trainer:/runtime: sections")
+            "task:/trainer:/runtime: sections"
+        )
     return doc
 
 
 def _parse_override(text: str) -> dict:
     """A Model Garden --params_override value: 'a.b=1,c=x' or YAML/JSON -> dict."""
-    from official.modeling.hyperparams import params_dict  # pylint: disable=g-import-not-at-top
-    shown = text if len(text) < 80 else text[:77] + '...'
+    from official.modeling.hyperparams import params_dict
+
+    shown = text if len(text) < 80 else text[:77] + "..."
     try:
         converted = params_dict.nested_csv_str_to_json_str(text)
     except ValueError:
@@ -101,75 +109,78 @@ def _parse_override(text: str) -> dict:
     if not isinstance(value, dict):
         raise PipelineError(
             f"params_override: '{shown}': not a 'key.sub=value,...' list nor a YAML mapping; "
-            "write e.g. 'trainer.train_steps=200,task.train_data.global_batch_size=16'")
+            "write e.g. 'trainer.train_steps=200,task.train_data.global_batch_size=16'"
+        )
     return value
 
 
 def known_experiments() -> list[str]:
     """Registered Model Garden detection experiments."""
     _import_model_garden()
-    from official.core import exp_factory  # pylint: disable=g-import-not-at-top
-    return sorted(n for n in exp_factory._REGISTERED_CONFIGS  # pylint: disable=protected-access
-                  if n.startswith(_DETECTION_PREFIXES))
+    from official.core import exp_factory
+
+    return sorted(n for n in exp_factory._REGISTERED_CONFIGS if n.startswith(_DETECTION_PREFIXES))
 
 
 def _import_model_garden() -> None:
-    import official.vision  # pylint: disable=g-import-not-at-top,unused-import  # registers
+    import official.vision  # noqa: F401 (registers the detection experiments)
 
 
 def _is_config(obj) -> bool:
-    from official.modeling.hyperparams import base_config  # pylint: disable=g-import-not-at-top
+    from official.modeling.hyperparams import base_config
+
     return isinstance(obj, base_config.Config)
 
 
-def _check_keys(config, override: dict, source: str, prefix: str = '') -> None:
+def _check_keys(config, override: dict, source: str, prefix: str = "") -> None:
     """Unknown keys and obviously wrong value types, named by their dotted path."""
     for key, value in override.items():
-        dotted = f'{prefix}{key}'
-        if not isinstance(key, str) or key not in config.__dict__ or key.startswith('_'):
-            known = [k for k in config.__dict__ if not k.startswith('_')]
-            raise PipelineError(
-                f'{source}: {dotted}: unknown key; {_did_you_mean(key, known)}')
+        dotted = f"{prefix}{key}"
+        if not isinstance(key, str) or key not in config.__dict__ or key.startswith("_"):
+            known = [k for k in config.__dict__ if not k.startswith("_")]
+            raise PipelineError(f"{source}: {dotted}: unknown key; {_did_you_mean(key, known)}")
         current = config.__dict__[key]
         if isinstance(value, dict):
             if _is_config(current):
-                _check_keys(current, value, source, dotted + '.')
+                _check_keys(current, value, source, dotted + ".")
             elif current is not None and not isinstance(current, dict):
                 raise PipelineError(
                     f"{source}: {dotted}: a mapping was given but it holds a value "
-                    f"(default {current!r}); write '{dotted}: VALUE'")
+                    f"(default {current!r}); write '{dotted}: VALUE'"
+                )
             continue
         if value is None or current is None:
             continue
         if isinstance(current, bool):
             ok = isinstance(value, bool)
-            want = 'true or false'
+            want = "true or false"
         elif isinstance(current, (int, float)):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            want = 'a number'
+            want = "a number"
         elif isinstance(current, str):
             ok = isinstance(value, str)
-            want = 'a string'
+            want = "a string"
         else:
-            ok, want = True, ''
+            ok, want = True, ""
         if not ok:
             raise PipelineError(
-                f"{source}: {dotted}: '{value}': expects {want} (default {current!r}); "
-                'fix the value')
+                f"{source}: {dotted}: '{value}': expects {want} (default {current!r}); fix the value"
+            )
 
 
 def _apply(params, override: dict, source: str) -> None:
-    from official.modeling import hyperparams  # pylint: disable=g-import-not-at-top
+    from official.modeling import hyperparams
+
     _check_keys(params, override, source)
     try:
         hyperparams.override_params_dict(params, override, is_strict=True)
     except (KeyError, ValueError, TypeError, AttributeError) as e:
         msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
-        raise PipelineError(f'{source}: cannot apply: {msg}'.replace('\n', ' ')) from None
+        raise PipelineError(f"{source}: cannot apply: {msg}".replace("\n", " ")) from None
 
 
 def _get(d: dict, dotted: str):
-    for part in dotted.split('.'):
+    for part in dotted.split("."):
         if not isinstance(d, dict) or part not in d:
             return None
         d = d[part]
@@ -178,30 +189,30 @@ def _get(d: dict, dotted: str):
 
 def _reconcile_strategy(params, strategy: str | None, explicit: dict[str, tuple[str, Any]]) -> None:
     """Makes runtime/trainer settings agree with the cluster's strategy, or refuses."""
-    key = 'runtime.distribution_strategy'
+    key = "runtime.distribution_strategy"
     if strategy is None:
         return
     if key in explicit:
         source, value = explicit[key]
-        compatible = value == strategy or (
-            strategy == 'mirrored' and value in _SINGLE_MACHINE_ALIASES)
+        compatible = value == strategy or (strategy == "mirrored" and value in _SINGLE_MACHINE_ALIASES)
         if not compatible:
             raise PipelineError(
                 f"{source}: {key}: '{value}': contradicts the cluster's strategy "
-                f"'{strategy}'; remove {key} from {source} (the cluster file decides it)")
+                f"'{strategy}'; remove {key} from {source} (the cluster file decides it)"
+            )
     params.runtime.distribution_strategy = strategy
-    if strategy == 'parameter_server':
-        ekey = 'trainer.eval_tf_while_loop'
+    if strategy == "parameter_server":
+        ekey = "trainer.eval_tf_while_loop"
         if ekey in explicit and explicit[ekey][1] is not True:
             source, value = explicit[ekey]
             raise PipelineError(
                 f"{source}: {ekey}: '{value}': parameter_server needs it true (Model Garden "
-                f"schedules whole eval loops on workers); remove it or set {ekey}: true")
+                f"schedules whole eval loops on workers); remove it or set {ekey}: true"
+            )
         params.trainer.eval_tf_while_loop = True
 
 
-def _explicit_keys(doc: dict, source: str, keys: Iterable[str],
-                   out: dict[str, tuple[str, Any]]) -> None:
+def _explicit_keys(doc: dict, source: str, keys: Iterable[str], out: dict[str, tuple[str, Any]]) -> None:
     for k in keys:
         v = _get(doc, k)
         if v is not None:
@@ -213,37 +224,39 @@ def _check_params(params, source: str) -> None:
     t = params.trainer
     if t.train_steps <= 0:
         raise PipelineError(
-            f"{source}: trainer.train_steps: '{t.train_steps}': must be > 0; set "
-            'trainer.train_steps')
+            f"{source}: trainer.train_steps: '{t.train_steps}': must be > 0; set trainer.train_steps"
+        )
     if t.steps_per_loop <= 0:
         raise PipelineError(
-            f"{source}: trainer.steps_per_loop: '{t.steps_per_loop}': must be > 0; "
-            'set it (about 100 on CPU)')
+            f"{source}: trainer.steps_per_loop: '{t.steps_per_loop}': must be > 0; set it (about 100 on CPU)"
+        )
     if t.summary_interval and t.summary_interval % t.steps_per_loop:
         raise PipelineError(
             f"{source}: trainer.summary_interval: '{t.summary_interval}': must be a "
-            f'multiple of trainer.steps_per_loop ({t.steps_per_loop}); set it to '
-            f'{max(1, t.summary_interval // t.steps_per_loop) * t.steps_per_loop}')
+            f"multiple of trainer.steps_per_loop ({t.steps_per_loop}); set it to "
+            f"{max(1, t.summary_interval // t.steps_per_loop) * t.steps_per_loop}"
+        )
     if t.checkpoint_interval <= 0:
         raise PipelineError(
             f"{source}: trainer.checkpoint_interval: '{t.checkpoint_interval}': must be "
-            '> 0 (checkpoints are how a run resumes); set it')
-    for split in ('train_data', 'validation_data'):
+            "> 0 (checkpoints are how a run resumes); set it"
+        )
+    for split in ("train_data", "validation_data"):
         data = getattr(params.task, split, None)
         if data is None:
             continue
-        if not data.input_path and not getattr(data, 'tfds_name', ''):
+        if not data.input_path and not getattr(data, "tfds_name", ""):
             raise PipelineError(
                 f"{source}: task.{split}.input_path: '': no data; set it to your "
-                'TFRecords, e.g. data/shapes/train.tfrecord')
+                "TFRecords, e.g. data/shapes/train.tfrecord"
+            )
         if data.global_batch_size <= 0:
             raise PipelineError(
-                f"{source}: task.{split}.global_batch_size: '{data.global_batch_size}': "
-                'must be > 0; set it')
+                f"{source}: task.{split}.global_batch_size: '{data.global_batch_size}': must be > 0; set it"
+            )
 
 
-def load_pipeline(path: str, params_override: str | None = None,
-                  strategy: str | None = None):
+def load_pipeline(path: str, params_override: str | None = None, strategy: str | None = None):
     """Loads a pipeline file into a validated Model Garden ``ExperimentConfig``.
 
     Args:
@@ -260,49 +273,51 @@ def load_pipeline(path: str, params_override: str | None = None,
       PipelineError: with a one-line message naming the key, the value and the fix.
     """
     if strategy is not None and strategy not in STRATEGIES:
-        raise PipelineError(
-            f"strategy: '{strategy}': unknown; use one of {', '.join(STRATEGIES)}")
+        raise PipelineError(f"strategy: '{strategy}': unknown; use one of {', '.join(STRATEGIES)}")
     doc = _read_file(path)
     source = f"pipeline '{path}'"
     for key in doc:
         if key not in _TOP_LEVEL:
-            raise PipelineError(
-                f'{source}: {key}: unknown top-level key; {_did_you_mean(key, _TOP_LEVEL)}')
-    name = doc.get('experiment')
+            raise PipelineError(f"{source}: {key}: unknown top-level key; {_did_you_mean(key, _TOP_LEVEL)}")
+    name = doc.get("experiment")
     if not isinstance(name, str) or not name:
         raise PipelineError(
             f"{source}: experiment: '{name if name is not None else ''}': missing; name the "
-            f"base Model Garden experiment, one of {', '.join(known_experiments())}")
+            f"base Model Garden experiment, one of {', '.join(known_experiments())}"
+        )
     known = known_experiments()
     if name not in known:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'? " if close else ''
+        hint = f"did you mean '{close[0]}'? " if close else ""
         raise PipelineError(
             f"{source}: experiment: '{name}': not a registered detection experiment; "
-            f"{hint}known: {', '.join(known)}")
-    from official.core import exp_factory  # pylint: disable=g-import-not-at-top
+            f"{hint}known: {', '.join(known)}"
+        )
+    from official.core import exp_factory
+
     params = exp_factory.get_exp_config(name)
-    body = {k: v for k, v in doc.items() if k != 'experiment'}
+    body = {k: v for k, v in doc.items() if k != "experiment"}
     for section, value in body.items():
         if not isinstance(value, dict):
             raise PipelineError(
                 f"{source}: {section}: '{value}': must be a mapping of overrides; "
-                f'indent its keys under {section}:')
+                f"indent its keys under {section}:"
+            )
     explicit: dict[str, tuple[str, Any]] = {}
-    watched = ('runtime.distribution_strategy', 'trainer.eval_tf_while_loop')
+    watched = ("runtime.distribution_strategy", "trainer.eval_tf_while_loop")
     _apply(params, body, source)
     _explicit_keys(body, source, watched, explicit)
     if params_override:
         override = _parse_override(params_override)
-        _apply(params, override, 'params_override')
-        _explicit_keys(override, 'params_override', watched, explicit)
+        _apply(params, override, "params_override")
+        _explicit_keys(override, "params_override", watched, explicit)
     _reconcile_strategy(params, strategy, explicit)
     if params_override:
-        source += ' with params_override'
+        source += " with params_override"
     _check_params(params, source)
     try:
         params.validate()
     except (KeyError, ValueError) as e:
         msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
-        raise PipelineError(f'{source}: invalid: {msg}'.replace('\n', ' ')) from None
+        raise PipelineError(f"{source}: invalid: {msg}".replace("\n", " ")) from None
     return params

@@ -53,7 +53,7 @@ HEADER = """\
 """
 CLEAN_PODS = {
     "None": "None: the job ends when the chief is done, but the evaluator still has the final\n"
-            "#   checkpoint to evaluate and must not be deleted; it and the servers exit by themselves",
+    "#   checkpoint to evaluate and must not be deleted; it and the servers exit by themselves",
     "Running": "Running removes the pods still running when the job ends (the servers exit by themselves)",
 }
 
@@ -71,8 +71,10 @@ def job_name(cluster_path: str) -> str:
 
 def check_job_name(name: str) -> str:
     if not re.fullmatch(r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?", name):
-        raise K8sError(f"--name: '{name}': not a valid job name; use up to 40 lower-case letters, digits "
-                       "and '-', starting with a letter (service names add '-evaluator-0')")
+        raise K8sError(
+            f"--name: '{name}': not a valid job name; use up to 40 lower-case letters, digits "
+            "and '-', starting with a letter (service names add '-evaluator-0')"
+        )
     return name
 
 
@@ -81,26 +83,44 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
-def check_values(cluster_path: str, image: str, passed_on: list[str], namespace: str | None, pvc: str | None,
-                 mount_path: str) -> None:
+def check_values(
+    cluster_path: str,
+    image: str,
+    passed_on: list[str],
+    namespace: str | None,
+    pvc: str | None,
+    mount_path: str,
+) -> None:
     """Every value written into the manifest, checked before anything is written: a newline in one
     of them would end the header comment and start YAML of its own (a second document), and
     Kubernetes refuses names that are not DNS names."""
-    for what, value in [("--cluster", cluster_path), ("--image", image), ("--pvc", pvc or ""),
-                        ("--namespace", namespace or ""), ("--mount_path", mount_path)] + \
-            [(arg.split("=", 1)[0], arg) for arg in passed_on]:
+    for what, value in [
+        ("--cluster", cluster_path),
+        ("--image", image),
+        ("--pvc", pvc or ""),
+        ("--namespace", namespace or ""),
+        ("--mount_path", mount_path),
+    ] + [(arg.split("=", 1)[0], arg) for arg in passed_on]:
         if _CONTROL.search(value):
             raise K8sError(f"{what}: {value!r}: contains a control character (newline, tab, ...); remove it")
     if not image.strip() or re.search(r"\s", image):
-        raise K8sError(f"--image: '{image}': not an image reference; write it as REGISTRY/IMAGE:TAG, without spaces")
+        raise K8sError(
+            f"--image: '{image}': not an image reference; write it as REGISTRY/IMAGE:TAG, without spaces"
+        )
     if namespace is not None and not _DNS_LABEL.fullmatch(namespace):
-        raise K8sError(f"--namespace: '{namespace}': not a Kubernetes namespace; use up to 63 lower-case letters, "
-                       "digits and '-', starting and ending with a letter or digit")
+        raise K8sError(
+            f"--namespace: '{namespace}': not a Kubernetes namespace; use up to 63 lower-case letters, "
+            "digits and '-', starting and ending with a letter or digit"
+        )
     if pvc is not None and not (len(pvc) <= 253 and _DNS_SUBDOMAIN.fullmatch(pvc)):
-        raise K8sError(f"--pvc: '{pvc}': not a PersistentVolumeClaim name; use lower-case letters, digits, '-' "
-                       "and '.', starting and ending with a letter or digit")
+        raise K8sError(
+            f"--pvc: '{pvc}': not a PersistentVolumeClaim name; use lower-case letters, digits, '-' "
+            "and '.', starting and ending with a letter or digit"
+        )
     if not posixpath.isabs(mount_path) or ":" in mount_path:
-        raise K8sError(f"--mount_path: '{mount_path}': not an absolute path in the pod; write it like /mnt/od-dist")
+        raise K8sError(
+            f"--mount_path: '{mount_path}': not an absolute path in the pod; write it like /mnt/od-dist"
+        )
 
 
 def volume_model_dir(model_dir: str, mount_path: str) -> tuple[str, bool]:
@@ -109,15 +129,19 @@ def volume_model_dir(model_dir: str, mount_path: str) -> tuple[str, bool]:
     if "://" in model_dir:
         return model_dir, False
     if "\\" in model_dir or re.match(r"^[A-Za-z]:", model_dir):
-        raise K8sError(f"--model_dir: '{model_dir}': a Windows path; the pods run Linux: use a relative "
-                       "path (it goes on the volume) or a POSIX one")
+        raise K8sError(
+            f"--model_dir: '{model_dir}': a Windows path; the pods run Linux: use a relative "
+            "path (it goes on the volume) or a POSIX one"
+        )
     mount = posixpath.normpath(mount_path)
     if not posixpath.isabs(model_dir):
         return posixpath.normpath(posixpath.join(mount, model_dir)), True
     inside = posixpath.normpath(model_dir)
     if inside != mount and not inside.startswith(mount.rstrip("/") + "/"):
-        raise K8sError(f"--model_dir: '{model_dir}': not on the volume mounted at {mount}; use a relative "
-                       f"path, or pass --mount_path so that it contains the model_dir")
+        raise K8sError(
+            f"--model_dir: '{model_dir}': not on the volume mounted at {mount}; use a relative "
+            f"path, or pass --mount_path so that it contains the model_dir"
+        )
     return inside, True
 
 
@@ -144,8 +168,10 @@ def replica_clones(cluster: Cluster, role: str, train_args: list[str]) -> int | 
     counts = {t.name: cluster.clones_for(t.address.host) for t in cluster.tasks_of(role)}
     if len(set(counts.values())) > 1:
         shown = ", ".join(f"{name}={n}" for name, n in counts.items())
-        raise K8sError(f"hosts.*.num_clones: '{shown}': every {role} pod of a TFJob has the same template; "
-                       f"give every {role} host the same num_clones, or pass --num_clones")
+        raise K8sError(
+            f"hosts.*.num_clones: '{shown}': every {role} pod of a TFJob has the same template; "
+            f"give every {role} host the same num_clones, or pass --num_clones"
+        )
     return next(iter(counts.values()))
 
 
@@ -155,8 +181,16 @@ def clean_pod_policy(cluster: Cluster) -> str:
     return "None" if cluster.tasks_of("evaluator") else "Running"
 
 
-def manifest(cluster: Cluster, image: str, train_args: list[str], name: str, namespace: str | None,
-             pvc: str | None, mount_path: str, grace_period: int = DEFAULT_GRACE_PERIOD) -> dict:
+def manifest(
+    cluster: Cluster,
+    image: str,
+    train_args: list[str],
+    name: str,
+    namespace: str | None,
+    pvc: str | None,
+    mount_path: str,
+    grace_period: int = DEFAULT_GRACE_PERIOD,
+) -> dict:
     """The TFJob as a dict. `train_args` are the `od-dist train` flags, model_dir already as seen in
     the pods; `pvc` None means no volume; `grace_period` the seconds a pod gets from SIGTERM to
     SIGKILL (a trainer saves a checkpoint in them)."""
@@ -198,9 +232,17 @@ def manifest(cluster: Cluster, image: str, train_args: list[str], name: str, nam
     }
 
 
-def render(cluster: Cluster, cluster_path: str, image: str, passed_on: list[str], name: str | None = None,
-           namespace: str | None = None, pvc: str | None = None, mount_path: str = "/mnt/od-dist",
-           grace_period: int = DEFAULT_GRACE_PERIOD) -> str:
+def render(
+    cluster: Cluster,
+    cluster_path: str,
+    image: str,
+    passed_on: list[str],
+    name: str | None = None,
+    namespace: str | None = None,
+    pvc: str | None = None,
+    mount_path: str = "/mnt/od-dist",
+    grace_period: int = DEFAULT_GRACE_PERIOD,
+) -> str:
     """The manifest as YAML, with a header that explains it. `passed_on` are the train flags as the
     user gave them (`--model_dir=` is rewritten to its place on the volume)."""
     name = check_job_name(name or job_name(cluster_path))
@@ -213,12 +255,28 @@ def render(cluster: Cluster, cluster_path: str, image: str, passed_on: list[str]
         args.append(arg)
     pvc = (pvc or f"{name}-model-dir") if needs_volume else None
     doc = manifest(cluster, image, args, name, namespace, pvc, posixpath.normpath(mount_path), grace_period)
-    volume_note = (f"ReadWriteMany, mounted at {posixpath.normpath(mount_path)}\n# (the chief writes checkpoints "
-                   "there, the evaluator reads them)" if pvc else "not needed, model_dir is not a local path")
-    header = HEADER.format(cluster_path=cluster_path, image=image, pvc=pvc or "(none)", volume_note=volume_note,
-                           backoff=BACKOFF_LIMIT, grace=grace_period, clean_pods=CLEAN_PODS[clean_pod_policy(cluster)])
-    strategy_note = ("# Strategy: parameter_server (PS replicas hold the variables; Chief coordinates).\n"
-                     if cluster.strategy == PARAMETER_SERVER else
-                     "# Strategy: multi_worker_mirrored (Chief and Workers train in sync; no PS).\n")
-    return header + strategy_note + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False,
-                                                   allow_unicode=True, width=1000)
+    volume_note = (
+        f"ReadWriteMany, mounted at {posixpath.normpath(mount_path)}\n# (the chief writes checkpoints "
+        "there, the evaluator reads them)"
+        if pvc
+        else "not needed, model_dir is not a local path"
+    )
+    header = HEADER.format(
+        cluster_path=cluster_path,
+        image=image,
+        pvc=pvc or "(none)",
+        volume_note=volume_note,
+        backoff=BACKOFF_LIMIT,
+        grace=grace_period,
+        clean_pods=CLEAN_PODS[clean_pod_policy(cluster)],
+    )
+    strategy_note = (
+        "# Strategy: parameter_server (PS replicas hold the variables; Chief coordinates).\n"
+        if cluster.strategy == PARAMETER_SERVER
+        else "# Strategy: multi_worker_mirrored (Chief and Workers train in sync; no PS).\n"
+    )
+    return (
+        header
+        + strategy_note
+        + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
+    )
