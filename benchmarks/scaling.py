@@ -1,0 +1,376 @@
+"""Does adding machines train the detector faster? Measured on simulated machines on one box.
+
+    sudo .venv/bin/python benchmarks/scaling.py [--cases one,mwm2,mwm3,ps2] [--links unshaped,100mbit]
+        [--steps 200] [--steps_per_loop 25] [--cores 0.6] [--ps_cores 0.4] [--json out.json]
+
+Each machine is a network namespace (tests/netns.py) with its own address, a CPU cap (a cgroup:
+cgroup v1 `cpu.cfs_quota_us` or v2 `cpu.max`, whichever the box has) and, per link setting, a rate
+on its link (`tc qdisc ... tbf` on its eth0: what it sends, so every link is capped both ways).
+Each machine's task starts from the `.sh` that `od-dist scripts` wrote for it, as a user would
+start it; the one-machine baseline is `od-dist train` without a cluster. Demo pipeline
+(pipelines/shapes_retinanet.yaml), generated shapes data.
+
+Cases (`--cases`, comma-separated; a case may carry a params override or train flags in
+brackets, e.g. `mwm2[runtime.all_reduce_alg=ring]`, `ps2each[--ps_partition=2]`):
+
+  one         one machine, no cluster: the baseline
+  mwmN        multi_worker_mirrored, master + N-1 workers, one per machine; the per-machine batch
+              stays 8 (global batch 8 x N), as a user adding machines does
+  psN         parameter_server: master and one ps on a small machine (--ps_cores), a worker on
+              each of N other machines; global batch 8 (each step runs on one worker)
+  psNeach     parameter_server: master alone on a small machine, a worker and a ps on each of N
+              other machines (the variables spread over every worker machine's link)
+
+Per case and link setting: steady examples/s (examples over the steady loops / their wall time:
+the first two loops, with tracing, are left out), the speed-up against `one` on the same link
+setting in the same run, scaling efficiency (speed-up / trainer machines), bytes each machine
+sent per step (interface counters over the steady loops), and a step breakdown per machine:
+busy (CPU seconds used / what its cap allows: computing, serialising, gRPC) and idle (waiting for
+the network or a peer), with the share of its link's rate its traffic used.
+
+Needs root (namespaces, cgroups, tc); says why and exits 0 otherwise. Run it at normal priority: the
+caps then hold against niced background load. Figures are noisy; compare only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import capped  # noqa: E402 (the tests' CPU caps and link rates)
+import netns  # noqa: E402 (the tests' simulated machines)
+
+PIPELINE = os.path.join(REPO, "pipelines", "shapes_retinanet.yaml")
+PY = sys.executable
+PORT = 2222
+PER_MACHINE_BATCH = 8
+DEFAULT_CASES = "one,mwm2,mwm3,ps2"
+DEFAULT_LINKS = "unshaped,100mbit"
+PROGRESS = re.compile(r"od-dist train \| step (\d+)/\d+ .*?\| ([\d.]+) steps/s \| ([\d.]+) examples/s")
+
+
+@dataclass
+class Case:
+    name: str  # as given, with its brackets
+    kind: str  # one, mwm, ps, pseach
+    n: int  # trainer machines (mwm: all trainers; ps: workers)
+    override: str = ""
+    flags: list = field(default_factory=list)
+
+    @property
+    def trainers(self) -> int:
+        return self.n
+
+    def machines(self) -> int:
+        return 1 if self.kind == "one" else self.n if self.kind == "mwm" else self.n + 1
+
+    def global_batch(self) -> int:
+        return PER_MACHINE_BATCH * (self.n if self.kind == "mwm" else 1)
+
+
+def parse_case(text: str) -> Case:
+    m = re.fullmatch(r"(one|mwm|ps)(\d*)(each)?(?:\[(.*)\])?", text.strip())
+    if not m or (m.group(1) != "one" and not m.group(2)) or (m.group(3) and m.group(1) != "ps"):
+        raise SystemExit(f"--cases: {text!r}: use one, mwmN, psN or psNeach, optionally with [overrides]")
+    kind = m.group(1) + (m.group(3) or "")
+    inside = [p for p in (m.group(4) or "").split(",") if p]
+    flags = [p for p in inside if p.startswith("--")]
+    override = ",".join(p for p in inside if not p.startswith("--"))
+    return Case(text.strip(), kind, int(m.group(2) or 1), override, flags)
+
+
+def roles(case: Case) -> dict[int, list[str]]:
+    """Machine index -> the tasks it runs ("master", "worker", "ps")."""
+    if case.kind == "one":
+        return {0: ["single"]}
+    if case.kind == "mwm":
+        return {0: ["master"], **{i: ["worker"] for i in range(1, case.n)}}
+    if case.kind == "ps":
+        return {0: ["master", "ps"], **{i: ["worker"] for i in range(1, case.n + 1)}}
+    return {0: ["master"], **{i: ["worker", "ps"] for i in range(1, case.n + 1)}}
+
+
+def cluster_text(case: Case, net, work: str) -> str:
+    """The cluster file: every task on its machine's address, ps on PORT + 1 when it shares one."""
+    by_role: dict[str, list[str]] = {"master": [], "worker": [], "ps": []}
+    for i, tasks in sorted(roles(case).items()):
+        for t in tasks:
+            by_role[t].append(f"{net[i].ip}:{PORT + (1 if t == 'ps' else 0)}")
+    lines = [f"master: {by_role['master'][0]}", f"worker: [{', '.join(by_role['worker'])}]"]
+    if by_role["ps"]:
+        lines.append(f"ps: [{', '.join(by_role['ps'])}]")
+    lines.append("hosts:")
+    for m in net:
+        workdir = os.path.join(work, m.hostname)
+        os.makedirs(workdir, exist_ok=True)
+        lines.append(f"  {m.ip}: {{os: linux, python: '{PY}', workdir: '{workdir}'}}")
+    return "\n".join(lines) + "\n"
+
+
+def params_override(case: Case, args, data_dir: str) -> str:
+    parts = [
+        f"trainer.train_steps={args.steps}",
+        f"trainer.steps_per_loop={args.steps_per_loop}",
+        f"trainer.summary_interval={args.steps_per_loop}",
+        f"trainer.checkpoint_interval={args.steps}",  # one save, after the last loop
+        f"task.train_data.global_batch_size={case.global_batch()}",
+        f"task.train_data.input_path={data_dir}/train.tfrecord",
+        f"task.validation_data.input_path={data_dir}/val.tfrecord",
+    ]
+    return ",".join(parts + ([case.override] if case.override else []))
+
+
+class Monitor(threading.Thread):
+    """Tails the master's log; at each progress line, snapshots every machine's sent bytes and
+    CPU seconds, so rates, bytes and CPU are taken over the same steady loops."""
+
+    def __init__(self, log: str, net, caps):
+        super().__init__(daemon=True)
+        self.log, self.net, self.caps = log, net, caps
+        self.points: list[dict] = []
+        self.done = threading.Event()
+
+    def snapshot(self, step: int, rate: float) -> dict:
+        return {
+            "t": time.monotonic(),
+            "step": step,
+            "examples_s": rate,
+            "tx": [capped.tx_bytes(m) for m in self.net],
+            "cpu": [c.usage_s() for c in self.caps],
+        }
+
+    def run(self):
+        seen = 0
+        while not self.done.is_set():
+            try:
+                text = open(self.log, errors="replace").read()
+            except FileNotFoundError:
+                text = ""
+            found = PROGRESS.findall(text)
+            for step, _, rate in found[seen:]:
+                self.points.append(self.snapshot(int(step), float(rate)))
+            seen = len(found)
+            self.done.wait(0.2)
+
+
+def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", f"{case.name}-{link}").strip("-")
+    cdir = os.path.join(work, tag)
+    os.makedirs(cdir)
+    model_dir = os.path.join(cdir, "model")
+    layout = roles(case)
+    net = netns.Network(case.machines())
+    caps = []
+    procs: dict[str, subprocess.Popen] = {}
+    result = {"case": case.name, "link": link, "machines": case.machines(), "load_before": os.getloadavg()}
+    try:
+        for i, m in enumerate(net):
+            small = case.kind in ("ps", "pseach") and i == 0
+            caps.append(capped.CpuCap(f"{tag}-m{i}", args.ps_cores if small else args.cores))
+            if link != "unshaped":
+                capped.shape(m, link)
+        override = params_override(case, args, data_dir)
+        commands: dict[str, tuple] = {}
+        if case.kind == "one":
+            commands["single"] = (
+                0,
+                [PY, "-m", "od_dist", "train", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}"]
+                + [f"--params_override={override}", *case.flags],
+            )
+        else:
+            cluster = os.path.join(cdir, "cluster.yaml")
+            with open(cluster, "w") as f:
+                f.write(cluster_text(case, net, cdir))
+            out = os.path.join(cdir, "scripts")
+            subprocess.run(
+                [PY, "-m", "od_dist", "scripts", f"--cluster={cluster}", f"--pipeline={PIPELINE}"]
+                + [f"--model_dir={model_dir}", f"--params_override={override}", "--max_restarts=0"]
+                + ["--wait_timeout=300", f"--out={out}", *case.flags],
+                check=True,
+                capture_output=True,
+                timeout=120,
+                cwd=REPO,
+            )
+            counters: dict[str, int] = {}
+            for i, tasks in sorted(layout.items()):
+                for t in tasks:
+                    index = counters.get(t, 0)
+                    counters[t] = index + 1
+                    commands[f"{t}:{index}"] = (i, ["bash", os.path.join(out, f"{t}-{index}.sh")])
+        lead = "single" if case.kind == "one" else "master:0"
+        logs = {name: os.path.join(cdir, name.replace(":", "-") + ".log") for name in commands}
+        monitor = Monitor(logs[lead], net, caps)
+        start = time.monotonic()
+        for name, (i, argv) in commands.items():
+            with open(logs[name], "w") as log:
+                procs[name] = net[i].popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=caps[i].enter
+                )
+        monitor.start()
+        deadline = start + args.timeout
+        for name, p in procs.items():
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        monitor.done.set()
+        monitor.join()
+        result["wall_s"] = time.monotonic() - start
+        result["codes"] = {n: p.poll() for n, p in procs.items()}
+        result["load_after"] = os.getloadavg()
+        result["failed"] = any(c != 0 for c in result["codes"].values())
+        if result["failed"]:
+            result["tail"] = {n: open(logs[n], errors="replace").read()[-1500:] for n in logs}
+        result.update(summarise(monitor.points, case, link, layout, caps, args))
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        net.close()
+        for c in caps:
+            c.close()
+    return result
+
+
+def summarise(points, case: Case, link: str, layout, caps, args) -> dict:
+    steady = points[2:] if len(points) >= 4 else points[1:]
+    if len(steady) < 2:
+        return {"steady_examples_s": 0.0, "loops": len(points)}
+    first, last = steady[0], steady[-1]
+    dt, steps = last["t"] - first["t"], last["step"] - first["step"]
+    rate_bits = None if link == "unshaped" else capped.rate_bits(link)
+    per_machine = []
+    for i, tasks in sorted(layout.items()):
+        sent = last["tx"][i] - first["tx"][i]
+        cpu = last["cpu"][i] - first["cpu"][i]
+        per_machine.append(
+            {
+                "tasks": "+".join(tasks),
+                "cores": caps[i].cores,
+                "bytes_per_step": sent / steps,
+                "busy": cpu / (dt * caps[i].cores),  # share of its cap it used
+                "link_use": (sent * 8 / dt / rate_bits) if rate_bits else None,
+            }
+        )
+    return {
+        "steady_examples_s": steps * case.global_batch() / dt,
+        "median_loop_examples_s": statistics.median(p["examples_s"] for p in steady[1:]),
+        "step_s": dt / steps,
+        "steady_steps": steps,
+        "loops": len(points),
+        "per_machine": per_machine,
+    }
+
+
+def report(results: list[dict], cases: list[Case], links: list[str], args) -> str:
+    by = {(r["case"], r["link"]): r for r in results}
+    lines = [
+        f"{'case':<34} {'link':<9} {'examples/s':>10} {'speed-up':>8} {'eff.':>5} {'step ms':>7}  "
+        "per machine: tasks, sent KB/step, busy % of cap, link use %",
+    ]
+    for link in links:
+        base = by.get(("one", link), {}).get("steady_examples_s")
+        for case in cases:
+            r = by.get((case.name, link))
+            if r is None:
+                continue
+            eps = r.get("steady_examples_s", 0.0)
+            if r.get("failed") or not eps:
+                lines.append(f"{case.name:<34} {link:<9} failed: exit codes {r.get('codes')}")
+                continue
+            speed = eps / base if base else float("nan")
+            eff = speed / case.trainers
+            machines = "; ".join(
+                f"{m['tasks']} {m['bytes_per_step'] / 1e3:.0f} KB {100 * m['busy']:.0f}%"
+                + (f" {100 * m['link_use']:.0f}%" if m["link_use"] is not None else "")
+                for m in r["per_machine"]
+            )
+            lines.append(
+                f"{case.name:<34} {link:<9} {eps:>10.1f} {speed:>7.2f}x {eff:>5.2f} "
+                f"{1000 * r['step_s']:>7.0f}  {machines}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated (default {DEFAULT_CASES})")
+    parser.add_argument("--links", default=DEFAULT_LINKS, help="unshaped or tc rates, e.g. 1gbit,100mbit")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps_per_loop", type=int, default=25)
+    parser.add_argument("--cores", type=float, default=0.6, help="CPU cap of a trainer machine")
+    parser.add_argument(
+        "--ps_cores", type=float, default=0.4, help="CPU cap of the parameter_server master's machine"
+    )
+    parser.add_argument("--timeout", type=float, default=600, help="seconds a case may take")
+    parser.add_argument("--json", help="also write every figure here")
+    parser.add_argument("--keep", help="keep logs and models in this directory")
+    args = parser.parse_args(argv)
+    why = (
+        netns.unavailable() if os.geteuid() == 0 else "simulated machines need root (namespaces, cgroups, tc)"
+    )
+    why = why or capped.unavailable()
+    if why:
+        print(f"skipped: {why}")
+        return 0
+    cases = [parse_case(c) for c in re.split(r",(?![^\[]*\])", args.cases)]
+    links = [x.strip() for x in args.links.split(",")]
+    for link in links:
+        if link != "unshaped":
+            capped.rate_bits(link)
+    netns.remove_stale()
+    work = args.keep or tempfile.mkdtemp(prefix="od-dist-scaling-")
+    os.makedirs(work, exist_ok=True)
+    data_dir = os.path.join(work, "data")
+    subprocess.run(
+        [PY, "-m", "od_dist", "data", "shapes", f"--out={data_dir}", "--num_train=500", "--num_val=8"],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    started = time.time()
+    results = []
+    try:
+        for link in links:
+            for case in cases:
+                r = run_case(case, link, args, work, data_dir)
+                results.append(r)
+                print(
+                    f"{case.name} {link}: {r.get('steady_examples_s', 0):.1f} examples/s, wall "
+                    f"{r['wall_s']:.0f} s, load {r['load_before'][0]:.1f} -> {r['load_after'][0]:.1f} "
+                    f"({time.time() - started:.0f} s so far)"
+                    + (f" FAILED {r['codes']}" if r.get("failed") else ""),
+                    flush=True,
+                )
+                if r.get("failed"):
+                    for name, tail in r["tail"].items():
+                        print(f"----- {name}\n{tail}", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: the table holds the cases that finished", flush=True)
+    print(f"load average after: {os.getloadavg()}")
+    print()
+    print(report(results, cases, links, args))
+    print(f"total {time.time() - started:.0f} s; {args.cores} cores per trainer machine, {args.steps} steps")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if any(r.get("failed") for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
