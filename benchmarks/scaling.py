@@ -159,8 +159,10 @@ class Monitor(threading.Thread):
             except FileNotFoundError:
                 text = ""
             found = PROGRESS.findall(text)
-            for step, _, rate in found[seen:]:
-                self.points.append(self.snapshot(int(step), float(rate)))
+            for step, steps_s, rate in found[seen:]:
+                point = self.snapshot(int(step), float(rate))
+                point["batch"] = round(float(rate) / float(steps_s)) if float(steps_s) else 0
+                self.points.append(point)
             seen = len(found)
             self.done.wait(0.2)
 
@@ -250,22 +252,33 @@ def summarise(points, case: Case, link: str, layout, caps, args) -> dict:
         return {"steady_examples_s": 0.0, "loops": len(points)}
     first, last = steady[0], steady[-1]
     dt, steps = last["t"] - first["t"], last["step"] - first["step"]
+    batch = last["batch"] or case.global_batch()  # as the master printed it (overrides, flags)
+    # Under parameter_server each step runs on one worker: a worker takes `workers` global
+    # steps' time for each of its own steps.
+    own_step_s = dt / steps * (case.n if case.kind in ("ps", "pseach") else 1)
     rate_bits = None if link == "unshaped" else capped.rate_bits(link)
     per_machine = []
     for i, tasks in sorted(layout.items()):
         sent = last["tx"][i] - first["tx"][i]
         cpu = last["cpu"][i] - first["cpu"][i]
+        busy = cpu / (dt * caps[i].cores)  # share of its cap it used
         per_machine.append(
             {
                 "tasks": "+".join(tasks),
                 "cores": caps[i].cores,
                 "bytes_per_step": sent / steps,
-                "busy": cpu / (dt * caps[i].cores),  # share of its cap it used
+                "busy": busy,
                 "link_use": (sent * 8 / dt / rate_bits) if rate_bits else None,
+                # A trainer's own step: computing (CPU at its cap, gRPC included) and idle
+                # (waiting for bytes or for a peer); the link's share: its bytes at the rate.
+                "compute_ms": 1000 * own_step_s * min(busy, 1.0),
+                "idle_ms": 1000 * own_step_s * max(0.0, 1 - busy),
+                "link_ms": 1000 * own_step_s * (sent * 8 / dt / rate_bits) if rate_bits else None,
             }
         )
     return {
-        "steady_examples_s": steps * case.global_batch() / dt,
+        "batch": batch,
+        "steady_examples_s": steps * batch / dt,
         "median_loop_examples_s": statistics.median(p["examples_s"] for p in steady[1:]),
         "step_s": dt / steps,
         "steady_steps": steps,
@@ -301,6 +314,22 @@ def report(results: list[dict], cases: list[Case], links: list[str], args) -> st
                 f"{case.name:<34} {link:<9} {eps:>10.1f} {speed:>7.2f}x {eff:>5.2f} "
                 f"{1000 * r['step_s']:>7.0f}  {machines}"
             )
+    lines += [
+        "",
+        "step breakdown of each trainer machine (its own step): compute = CPU at its cap (gRPC",
+        "included), idle = waiting for bytes or peers, link = its sent bytes at the link rate",
+    ]
+    for r in results:
+        if r.get("failed") or not r.get("per_machine"):
+            continue
+        parts = []
+        for m in r["per_machine"]:
+            if m["tasks"] in ("master", "master+ps") and r["case"].startswith("ps"):
+                parts.append(f"{m['tasks']} busy {100 * m['busy']:.0f}%")
+                continue
+            link = f" link {m['link_ms']:.0f}" if m["link_ms"] is not None else ""
+            parts.append(f"{m['tasks']} {m['compute_ms']:.0f} compute {m['idle_ms']:.0f} idle{link}")
+        lines.append(f"{r['case']:<34} {r['link']:<9} batch {r['batch']:>2}: " + "; ".join(parts) + " (ms)")
     return "\n".join(lines)
 
 

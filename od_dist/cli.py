@@ -124,6 +124,14 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     define_verbose_flag(fv)
+    flags.DEFINE_boolean(
+        "fixed_replica_batch",
+        False,
+        "Treat the pipeline's global_batch_size as the batch of one replica: "
+        "multiply it and the learning rate by the number of replicas (the linear scaling rule, "
+        "with a warmup), so adding machines adds examples per step. Synchronous strategies only.",
+        flag_values=fv,
+    )
     flags.DEFINE_integer(
         "wait_timeout",
         300,
@@ -202,6 +210,7 @@ def restart_args(fv: flags.FlagValues) -> list[str]:
 # The train flags that `launch`, `scripts` and `k8s` pass on to every task (role/index are per task).
 PASS_ON_FLAGS = (
     "pipeline",
+    "fixed_replica_batch",
     "model_dir",
     "num_clones",
     "clone_on_cpu",
@@ -405,6 +414,7 @@ def cmd_train(fv) -> int:
         fv.params_override,
         fv.wait_timeout,
         *_thread_flags(fv),
+        fixed_replica_batch=fv.fixed_replica_batch,
     )
     if fv.max_restarts:
         from od_dist.cluster.spec import Address, Task

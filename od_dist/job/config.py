@@ -145,6 +145,16 @@ class TrainConfig:
     params_override: str | None
     wait_timeout: int
     threads: threads_mod.Threads = threads_mod.Threads()  # this task's CPU thread budget
+    fixed_replica_batch: bool = False  # --fixed_replica_batch
+
+    @property
+    def replicas(self) -> int:
+        """Replicas in sync: every trainer's --num_clones (one machine: this one's)."""
+        cluster = self.selected.cluster
+        if cluster is None:
+            return self.num_clones
+        trainers = [t for t in cluster.server_tasks() if cluster.runs_replicas(t.role)]
+        return sum(cluster.clones_for(t.address.host) for t in trainers)
 
     @property
     def role(self) -> str:
@@ -178,6 +188,7 @@ def train_config(
     intra_op_threads: int | None = None,
     inter_op_threads: int | None = None,
     data_threads: int | None = None,
+    fixed_replica_batch: bool = False,
 ) -> TrainConfig:
     cluster, task = selected.cluster, selected.task
     if num_clones is None:
@@ -185,9 +196,26 @@ def train_config(
     strategy = cluster.strategy if cluster else "mirrored"
     threads = threads_mod.resolve(cluster, task, strategy, intra_op_threads, inter_op_threads, data_threads)
     config = TrainConfig(
-        selected, pipeline, model_dir, num_clones, clone_on_cpu, params_override, wait_timeout, threads
+        selected,
+        pipeline,
+        model_dir,
+        num_clones,
+        clone_on_cpu,
+        params_override,
+        wait_timeout,
+        threads,
+        fixed_replica_batch,
     )
     problems = []
+    if fixed_replica_batch and strategy == validate.PARAMETER_SERVER:
+        problems.append(
+            validate.problem(
+                "--fixed_replica_batch",
+                True,
+                "parameter_server runs each step's whole batch on one worker (no replicas in sync)",
+                "remove the flag, or use multi_worker_mirrored",
+            )
+        )
     if inter_op_threads == 1 and strategy == validate.PARAMETER_SERVER:
         problems.append(
             validate.problem(

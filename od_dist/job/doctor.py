@@ -348,6 +348,14 @@ def check_gpus(cluster: Cluster, mine, counted=None) -> list[Check]:
 # ----- all of it ------------------------------------------------------------------------------------
 
 
+def check_layout(cluster: Cluster) -> list[Check]:
+    """A parameter_server layout that puts every variable behind one machine's link."""
+    from od_dist.cluster import traffic
+
+    problem = traffic.single_link_layout(cluster)
+    return [Check(WARN, "layout", problem)] if problem else []
+
+
 def run(
     cluster_path: str,
     role: str | None,
@@ -375,4 +383,5 @@ def run(
     checks += check_ports_here(mine)
     checks += check_versions()
     checks += check_gpus(cluster, mine)
+    checks += check_layout(cluster)
     return checks, head

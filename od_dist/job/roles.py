@@ -29,7 +29,12 @@ def load_params(path: str, params_override: str | None, strategy_name: str):
 
 
 def _params(config: TrainConfig):
-    return load_params(config.pipeline, config.params_override, config.strategy_name)
+    params = load_params(config.pipeline, config.params_override, config.strategy_name)
+    if config.fixed_replica_batch and config.role in ("single", "master", "worker"):
+        from od_dist.model import pipeline
+
+        print(f"--fixed_replica_batch: {pipeline.scale_for_replicas(params, config.replicas)}", flush=True)
+    return params
 
 
 def run_server(config: TrainConfig) -> int:
@@ -57,7 +62,15 @@ def run_trainer(config: TrainConfig) -> int:
     params = _params(config)  # before any wait: a bad pipeline fails at once
     cluster, task = config.selected.cluster, config.selected.task
     try:
-        dist = strategy.make(cluster, task, config.num_clones, config.clone_on_cpu, config.wait_timeout)
+        dist = strategy.make(
+            cluster,
+            task,
+            config.num_clones,
+            config.clone_on_cpu,
+            config.wait_timeout,
+            params.runtime.all_reduce_alg,
+            params.runtime.num_packs,
+        )
     except strategy.PeerTimeout as e:
         # Retryable, like a peer lost later: a peer that is late (a pod still scheduling, a machine
         # still booting) is there at the next try; the server side exits 138 the same way.
@@ -74,7 +87,14 @@ def run_trainer(config: TrainConfig) -> int:
     peers = [t for t in cluster.server_tasks() if t != task] if cluster else []
     try:
         with watch.Watch(who, _watched(config, peers)):
-            trainer.train(params, config.model_dir, dist, data_threads=config.threads.data, who=who)
+            trainer.train(
+                params,
+                config.model_dir,
+                dist,
+                data_threads=config.threads.data,
+                who=who,
+                on_model=_traffic_printer(cluster, who) if task and task.role == "master" else None,
+            )
     except trainer.Stopped as e:
         saved = f"saved {e.path}" if e.path else "the master saved it"
         print(f"{who}: stopped at step {e.step} ({e.why}); {saved}; exit {e.code}", flush=True)
@@ -100,6 +120,20 @@ def run_trainer(config: TrainConfig) -> int:
     if config.is_coordinator:
         _stop_servers(cluster, server.DONE)
     return 0
+
+
+def _traffic_printer(cluster, who: str):
+    """Prints, once the model exists, the bytes each step moves for this model and layout, so a
+    user can hold it against the network before waiting an hour."""
+
+    def show(model) -> None:
+        from od_dist.cluster import traffic
+        from od_dist.job import trainer
+
+        weights, grads = trainer.variable_bytes(model)
+        print(f"{who}: {traffic.describe(cluster, weights, grads)}", flush=True)
+
+    return show
 
 
 def _stop_servers(cluster, why: str) -> None:

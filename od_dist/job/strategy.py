@@ -1,8 +1,12 @@
 """A tf.distribute strategy built from the validated cluster, after a bounded wait for the peers.
 
 - no cluster:               MirroredStrategy over --num_clones devices of this machine
-- parameter_server:         ParameterServerStrategy; the master is the coordinator
+- parameter_server:         ParameterServerStrategy; the master is the coordinator; with several
+                            ps tasks, large variables are split across them (a partitioner)
 - multi_worker_mirrored:    MultiWorkerMirroredStrategy; the master and every worker train
+
+The pipeline's `runtime.all_reduce_alg` and `runtime.num_packs` reach the strategy as Model
+Garden's own builder passes them (pipeline.py refuses values that cannot apply to the strategy).
 """
 
 from __future__ import annotations
@@ -114,22 +118,70 @@ def _worker_gpus(cluster: Cluster, resolver) -> int:
     return next(iter(counts.values()))
 
 
+# A variable of at least this size is split across the ps tasks (at most one shard per ps), so no
+# single ps link carries a large variable alone; smaller ones are placed whole, round-robin.
+MIN_SHARD_BYTES = 256 << 10
+
+
+def variable_partitioner(num_ps: int):
+    """TensorFlow's partitioner for `num_ps` ps tasks (None for one ps: nothing to split)."""
+    import tensorflow as tf
+
+    if num_ps < 2:
+        return None
+    return tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=MIN_SHARD_BYTES, max_shards=num_ps
+    )
+
+
+def collective_options(all_reduce_alg: str | None):
+    """multi_worker_mirrored's CommunicationOptions from runtime.all_reduce_alg (None: AUTO)."""
+    import tensorflow as tf
+    from official.common import distribute_utils
+
+    return tf.distribute.experimental.CommunicationOptions(
+        implementation=distribute_utils._collective_communication(all_reduce_alg)
+    )
+
+
+def mirrored_cross_device_ops(all_reduce_alg: str | None, num_packs: int):
+    """One machine's cross-device ops from runtime.all_reduce_alg/num_packs (None: TensorFlow's pick)."""
+    from official.common import distribute_utils
+
+    return distribute_utils._mirrored_cross_device_ops(all_reduce_alg, num_packs)
+
+
 def make(
-    cluster: Cluster | None, task: Task | None, num_clones: int, clone_on_cpu: bool, wait_timeout: float
+    cluster: Cluster | None,
+    task: Task | None,
+    num_clones: int,
+    clone_on_cpu: bool,
+    wait_timeout: float,
+    all_reduce_alg: str | None = None,
+    num_packs: int = 1,
 ):
     import tensorflow as tf
 
     if cluster is None:
-        return tf.distribute.MirroredStrategy(devices.configure(num_clones, clone_on_cpu))
+        return tf.distribute.MirroredStrategy(
+            devices.configure(num_clones, clone_on_cpu),
+            cross_device_ops=mirrored_cross_device_ops(all_reduce_alg, num_packs),
+        )
     peers = [t for t in cluster.server_tasks() if t != task]
     if cluster.strategy == PARAMETER_SERVER:
         devices.apply_policy()  # the coordinator runs no replicas, but the same policy
         wait_with_beacon(task, peers, wait_timeout)
         with hang_guard(wait_timeout, f"{task.name}: every peer is up; connecting to the cluster"):
             num_gpus = _worker_gpus(cluster, _resolver(cluster, task, 0))
-            return tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster, task, num_gpus))
+            return tf.distribute.experimental.ParameterServerStrategy(
+                _resolver(cluster, task, num_gpus),
+                variable_partitioner=variable_partitioner(len(cluster.tasks_of("ps"))),
+            )
     names = devices.configure(num_clones, clone_on_cpu)
     num_gpus = len(names) if names[0].startswith("/gpu") else 0
     wait_with_beacon(task, peers, wait_timeout)
     with hang_guard(wait_timeout, f"{task.name}: every peer is up; joining the all-reduce group"):
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver(cluster, task, num_gpus))
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=_resolver(cluster, task, num_gpus),
+            communication_options=collective_options(all_reduce_alg),
+        )

@@ -105,6 +105,7 @@ def _controller_cls():
             od_train_steps: int,
             od_keep_waiting=None,
             od_stop=None,
+            od_on_model=None,
             **kwargs,
         ):
             self._od_keep_waiting = od_keep_waiting
@@ -117,6 +118,8 @@ def _controller_cls():
             super().__init__(*args, **kwargs)
             if self.trainer is not None:
                 self.train_actions = tuple(self.train_actions) + (self._od_capture,)
+                if od_on_model is not None:
+                    od_on_model(self.trainer.model)
 
         def restore_checkpoint(self, checkpoint_path=None):
             # Under multi_worker_mirrored, Model Garden points a non-chief worker's
@@ -356,7 +359,25 @@ def _prepare(params) -> None:
         performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
 
 
-def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None, data_threads: int = 0, stop=None):
+def variable_bytes(model) -> tuple[int, int]:
+    """(bytes of all the model's variables, bytes of its trainable ones: a step's gradients)."""
+
+    def size(variables):
+        return sum(v.shape.num_elements() * v.dtype.size for v in variables)
+
+    return size(model.variables), size(model.trainable_variables)
+
+
+def _run(
+    params,
+    model_dir: str,
+    strategy,
+    mode: str,
+    keep_waiting=None,
+    data_threads: int = 0,
+    stop=None,
+    on_model=None,
+):
     import tensorflow as tf
     from official.core import (
         task_factory,
@@ -389,6 +410,7 @@ def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None, data_th
         od_train_steps=int(params.trainer.train_steps),
         od_keep_waiting=keep_waiting,
         od_stop=stop,
+        od_on_model=on_model,
     )
     holder = {}
 
@@ -408,7 +430,7 @@ def _run(params, model_dir: str, strategy, mode: str, keep_waiting=None, data_th
     return holder["controller"]
 
 
-def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = "single") -> int:
+def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = "single", on_model=None) -> int:
     """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``; returns the
     final step.
 
@@ -435,7 +457,9 @@ def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = "s
     params.override({"trainer": {"preemption_on_demand_checkpoint": False}}, is_strict=True)
     start = time.time()
     with stop_mod.StopRequest(who) as stop:
-        controller = _run(params, model_dir, strategy, "train", data_threads=data_threads, stop=stop)
+        controller = _run(
+            params, model_dir, strategy, "train", data_threads=data_threads, stop=stop, on_model=on_model
+        )
     step = int(controller.global_step.numpy())
     print(
         f"{_PREFIX} train | done at step {step} in {time.time() - start:.1f} s; checkpoints in {model_dir}",

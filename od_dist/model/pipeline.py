@@ -212,6 +212,39 @@ def _reconcile_strategy(params, strategy: str | None, explicit: dict[str, tuple[
         params.trainer.eval_tf_while_loop = True
 
 
+# runtime.all_reduce_alg values each strategy can use (Model Garden's own builder's choices).
+ALL_REDUCE_ALGS = {
+    "mirrored": (None, "nccl", "hierarchical_copy"),
+    "multi_worker_mirrored": (None, "ring", "nccl"),
+    "parameter_server": (None,),
+}
+
+
+def _check_communication(params, strategy: str | None, source: str) -> None:
+    """runtime.all_reduce_alg and runtime.num_packs reach the strategy od-dist builds; a value
+    that cannot apply to the cluster's strategy is refused rather than silently dropped."""
+    rt = params.runtime
+    strategy = strategy or rt.distribution_strategy
+    allowed = ALL_REDUCE_ALGS.get(strategy)
+    if allowed is None:
+        return
+    if rt.all_reduce_alg not in allowed:
+        if strategy == "parameter_server":
+            fix = "parameter_server has no all-reduce (the ps tasks hold the variables); remove it"
+        else:
+            fix = f"use one of {', '.join(a for a in allowed if a)} under {strategy}, or remove it"
+        raise PipelineError(f"{source}: runtime.all_reduce_alg: '{rt.all_reduce_alg}': {fix}")
+    if rt.num_packs != 1 and (strategy != "mirrored" or rt.all_reduce_alg is None):
+        fix = {
+            "parameter_server": "parameter_server has no all-reduce; remove it",
+            "multi_worker_mirrored": "multi_worker_mirrored packs gradients by size, not count "
+            "(TensorFlow's CommunicationOptions); remove it",
+        }.get(
+            strategy, "it applies with runtime.all_reduce_alg nccl or hierarchical_copy; set one or remove it"
+        )
+        raise PipelineError(f"{source}: runtime.num_packs: '{rt.num_packs}': {fix}")
+
+
 def _explicit_keys(doc: dict, source: str, keys: Iterable[str], out: dict[str, tuple[str, Any]]) -> None:
     for k in keys:
         v = _get(doc, k)
@@ -315,9 +348,50 @@ def load_pipeline(path: str, params_override: str | None = None, strategy: str |
     if params_override:
         source += " with params_override"
     _check_params(params, source)
+    _check_communication(params, strategy, source)
     try:
         params.validate()
     except (KeyError, ValueError) as e:
         msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
         raise PipelineError(f"{source}: invalid: {msg}".replace("\n", " ")) from None
     return params
+
+
+def scale_for_replicas(params, replicas: int) -> str:
+    """--fixed_replica_batch: the pipeline's global_batch_size becomes the batch of ONE replica,
+    so adding machines adds examples per step instead of splitting the same batch thinner.
+
+    With `replicas` times the batch, the learning rate is multiplied by `replicas` (the linear
+    scaling rule, Goyal et al. 2017) and ramps up linearly from the pipeline's own rate over the
+    warmup (the pipeline's warmup steps, or 5% of trainer.train_steps when it has none), which
+    keeps the first steps of the larger rate stable. Step counts (train_steps, schedule steps,
+    intervals) stay as written: each step now sees `replicas` times the examples. Returns a
+    one-line description. Edits `params` in place.
+    """
+    if replicas <= 1:
+        return "one replica: batch and learning rate as the pipeline says"
+    data = params.task.train_data
+    base_batch = data.global_batch_size
+    data.global_batch_size = base_batch * replicas
+    lr = params.trainer.optimizer_config.learning_rate
+    schedule = lr.get()
+    base_lr = None
+    if schedule is not None:
+        for name, value in schedule.as_dict().items():
+            if name.endswith("learning_rate") and isinstance(value, (int, float)):
+                base_lr = value if name == "initial_learning_rate" or base_lr is None else base_lr
+                setattr(schedule, name, value * replicas)
+            elif name == "values" and value:  # stepwise: the rate of every stage
+                base_lr = value[0] if base_lr is None else base_lr
+                setattr(schedule, name, [v * replicas for v in value])
+    warmup = params.trainer.optimizer_config.warmup
+    if base_lr is not None and warmup.type is None:
+        warmup.type = "linear"
+        warmup.linear.warmup_steps = max(1, params.trainer.train_steps // 20)
+        warmup.linear.warmup_learning_rate = base_lr
+    steps = warmup.get().warmup_steps if warmup.get() is not None else 0
+    shown = f"learning rate x{replicas}" if base_lr is not None else "learning rate as written (no schedule)"
+    return (
+        f"global batch {base_batch} x {replicas} replicas = {data.global_batch_size}, {shown}, "
+        f"warmup {steps} steps"
+    )

@@ -1,0 +1,226 @@
+"""Scaling levers and what od-dist tells the user about the network (issue: scaling on simulated
+machines; the benchmark itself is benchmarks/scaling.py, its harness checked in
+test_scaling_harness.py): the bytes a step moves, the layout warning, the pipeline's all-reduce
+settings reaching the strategy, --fixed_replica_batch."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from loopback import free_ports
+
+from od_dist.cluster import spec, traffic
+from od_dist.job import config, doctor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+MB = 1e6
+
+
+def cluster(text: str) -> spec.Cluster:
+    import yaml
+
+    return spec.from_document(yaml.safe_load(text))
+
+
+ONE_PS_MACHINE = "master: 10.0.0.1:2222\nworker: [10.0.0.2:2222, 10.0.0.3:2222]\nps: [10.0.0.4:2222]\n"
+PS_ON_EACH_WORKER = (
+    "master: 10.0.0.1:2222\nworker: [10.0.0.2:2222, 10.0.0.3:2222]\nps: [10.0.0.2:2223, 10.0.0.3:2223]\n"
+)
+
+
+# ----- the bytes a step moves (no TensorFlow) -----------------------------------------------------
+
+
+def test_ring_all_reduce_bytes_per_trainer():
+    c = cluster("master: 10.0.0.1:2222\nworker: [10.0.0.2:2222, 10.0.0.3:2222]\n")
+    per, carried = traffic.link_bytes(c, 4 * MB, 2 * MB)
+    assert per == pytest.approx(2 * 2 * (2 / 3) * 2 * MB)  # sent + received, 2(N-1)/N x gradients
+    assert set(carried.values()) == {per}
+    line = traffic.describe(c, 4 * MB, 2 * MB)
+    assert "all-reduces 2.0 MB of gradients; each of the 3 trainers sends and receives 2.7 MB" in line
+
+
+def test_one_ps_machine_carries_every_worker_step():
+    per, carried = traffic.link_bytes(cluster(ONE_PS_MACHINE), 2 * MB, 2 * MB)
+    assert per == 4 * MB
+    assert carried["10.0.0.4"] == 8 * MB  # both workers' reads and writes
+    assert carried["10.0.0.2"] == carried["10.0.0.3"] == 4 * MB
+    assert "the busiest link, 10.0.0.4's, carries 8.0 MB per round of steps" in traffic.describe(
+        cluster(ONE_PS_MACHINE), 2 * MB, 2 * MB
+    )
+
+
+def test_a_ps_on_each_worker_machine_halves_the_busiest_link():
+    per, carried = traffic.link_bytes(cluster(PS_ON_EACH_WORKER), 2 * MB, 2 * MB)
+    # Each worker fetches half the variables from the other machine and serves the other half.
+    assert carried["10.0.0.2"] == carried["10.0.0.3"] == 4 * MB
+    assert carried["10.0.0.1"] == 0
+
+
+# ----- the doctor's layout check (no TensorFlow) --------------------------------------------------
+
+
+def test_doctor_warns_when_every_variable_is_behind_one_link():
+    (check,) = doctor.check_layout(cluster(ONE_PS_MACHINE))
+    assert check.status == doctor.WARN
+    assert str(check).startswith(
+        "warn  layout: every ps task is on 10.0.0.4, which runs no worker: each step of the 2 workers"
+    )
+    assert "put a ps on each worker machine instead" in str(check)
+    assert doctor.check_layout(cluster(PS_ON_EACH_WORKER)) == []
+    one_worker = "master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nps: [10.0.0.4:2222]\n"
+    assert doctor.check_layout(cluster(one_worker)) == []
+    assert doctor.check_layout(cluster("master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\n")) == []
+
+
+def test_doctor_prints_the_layout_warning(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(ONE_PS_MACHINE)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "doctor",
+            f"--cluster={path}",
+            "--role=master",
+            "--connect_timeout=0.1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert "warn  layout: every ps task is on 10.0.0.4" in r.stdout, r.stdout + r.stderr
+
+
+# ----- runtime.all_reduce_alg / num_packs: used, or refused, never dropped -------------------------
+
+
+@pytest.mark.parametrize(
+    "strategy, override, message",
+    [
+        (
+            "parameter_server",
+            "runtime.all_reduce_alg=ring",
+            "runtime.all_reduce_alg: 'ring': parameter_server has no",
+        ),
+        (
+            "parameter_server",
+            "runtime.num_packs=2",
+            "runtime.num_packs: '2': parameter_server has no all-reduce",
+        ),
+        ("multi_worker_mirrored", "runtime.all_reduce_alg=hierarchical_copy", "use one of ring, nccl under"),
+        ("multi_worker_mirrored", "runtime.num_packs=4", "multi_worker_mirrored packs gradients by size"),
+        ("mirrored", "runtime.all_reduce_alg=ring", "use one of nccl, hierarchical_copy under mirrored"),
+        ("mirrored", "runtime.num_packs=2", "applies with runtime.all_reduce_alg nccl or hierarchical_copy"),
+    ],
+)
+def test_all_reduce_settings_that_cannot_apply_are_refused(strategy, override, message):
+    from od_dist.model import pipeline
+
+    with pytest.raises(pipeline.PipelineError, match=re.escape(message)):
+        pipeline.load_pipeline(PIPELINE, override, strategy)
+
+
+def test_all_reduce_settings_reach_the_strategy():
+    import tensorflow as tf
+
+    from od_dist.job import strategy
+    from od_dist.model import pipeline
+
+    params = pipeline.load_pipeline(PIPELINE, "runtime.all_reduce_alg=ring", "multi_worker_mirrored")
+    options = strategy.collective_options(params.runtime.all_reduce_alg)
+    assert options.implementation == tf.distribute.experimental.CommunicationImplementation.RING
+    params = pipeline.load_pipeline(
+        PIPELINE, "runtime.all_reduce_alg=hierarchical_copy,runtime.num_packs=2", "mirrored"
+    )
+    ops = strategy.mirrored_cross_device_ops(params.runtime.all_reduce_alg, params.runtime.num_packs)
+    assert isinstance(ops, tf.distribute.HierarchicalCopyAllReduce) and ops._num_packs == 2
+    assert strategy.variable_partitioner(1) is None
+    assert isinstance(
+        strategy.variable_partitioner(3), tf.distribute.experimental.partitioners.MinSizePartitioner
+    )
+
+
+# ----- --fixed_replica_batch --------------------------------------------------------------------
+
+
+def test_fixed_replica_batch_scales_batch_and_learning_rate():
+    from od_dist.model import pipeline
+
+    params = pipeline.load_pipeline(PIPELINE, None, "multi_worker_mirrored")
+    said = pipeline.scale_for_replicas(params, 3)
+    assert said == "global batch 8 x 3 replicas = 24, learning rate x3, warmup 100 steps"
+    assert params.task.train_data.global_batch_size == 24
+    assert params.trainer.optimizer_config.learning_rate.cosine.initial_learning_rate == pytest.approx(0.24)
+    assert params.trainer.train_steps == 1000  # steps as written
+    # No warmup in the pipeline: one is added, from the unscaled rate.
+    params = pipeline.load_pipeline(PIPELINE, "trainer.optimizer_config.warmup.type=null", "mirrored")
+    pipeline.scale_for_replicas(params, 2)
+    warmup = params.trainer.optimizer_config.warmup
+    assert warmup.type == "linear" and warmup.linear.warmup_steps == 50
+    assert warmup.linear.warmup_learning_rate == pytest.approx(0.08)
+    params = pipeline.load_pipeline(PIPELINE, None, "mirrored")
+    pipeline.scale_for_replicas(params, 1)
+    assert params.task.train_data.global_batch_size == 8
+
+
+def test_fixed_replica_batch_counts_every_trainer_and_is_refused_under_parameter_server():
+    mwm = cluster("master: 127.0.0.1:2222\nworker: [127.0.0.1:2223, 127.0.0.1:2224]\n")
+    selected = config.TaskConfig(mwm, mwm.task("master", 0), "c.yaml", "")
+    cfg = config.train_config(selected, PIPELINE, "m", None, False, None, 60, fixed_replica_batch=True)
+    assert cfg.replicas == 3
+    ps = cluster("master: 127.0.0.1:2222\nworker: [127.0.0.1:2223]\nps: [127.0.0.1:2224]\n")
+    selected = config.TaskConfig(ps, ps.task("master", 0), "c.yaml", "")
+    with pytest.raises(spec.InvalidCluster, match="--fixed_replica_batch: 'True': parameter_server runs"):
+        config.train_config(selected, PIPELINE, "m", None, False, None, 60, fixed_replica_batch=True)
+
+
+# ----- a real job: the master's network line, the settings honoured ------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shapes")
+    subprocess.run(
+        [sys.executable, "-m", "od_dist", "data", "shapes", f"--out={out}", "--num_train=48", "--num_val=8"],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    return str(out)
+
+
+@pytest.mark.slow
+def test_multi_worker_master_prints_the_bytes_each_step_moves(tmp_path, data_dir):
+    ports = free_ports(2)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"master: 127.0.0.1:{ports[0]}\nworker: [127.0.0.1:{ports[1]}]\n")
+    override = (
+        "trainer.train_steps=2,trainer.steps_per_loop=1,trainer.summary_interval=1,"
+        "trainer.checkpoint_interval=2,runtime.all_reduce_alg=ring,"
+        f"task.train_data.input_path={data_dir}/train.tfrecord,task.validation_data.input_path={data_dir}/val.tfrecord"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "od_dist", "launch", f"--cluster={path}", f"--pipeline={PIPELINE}"]
+        + [f"--model_dir={tmp_path / 'm'}", f"--params_override={override}", "--fixed_replica_batch"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    m = re.search(
+        r"master:0: network: each step all-reduces ([\d.]+) MB of gradients; each of the 2 trainers "
+        r"sends and receives ([\d.]+) MB per step \(ring\)",
+        out,
+    )
+    assert m, out[-4000:]
+    assert 1.0 < float(m.group(1)) < 3.0 and m.group(1) == m.group(2)  # the demo: about 1.8 MB
+    assert "--fixed_replica_batch: global batch 8 x 2 replicas = 16, learning rate x2" in out
