@@ -1,7 +1,8 @@
 """Does adding machines train the detector faster? Measured on simulated machines on one box.
 
     sudo .venv/bin/python benchmarks/scaling.py [--cases one,mwm2,mwm3,ps2] [--links unshaped,100mbit]
-        [--steps 200] [--steps_per_loop 25] [--cores 0.6] [--ps_cores 0.4] [--json out.json]
+        [--steps 200] [--steps_per_loop 25] [--cores 0.6] [--ps_cores 0.4] [--period_ms 100]
+        [--json out.json] [--keep DIR]
 
 Each machine is a network namespace (tests/netns.py) with its own address, a CPU cap (a cgroup:
 cgroup v1 `cpu.cfs_quota_us` or v2 `cpu.max`, whichever the box has) and, per link setting, a rate
@@ -10,8 +11,9 @@ Each machine's task starts from the `.sh` that `od-dist scripts` wrote for it, a
 start it; the one-machine baseline is `od-dist train` without a cluster. Demo pipeline
 (pipelines/shapes_retinanet.yaml), generated shapes data.
 
-Cases (`--cases`, comma-separated; a case may carry a params override or train flags in
-brackets, e.g. `mwm2[runtime.all_reduce_alg=ring]`, `ps2each[--ps_partition=2]`):
+Cases (`--cases`, comma-separated; a case may carry, in brackets, a params override, train flags
+or a setting of its machines: `mwm2[runtime.all_reduce_alg=ring]`, `mwm2[--intra_op_threads=1]`,
+`mwm2[@period_ms=10]`):
 
   one         one machine, no cluster: the baseline
   mwmN        multi_worker_mirrored, master + N-1 workers, one per machine; the per-machine batch
@@ -68,6 +70,7 @@ class Case:
     n: int  # trainer machines (mwm: all trainers; ps: workers)
     override: str = ""
     flags: list = field(default_factory=list)
+    harness: dict = field(default_factory=dict)  # @period_ms=10: this case's machines
 
     @property
     def trainers(self) -> int:
@@ -87,8 +90,11 @@ def parse_case(text: str) -> Case:
     kind = m.group(1) + (m.group(3) or "")
     inside = [p for p in (m.group(4) or "").split(",") if p]
     flags = [p for p in inside if p.startswith("--")]
-    override = ",".join(p for p in inside if not p.startswith("--"))
-    return Case(text.strip(), kind, int(m.group(2) or 1), override, flags)
+    harness = {k[1:]: float(v) for k, v in (p.split("=", 1) for p in inside if p.startswith("@"))}
+    if set(harness) - {"period_ms"}:
+        raise SystemExit(f"--cases: {text!r}: the only harness setting is @period_ms=N")
+    override = ",".join(p for p in inside if not p.startswith(("--", "@")))
+    return Case(text.strip(), kind, int(m.group(2) or 1), override, flags, harness)
 
 
 def roles(case: Case) -> dict[int, list[str]]:
@@ -180,7 +186,8 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
     try:
         for i, m in enumerate(net):
             small = case.kind in ("ps", "pseach") and i == 0
-            caps.append(capped.CpuCap(f"{tag}-m{i}", args.ps_cores if small else args.cores))
+            period_us = int(1000 * case.harness.get("period_ms", args.period_ms))
+            caps.append(capped.CpuCap(f"{tag}-m{i}", args.ps_cores if small else args.cores, period_us))
             if link != "unshaped":
                 capped.shape(m, link)
         override = params_override(case, args, data_dir)
@@ -294,8 +301,10 @@ def report(results: list[dict], cases: list[Case], links: list[str], args) -> st
         "per machine: tasks, sent KB/step, busy % of cap, link use %",
     ]
     for link in links:
-        base = by.get(("one", link), {}).get("steady_examples_s")
         for case in cases:
+            # Against one machine with the same bracketed settings when the run has it.
+            same = "one" + case.name[case.name.index("[") :] if "[" in case.name else "one"
+            base = (by.get((same, link)) or by.get(("one", link)) or {}).get("steady_examples_s")
             r = by.get((case.name, link))
             if r is None:
                 continue
@@ -342,6 +351,13 @@ def main(argv=None) -> int:
     parser.add_argument("--cores", type=float, default=0.6, help="CPU cap of a trainer machine")
     parser.add_argument(
         "--ps_cores", type=float, default=0.4, help="CPU cap of the parameter_server master's machine"
+    )
+    parser.add_argument(
+        "--period_ms",
+        type=float,
+        default=100,
+        help="CPU cap accounting period (cfs_period_us / cpu.max period): a machine of 0.6 cores runs "
+        "60%% of each period and is stopped for the rest",
     )
     parser.add_argument("--timeout", type=float, default=600, help="seconds a case may take")
     parser.add_argument("--json", help="also write every figure here")

@@ -24,6 +24,9 @@ V1 = "/sys/fs/cgroup/cpu"
 V1_ACCT = "/sys/fs/cgroup/cpuacct"
 V2 = "/sys/fs/cgroup"
 PERIOD_US = 100_000
+# A simulated machine's weight against the box's other processes: high, so that its processes get
+# their whole quota while other (niced) work runs on the box; the quota still caps them.
+V1_SHARES, V2_WEIGHT = 8192, 800
 
 
 def cgroup_version() -> int | None:
@@ -50,7 +53,7 @@ def unavailable() -> str | None:
 class CpuCap:
     """A cgroup whose processes share `cores` CPUs (quota per 100 ms period)."""
 
-    def __init__(self, name: str, cores: float):
+    def __init__(self, name: str, cores: float, period_us: int = PERIOD_US):
         self.cores = cores
         self.version = cgroup_version()
         if self.version is None:
@@ -59,8 +62,9 @@ class CpuCap:
         if self.version == 1:
             self.path = os.path.join(V1, leaf)
             os.makedirs(self.path, exist_ok=True)
-            self._write("cpu.cfs_period_us", str(PERIOD_US))
-            self._write("cpu.cfs_quota_us", str(int(cores * PERIOD_US)))
+            self._write("cpu.cfs_period_us", str(period_us))
+            self._write("cpu.cfs_quota_us", str(int(cores * period_us)))
+            self._write("cpu.shares", str(V1_SHARES))
             # cpuacct is usually co-mounted with cpu (cpu,cpuacct); else a sibling group there.
             self.acct = self.path if os.path.exists(os.path.join(self.path, "cpuacct.usage")) else None
             if self.acct is None and os.path.isdir(V1_ACCT):
@@ -71,7 +75,8 @@ class CpuCap:
                 f.write("+cpu")
             self.path = os.path.join(V2, leaf)
             os.makedirs(self.path, exist_ok=True)
-            self._write("cpu.max", f"{int(cores * PERIOD_US)} {PERIOD_US}")
+            self._write("cpu.max", f"{int(cores * period_us)} {period_us}")
+            self._write("cpu.weight", str(V2_WEIGHT))
             self.acct = None
 
     def _write(self, name: str, value: str) -> None:

@@ -48,8 +48,9 @@ def test_one_ps_machine_carries_every_worker_step():
     assert per == 4 * MB
     assert carried["10.0.0.4"] == 8 * MB  # both workers' reads and writes
     assert carried["10.0.0.2"] == carried["10.0.0.3"] == 4 * MB
-    assert "the busiest link, 10.0.0.4's, carries 8.0 MB per round of steps" in traffic.describe(
-        cluster(ONE_PS_MACHINE), 2 * MB, 2 * MB
+    assert (
+        "with 2 worker(s) stepping at once the busiest link, 10.0.0.4's, carries 8.0 MB"
+        in traffic.describe(cluster(ONE_PS_MACHINE), 2 * MB, 2 * MB)
     )
 
 
@@ -58,6 +59,10 @@ def test_a_ps_on_each_worker_machine_halves_the_busiest_link():
     # Each worker fetches half the variables from the other machine and serves the other half.
     assert carried["10.0.0.2"] == carried["10.0.0.3"] == 4 * MB
     assert carried["10.0.0.1"] == 0
+    local = cluster("master: 127.0.0.1:2222\nworker: [127.0.0.1:2223]\nps: [127.0.0.1:2224]\n")
+    assert traffic.describe(local, 2 * MB, 2 * MB).endswith(
+        "every task is on this machine: no link carries it"
+    )
 
 
 # ----- the doctor's layout check (no TensorFlow) --------------------------------------------------

@@ -61,11 +61,15 @@ def describe(cluster: Cluster, weight_bytes: float, grad_bytes: float) -> str:
             f"a 100 Mbit/s link needs {per / 2 * 8 / 1e8:.2f} s per step for it"
         )
     workers = len(cluster.tasks_of("worker"))
-    return (
+    line = (
         f"network: each worker step reads {_mb(weight_bytes)} of weights from the ps tasks and sends "
-        f"{_mb(grad_bytes)} of gradients (at least {_mb(per)} per step through a worker's link); with "
-        f"{workers} workers stepping at once the busiest link, {host}'s, carries {_mb(most)} per "
-        f"round of steps: {most / 2 * 8 / 1e8:.2f} s on a 100 Mbit/s link"
+        f"{_mb(grad_bytes)} of gradients (at least {_mb(per)} per step through a worker's link)"
+    )
+    if len(carried) < 2 or cluster.loopback_only():
+        return line + "; every task is on this machine: no link carries it"
+    return line + (
+        f"; with {workers} worker(s) stepping at once the busiest link, {host}'s, carries {_mb(most)} "
+        f"per round of steps: {most / 2 * 8 / 1e8:.2f} s on a 100 Mbit/s link"
     )
 
 
