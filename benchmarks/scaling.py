@@ -1,7 +1,7 @@
 """Does adding machines train the detector faster? Measured on simulated machines on one box.
 
     sudo .venv/bin/python benchmarks/scaling.py [--cases one,mwm2,mwm3,ps2] [--links unshaped,100mbit]
-        [--steps 200] [--steps_per_loop 25] [--cores 0.6] [--ps_cores 0.4] [--period_ms 100]
+        [--steps 150] [--steps_per_loop 25] [--cores 0.6] [--ps_cores 0.4] [--period_ms 100]
         [--json out.json] [--keep DIR]
 
 Each machine is a network namespace (tests/netns.py) with its own address, a CPU cap (a cgroup:
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated (default {DEFAULT_CASES})")
     parser.add_argument("--links", default=DEFAULT_LINKS, help="unshaped or tc rates, e.g. 1gbit,100mbit")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--steps_per_loop", type=int, default=25)
     parser.add_argument("--cores", type=float, default=0.6, help="CPU cap of a trainer machine")
     parser.add_argument(
