@@ -792,6 +792,83 @@ def cmd_data_check(fv) -> int:
     return EXIT_INVALID if check.check(splits, num_classes, sys.stdout) else EXIT_OK
 
 
+def define_pipeline_import_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string(
+        "config", None, "The Object Detection API pipeline.config (protobuf text format).", flag_values=fv
+    )
+    flags.DEFINE_string("out", None, "The od-dist pipeline YAML to write.", flag_values=fv)
+    flags.DEFINE_string(
+        "data",
+        None,
+        "The folder `od-dist data odapi` wrote the records to: the pipeline reads its "
+        "train-*.tfrecord and val-*.tfrecord. Default: the config's own input paths.",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean("force", False, "Replace --out if it exists.", flag_values=fv)
+
+
+@command(
+    "pipeline import",
+    "Turn an Object Detection API pipeline.config into an od-dist pipeline YAML.",
+    """
+Reads an Object Detection API pipeline.config and writes the pipeline for the closest Model Garden
+experiment: SSD with a MobileNet feature extractor -> retinanet_mobile_coco with a MobileNet
+backbone and FPN; SSD with a ResNet FPN -> retinanet_resnetfpn_coco; Faster R-CNN with a ResNet ->
+fasterrcnn_resnetfpn_coco. Carries num_classes (+1 for the background), image size, batch size,
+steps, learning-rate schedule and warmup, optimizer, the augmentations Model Garden has, anchors,
+NMS, input paths and label map; prints every setting that does not carry over, one line each, with
+why. The YAML is checked with the pipeline loader before it is put in place.
+
+Example:
+  od-dist pipeline import --config my_model/pipeline.config --data data/my_data --out pipelines/my_model.yaml
+""",
+    define_pipeline_import_flags,
+)
+def cmd_pipeline_import(fv) -> int:
+    _require(fv, "config", "out")
+    from od_dist.model import odapi, textproto
+
+    if not os.path.isfile(fv.config):
+        raise UsageError(f"--config: '{fv.config}': no such file; pass the model's pipeline.config")
+    if os.path.exists(fv.out) and not fv.force:
+        raise UsageError(f"--out: '{fv.out}': exists; choose another --out or pass --force to replace it")
+    with open(fv.config, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    try:
+        imported = odapi.convert(text, fv.data)
+    except textproto.TextFormatError as e:
+        raise UsageError(f"--config: '{fv.config}': {e}") from None
+    except odapi.ImportProblem as e:
+        raise UsageError(f"--config: '{fv.config}': {e}") from None
+
+    def check(path):
+        from od_dist.model.pipeline import PipelineError, load_pipeline
+
+        try:
+            load_pipeline(path)
+        except PipelineError as e:
+            raise odapi.ImportProblem(f"the written pipeline does not load ({e}); nothing written") from None
+
+    try:
+        odapi.write(odapi.render(imported, fv.config), fv.out, fv.force, check)
+    except odapi.ImportProblem as e:
+        raise UsageError(str(e)) from None
+    for note in imported.notes:
+        print(f"not carried over: {note}")
+    print(
+        f"wrote {fv.out}: experiment {imported.experiment}, {len(imported.notes)} setting(s) not carried over"
+    )
+    if not fv.data:
+        labels = f" --labels {imported.label_map}" if imported.label_map else ""
+        print(
+            "records in the Object Detection API's layout (file names as image/source_id) are rewritten "
+            f"once with: od-dist data odapi --train '{imported.train_input}' --val '{imported.val_input}'"
+            f"{labels} --out DIR, then import again with --data DIR"
+        )
+    print(f"next: od-dist data check --pipeline {fv.out}", flush=True)
+    return EXIT_OK
+
+
 # ----- export / predict / report --------------------------------------------------------------
 
 
