@@ -656,3 +656,12 @@ def write(text: str, out: str, force: bool, check) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def input_paths(text: str) -> tuple[str, str, str | None]:
+    """(train input paths, eval input paths, label map) named by a pipeline.config, comma-joined;
+    placeholders left as they are. Raises textproto.TextFormatError."""
+    cfg = _Config(textproto.parse(text))
+    train, train_labels = _inputs(cfg, "train_input_reader")
+    val, val_labels = _inputs(cfg, "eval_input_reader")
+    return train, val, train_labels or val_labels
