@@ -933,15 +933,16 @@ def cmd_pipeline_import(fv) -> int:
         raise UsageError(str(e)) from None
     for note in imported.notes:
         print(f"not carried over: {note}")
+    for warning in imported.warnings:
+        print(f"warning: {warning}")
     print(
         f"wrote {fv.out}: experiment {imported.experiment}, {len(imported.notes)} setting(s) not carried over"
     )
     if not fv.data:
-        labels = f" --labels {imported.label_map}" if imported.label_map else ""
         print(
-            "records in the Object Detection API's layout (file names as image/source_id) are rewritten "
-            f"once with: od-dist data odapi --train '{imported.train_input}' --val '{imported.val_input}'"
-            f"{labels} --out DIR, then import again with --data DIR"
+            "input paths: as in the config; records in the Object Detection API's layout (file names as "
+            f"image/source_id) are rewritten once with: od-dist data odapi --config {fv.config} --out DIR, "
+            "then import again with --data DIR"
         )
     print(f"next: od-dist data check --pipeline {fv.out}", flush=True)
     return EXIT_OK

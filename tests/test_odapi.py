@@ -759,6 +759,21 @@ def test_import_never_leaves_a_pipeline_that_does_not_load(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["pipeline.config"]
 
 
+def test_import_warns_when_the_label_map_disagrees(tmp_path, capsys):
+    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
+    config = tmp_path / "pipeline.config"
+    config.write_text(
+        SSD_RESNET50_V1_FPN_640.replace(
+            "PATH_TO_BE_CONFIGURED/label_map.txt", str(tmp_path / "label_map.pbtxt")
+        )
+    )
+    code, out, err = run_cli(
+        capsys, "pipeline", "import", f"--config={config}", f"--out={tmp_path / 'p.yaml'}"
+    )
+    assert code == 0, err
+    assert "warning: model.ssd.num_classes is 90 but the label map" in out and "set it to 4" in out
+
+
 # ----- records --------------------------------------------------------------------------------
 
 

@@ -106,6 +106,7 @@ class Imported:
     label_map: str | None = None
     train_input: str = ""
     val_input: str = ""
+    warnings: list[str] = field(default_factory=list)  # the config disagreeing with its label map
 
 
 class _Config:
@@ -610,7 +611,28 @@ def convert(text: str, data_dir: str | None = None) -> Imported:
         "trainer": trainer,
     }
     notes += cfg.leftovers(root, "", experiment)
-    return Imported(experiment, doc, notes, label_map, train_input, val_input)
+    imported = Imported(experiment, doc, notes, label_map, train_input, val_input)
+    imported.warnings = _label_map_warnings(label_map, num_classes, path)
+    return imported
+
+
+def _label_map_warnings(label_map: str | None, num_classes: int, path: str) -> list[str]:
+    """The label map and num_classes disagreeing: the Object Detection API does not check it."""
+    from od_dist.data import records
+
+    if not label_map or not os.path.isfile(label_map):
+        return []
+    try:
+        names = records.read_labels(label_map)
+    except records.DatasetError as e:
+        return [str(e)]
+    if max(names) != num_classes:
+        return [
+            f"{path}.num_classes is {num_classes} but the label map '{label_map}' numbers its classes up "
+            f"to {max(names)}; task.model.num_classes is written as {num_classes + 1} from the config: "
+            f"set it to {max(names) + 1} if the label map is right"
+        ]
+    return []
 
 
 def render(imported: Imported, config_path: str) -> str:
@@ -622,6 +644,7 @@ def render(imported: Imported, config_path: str) -> str:
         f"# Label map: {imported.label_map or 'none named in the config'}",
         "# Not carried over (printed by the import as well):",
         *(f"#   {n}" for n in imported.notes),
+        *(f"# Warning: {w}" for w in imported.warnings),
         "# runtime.distribution_strategy is left out on purpose: the cluster file decides it.",
     ]
     body = yaml.safe_dump(imported.doc, sort_keys=False, default_flow_style=False)
