@@ -657,7 +657,8 @@ def test_textproto_reads_the_zoo_syntax():
         ("model {\n  ssd {\n    num_classes: 90\n  }\n", 5, 1, "missing '}' for the block opened on line 1"),
         ("model {\n  ssd {\n    num_classes 90\n", 3, 17, "expected ':' or '{' after 'num_classes'"),
         ("a: 1\nb: [1, 2\n", 3, 1, "expected ',' or ']'"),
-        ("a: 1\n  b: 'open\n", 2, 6, "unexpected character"),
+        ("a: 1\n  b: 'open\n", 2, 6, "string not closed on its line"),
+        ("a: 1 $\n", 1, 6, "unexpected character '$'"),
         ("a: 1\n}\n", 2, 1, "expected a field name"),
         ("a: 12abc\n", 1, 4, "bad number"),
     ],
@@ -742,6 +743,10 @@ def test_import_bad_input(tmp_path):
     )
     r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
     assert r.returncode == 2 and "ssd_efficientnet-b0_bifpn_keras" in r.stderr and "supported:" in r.stderr
+    config.write_text(SSD_MOBILENET_V2_FPNLITE_320.replace("num_steps: 50000", "num_steps: 'many'"))
+    r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "train_config.num_steps: 'many'" in r.stderr
     assert os.listdir(tmp_path) == ["pipeline.config"]
     out.write_text("mine\n")
     config.write_text(SSD_MOBILENET_V2_FPNLITE_320)

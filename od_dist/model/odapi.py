@@ -115,11 +115,14 @@ class _Config:
     def __init__(self, root: textproto.Message):
         self.root = root
         self.used: set[str] = set()
+        self.last: tuple[str, object] = ("", None)  # the field read last: named when its value is unusable
 
     def take(self, msg: textproto.Message | None, path: str, name: str, default=None):
         if msg is None or name not in msg.fields:
             return default
-        self.used.add(f"{path}.{name}" if path else name)
+        dotted = f"{path}.{name}" if path else name
+        self.used.add(dotted)
+        self.last = (dotted, msg.get(name))
         return msg.get(name)
 
     def sub(self, msg: textproto.Message | None, path: str, name: str) -> textproto.Message | None:
@@ -514,8 +517,18 @@ def _inputs(cfg: _Config, name: str) -> tuple[str, str | None]:
 
 def convert(text: str, data_dir: str | None = None) -> Imported:
     """The pipeline.config's text -> Imported. Raises textproto.TextFormatError, ImportProblem."""
-    root = textproto.parse(text)
-    cfg = _Config(root)
+    cfg = _Config(textproto.parse(text))
+    try:
+        return _convert(cfg, data_dir)
+    except ImportProblem:
+        raise
+    except (TypeError, ValueError, AttributeError):  # a value of the wrong kind, e.g. num_steps: 'many'
+        where, value = cfg.last
+        raise ImportProblem(f"{where}: '{value}': not a value this field takes; fix the config") from None
+
+
+def _convert(cfg: _Config, data_dir: str | None) -> Imported:
+    root = cfg.root
     family, body = _family(root)
     experiment, backbone, kind = _feature_extractor(family, body)
     notes: list[str] = []

@@ -80,6 +80,8 @@ def _tokens(text: str) -> list[_Tok]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         column = pos - line_start + 1
+        if m is None and text[pos] in "'\"":
+            raise TextFormatError("string not closed on its line; add the closing quote", line, column)
         if m is None:
             raise TextFormatError(f"unexpected character {text[pos]!r}", line, column)
         kind = m.lastgroup
