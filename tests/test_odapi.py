@@ -826,6 +826,17 @@ def test_data_odapi_rewrites_records(project, tmp_path, capsys):
     assert "next: od-dist pipeline import" in stdout
     code, out_check, _ = run_cli(capsys, "data", "check", f"--records={out}/*.tfrecord", "--num_classes=4")
     assert code == 0, out_check
+    # Without a label map: class/label as written, the names from class/text.
+    code, _, err = run_cli(
+        capsys,
+        "data",
+        "odapi",
+        f"--train={ann / 'train.record'}",
+        f"--val={ann / 'test.record'}",
+        f"--out={out}2",
+    )
+    assert code == 0, err
+    assert (tmp_path / "data2" / "label_map.pbtxt").read_text() == LABEL_MAP
 
 
 def test_data_odapi_labels_from_class_text(tmp_path, capsys):

@@ -83,8 +83,8 @@ def class_ids(example, by_name: dict[str, int] | None) -> tuple[list[int], list[
 
 
 def _scan(splits: dict[str, list[str]], by_name: dict[str, int] | None, tf):
-    """Pass 1: (items, item splits, problems, {id: name} seen, disagreements)."""
-    items, item_splits, problems, seen, disagree = [], [], [], {}, 0
+    """Pass 1: (items, item splits, problems, {id: name} of the ids seen, disagreements)."""
+    items, item_splits, problems, seen, named, disagree = [], [], [], set(), {}, 0
     progress = records.Progress("data odapi: checking", 0)
     for split_name, paths in splits.items():
         for path in paths:
@@ -109,13 +109,12 @@ def _scan(splits: dict[str, list[str]], by_name: dict[str, int] | None, tf):
                         continue
                     disagree += n
                     for c, t in zip(ids, texts):
-                        if by_name is None and seen.setdefault(c, t) != t:
+                        if by_name is None and named.setdefault(c, t) != t:
                             problems.append(
-                                f"{where}: class id {c} is '{t}' here but '{seen[c]}' elsewhere; pass "
+                                f"{where}: class id {c} is '{t}' here but '{named[c]}' elsewhere; pass "
                                 "--labels label_map.pbtxt to number the classes by name"
                             )
-                    for c in ids:
-                        seen.setdefault(c, f"class_{c}")
+                    seen.update(ids)
                     items.append((path, index))
                     item_splits.append(split_name)
             except tf.errors.OpError as e:
@@ -124,7 +123,7 @@ def _scan(splits: dict[str, list[str]], by_name: dict[str, int] | None, tf):
                     "truncated or not a TFRecord"
                 )
     progress.finish()
-    return items, item_splits, problems, seen, disagree
+    return items, item_splits, problems, {c: named.get(c, f"class_{c}") for c in sorted(seen)}, disagree
 
 
 def convert(train: str, val: str, out: str, labels_path: str | None):
@@ -146,7 +145,7 @@ def convert(train: str, val: str, out: str, labels_path: str | None):
             "for its class/text; the label map's id is written (as the Object Detection API reads them)",
             flush=True,
         )
-    names = names or {c: seen[c] for c in sorted(seen)}
+    names = names or seen
     reader = {"path": None, "it": None, "next": 0}
 
     def record(path: str, index: int) -> bytes:
