@@ -89,6 +89,10 @@ _WHY = {
     "shuffle": "Model Garden shuffles training data and not validation data",
     "num_epochs": "Model Garden's input repeats training data and reads validation data once",
     "num_readers": "tf.data tunes its readers (od-dist --data_threads)",
+    "ssd_anchor_generator": "Model Garden's RetinaNet anchors are per FPN level (task.model.anchor); "
+    "its defaults are kept",
+    "convolutional_box_predictor": "Model Garden's RetinaNet head is shared across FPN levels "
+    "(task.model.head); its defaults are kept",
     "first_stage_anchor_generator": "Model Garden's Faster R-CNN has FPN anchors "
     "(task.model.anchor, levels min_level..max_level)",
 }
@@ -571,6 +575,7 @@ def _convert(cfg: _Config, data_dir: str | None) -> Imported:
     if train is not None and train.get("fine_tune_checkpoint"):
         cfg.take(train, "train_config", "fine_tune_checkpoint_type")
         cfg.take(train, "train_config", "fine_tune_checkpoint_version")
+        cfg.take(train, "train_config", "from_detection_checkpoint")  # TF1's fine_tune_checkpoint_type
 
     train_input, train_labels = _inputs(cfg, "train_input_reader")
     val_input, val_labels = _inputs(cfg, "eval_input_reader")
