@@ -144,7 +144,7 @@ class _Config:
             inside = [v for v in values if isinstance(v, textproto.Message)]
             if len(inside) == len(values) and (
                 any(u.startswith(dotted + ".") for u in self.used)
-                or any(n in _WHY for v in inside for n in v.fields)
+                or (name not in _WHY and any(n in _WHY for v in inside for n in v.fields))
             ):
                 for v in inside:
                     lines += self.leftovers(v, dotted, experiment)
