@@ -223,7 +223,8 @@ _CHECK_PIPELINE = """
 import sys
 from od_dist.model import pipeline
 try:
-    pipeline.load_pipeline(sys.argv[1], sys.argv[2] or None, sys.argv[3])
+    params = pipeline.load_pipeline(sys.argv[1], sys.argv[2] or None, sys.argv[3])
+    pipeline.check_model(params, sys.argv[1])
 except pipeline.PipelineError as e:
     print(e, file=sys.stderr)
     sys.exit(2)
@@ -231,7 +232,8 @@ except pipeline.PipelineError as e:
 
 
 def check_pipeline(path: str, params_override: str | None, strategy: str) -> tuple[int, str]:
-    """Loads the pipeline as the trainers will, before any task starts: (0, '') when it is good,
+    """Loads the pipeline as the trainers will and builds its model once (pipeline.check_model),
+    before any task starts: (0, '') when it is good,
     (2, the one-line problem) when it is not, (1, what went wrong) when the check itself failed.
     It runs in a short-lived child so TensorFlow stays out of the launcher, which forks every task."""
     r = subprocess.run(

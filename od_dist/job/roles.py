@@ -53,6 +53,7 @@ def run_server(config: TrainConfig) -> int:
 def run_trainer(config: TrainConfig) -> int:
     """The master, an all-reduce worker, or a single machine."""
     from od_dist.job import devices, server, strategy, trainer, watch
+    from od_dist.model import pipeline
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
     cluster, task = config.selected.cluster, config.selected.task
@@ -65,6 +66,9 @@ def run_trainer(config: TrainConfig) -> int:
         return exit_codes.LOST_PEER
     except (devices.DeviceError, server.ServerError) as e:
         raise RoleError(str(e)) from None
+    # Here, not before the strategy: building a model initializes TensorFlow, after which neither
+    # logical devices (--clone_on_cpu) nor collectives (multi_worker_mirrored) can be set up.
+    pipeline.check_model(params, config.pipeline)
     print(
         f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
         f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}",
@@ -160,9 +164,11 @@ def run_evaluator(config: TrainConfig) -> int:
 
     from od_dist.job import devices, trainer
     from od_dist.job.server import is_listening
+    from od_dist.model import pipeline
 
     params = _params(config)
     devices.apply_policy()  # it often shares a GPU machine with a worker
+    pipeline.check_model(params, config.pipeline)
     lead = config.selected.cluster.lead_task() if config.selected.cluster else None
     master = lead.address if lead else None  # the master, or worker 0 when the cluster has none
     last_seen = [time.monotonic()]
