@@ -456,12 +456,19 @@ def clean_partial_checkpoints(model_dir: str) -> list:
     anywhere in between leaves the state file naming the previous checkpoint, which is what
     every reader (restore, the evaluator) uses; so a ``ckpt-N`` newer than the latest one named
     there, temporary shards, and ``*.tempstate*`` files are leftovers, never read.
+
+    Without a readable state file (missing: ``ckpt-*`` files copied in to resume from; unreadable:
+    a transient error of a network share) nothing says which ``ckpt-N`` is complete, so only the
+    temporary files go: a complete checkpoint is never removed on a guess.
     """
     import tensorflow as tf
 
     if not tf.io.gfile.isdir(model_dir):
         return []
-    state = tf.train.get_checkpoint_state(model_dir)
+    try:
+        state = tf.train.get_checkpoint_state(model_dir)
+    except (tf.errors.OpError, ValueError):  # ValueError: bytes that are not text
+        state = None
     named = [state.model_checkpoint_path, *state.all_model_checkpoint_paths] if state else []
     named_steps = {
         int(m.group(2)) for m in (_CHECKPOINT_FILE.match(os.path.basename(p) + ".index") for p in named) if m
@@ -472,7 +479,8 @@ def clean_partial_checkpoints(model_dir: str) -> list:
         name = name.rstrip("/")
         path = os.path.join(model_dir, name)
         m = _CHECKPOINT_FILE.match(name)
-        partial = ".tempstate" in name or (m and (m.group(3) == "_temp" or int(m.group(2)) > newest))
+        newer = bool(named_steps) and int(m.group(2)) > newest if m else False
+        partial = ".tempstate" in name or (m and (m.group(3) == "_temp" or newer))
         if not partial:
             continue
         if tf.io.gfile.isdir(path):
