@@ -77,8 +77,18 @@ def run_trainer(config: TrainConfig) -> int:
     who = task.name if task else "single"
     peers = [t for t in cluster.server_tasks() if t != task] if cluster else []
     try:
-        with watch.Watch(who, _watched(config, peers)):
-            trainer.train(params, config.model_dir, dist, data_threads=config.threads.data, who=who)
+        with watch.Watch(who, _watched(config, peers)) as peers_watch:
+            # The watch ends with the last loop: a multi_worker_mirrored peer that finished first
+            # closes its port while this trainer may still be writing the final checkpoint (to a
+            # slow share), which is no lost peer.
+            trainer.train(
+                params,
+                config.model_dir,
+                dist,
+                data_threads=config.threads.data,
+                who=who,
+                on_last_loop=peers_watch.stop,
+            )
     except trainer.Stopped as e:
         saved = f"saved {e.path}" if e.path else "the master saved it"
         print(f"{who}: stopped at step {e.step} ({e.why}); {saved}; exit {e.code}", flush=True)

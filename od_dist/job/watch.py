@@ -46,6 +46,10 @@ class Watch:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No exit for a lost peer from now on."""
         self._stop.set()
 
     def _run(self) -> None:
