@@ -94,10 +94,22 @@ def _read_file(path: str) -> dict:
 
 
 def _parse_override(text: str) -> dict:
-    """A Model Garden --params_override value: 'a.b=1,c=x' or YAML/JSON -> dict."""
+    """A Model Garden --params_override value: 'a.b=1,c=x', YAML/JSON, or a YAML file -> dict."""
     from official.modeling.hyperparams import params_dict
 
     shown = text if len(text) < 80 else text[:77] + "..."
+    if os.path.isfile(text):  # a file, as Model Garden's own flag takes it
+        try:
+            safe_yaml.load_file(text)  # size cap, no aliases, no duplicate keys
+            with open(text, encoding="utf-8") as f:
+                value = yaml.load(f, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        except (safe_yaml.YamlError, yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+            raise PipelineError(f"params_override: file '{text}': {e}".replace("\n", " ")) from None
+        if not isinstance(value, dict):
+            raise PipelineError(
+                f"params_override: file '{text}': not a YAML mapping; write e.g. 'trainer: {{train_steps: 200}}'"
+            )
+        return value
     try:
         converted = params_dict.nested_csv_str_to_json_str(text)
     except ValueError:
