@@ -43,13 +43,66 @@ class DatasetError(ValueError):
 
 # ----- label maps -----------------------------------------------------------------------------
 
-_ITEM_RE = re.compile(r"item\s*\{(.*?)\}", re.S)
-_FIELD_RE = re.compile(r"""(\w+)\s*:\s*(?:'([^']*)'|"([^"]*)"|(-?\d+))""")
+# Protocol-buffer text format, as far as a label map uses it: strings with C escapes, numbers,
+# names, braces (items may hold nested messages, e.g. keypoints), comments.
+_PBTXT_TOKEN = re.compile(
+    r"""\s+|\#[^\n]*|(?P<str>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")|(?P<num>[-+]?\d+(?:\.\d*)?)"""
+    r"""|(?P<word>[A-Za-z_][\w.]*)|(?P<punct>[{}:;,\[\]<>])"""
+)
+
+
+def _pbtxt_string(name: str) -> str:
+    from google.protobuf import text_encoding
+
+    return "'" + text_encoding.CEscape(name.encode("utf-8"), as_utf8=True) + "'"
 
 
 def label_map_text(names: dict[int, str]) -> str:
-    """The Object Detection API's ``.pbtxt`` label map, ids from 1."""
-    return "".join(f"item {{\n  id: {i}\n  name: '{n}'\n}}\n" for i, n in sorted(names.items()))
+    """The Object Detection API's ``.pbtxt`` label map, ids from 1; names escaped as the text
+    format wants (a labelImg class may hold quotes or backslashes)."""
+    return "".join(f"item {{\n  id: {i}\n  name: {_pbtxt_string(n)}\n}}\n" for i, n in sorted(names.items()))
+
+
+def _label_map_items(text: str, path: str) -> list[dict]:
+    """The top-level fields of each ``item { ... }`` of a label map, strings unescaped."""
+    from google.protobuf import text_encoding
+
+    items: list[dict] = []
+    depth, item, key, prev = 0, None, None, None
+    pos = 0
+    while pos < len(text):
+        m = _PBTXT_TOKEN.match(text, pos)
+        if not m:
+            line = text.count("\n", 0, pos) + 1
+            raise DatasetError(
+                f"--labels: '{path}': line {line}: cannot read {text[pos : pos + 20]!r} (an unclosed quote?); "
+                "write item { id: 1 name: 'cat' } entries"
+            )
+        pos = m.end()
+        kind = m.lastgroup
+        if kind is None:
+            continue
+        value = m.group(kind)
+        if value == "{":
+            depth += 1
+            if depth == 1 and prev == "item":
+                item = {}
+            key = None
+        elif value == "}":
+            if depth == 1 and item is not None:
+                items.append(item)
+                item = None
+            depth = max(0, depth - 1)
+            key = None
+        elif value == ":":
+            key = prev if depth == 1 else None
+        elif key is not None and item is not None and kind in ("str", "num", "word"):
+            if kind == "str":
+                value = text_encoding.CUnescape(value[1:-1]).decode("utf-8", errors="replace")
+            item.setdefault(key, value)
+            key = None
+        prev = value
+    return items
 
 
 def read_labels(path: str) -> dict[int, str]:
@@ -64,9 +117,8 @@ def read_labels(path: str) -> dict[int, str]:
         text = f.read()
     names: dict[int, str] = {}
     if "item" in text and "{" in text:
-        for n, body in enumerate(_ITEM_RE.findall(text), start=1):
-            fields = {k: s1 or s2 or num for k, s1, s2, num in _FIELD_RE.findall(body)}
-            if "id" not in fields or "name" not in fields:
+        for n, fields in enumerate(_label_map_items(text, path), start=1):
+            if "id" not in fields or "name" not in fields or not fields["id"].lstrip("-").isdigit():
                 raise DatasetError(
                     f"--labels: '{path}': item {n} needs both id and name; write "
                     "item {{ id: 1 name: 'cat' }}"
@@ -333,8 +385,9 @@ def print_summary(written: Written, skipped: int, out=sys.stdout, unit: str = "a
 
 
 def _names(w: Written) -> list:
-    with open(os.path.join(w.out_dir, LABEL_MAP_FILE), encoding="utf-8") as f:
-        return _ITEM_RE.findall(f.read())
+    path = os.path.join(w.out_dir, LABEL_MAP_FILE)
+    with open(path, encoding="utf-8") as f:
+        return _label_map_items(f.read(), path)
 
 
 def report_problems(
