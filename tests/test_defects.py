@@ -74,7 +74,7 @@ def test_every_shipped_pipeline_trains_one_step(path, shapes_dir, tmp_path):
 # ----- 2: a model that cannot be built is invalid input, found before any task starts -----------
 
 
-def run_od_dist(*args, cwd=ROOT, timeout=600, env=None):
+def run_od_dist(*args, cwd=ROOT, timeout=900, env=None):
     import subprocess
     import sys
 
@@ -168,3 +168,274 @@ def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, sta
     for step in (5, 10):
         assert f"ckpt-{step}.index" in left and f"ckpt-{step}.data-00000-of-00001" in left, left
     tf.train.Checkpoint(v=tf.Variable(0.0)).restore(str(model_dir / "ckpt-10")).assert_consumed()
+
+
+# ----- 6: the final save is not cut short by a peer that finished first --------------------------
+
+# Imported by every Python process of the job (PYTHONPATH): the master's final save is slow, as on
+# a slow network share. Its last write (the `checkpoint` state file that names ckpt-4, after the
+# shards and every collective of the save) starts only once the worker has exited, and lasts the
+# whole window in which a watching trainer would take the closed port for a lost peer.
+SLOW_FINAL_SAVE = """
+import os
+
+from od_dist.job import trainer as _trainer
+
+_make = _trainer._controller_cls
+
+
+def _slow_state_write(write):
+    def slow(save_dir, model_checkpoint_path, *args, **kwargs):
+        if os.path.abspath(save_dir) == os.environ["OD_DIST_TEST_MODEL_DIR"] and model_checkpoint_path.endswith(
+            "ckpt-4"
+        ):
+            import time
+
+            from od_dist.job import watch
+            from od_dist.job.server import is_listening
+
+            port = int(os.environ["OD_DIST_TEST_WORKER_PORT"])
+            print("test: the final save waits for the worker to exit", flush=True)
+            while is_listening("127.0.0.1", port):
+                time.sleep(0.2)
+            time.sleep(2 * (watch.TRAINER_GONE_S + watch.PROBE_S))
+            print("test: the final save goes on", flush=True)
+        return write(save_dir, model_checkpoint_path, *args, **kwargs)
+
+    return slow
+
+
+def _slow_controller_cls():
+    from tensorflow.python.checkpoint import checkpoint_management as cm
+
+    if not getattr(cm.update_checkpoint_state_internal, "slow", False):
+        cm.update_checkpoint_state_internal = _slow_state_write(cm.update_checkpoint_state_internal)
+        cm.update_checkpoint_state_internal.slow = True
+    return _make()
+
+
+_trainer._controller_cls = _slow_controller_cls
+"""
+
+
+@pytest.mark.slow
+def test_final_save_outlasts_a_peer_that_finished_first(shapes_dir, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    import loopback
+
+    cluster = loopback.write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
+    worker_port = yaml.safe_load(open(cluster))["worker"][0].rsplit(":", 1)[1]
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_FINAL_SAVE)
+    override = yaml.safe_load(small_override(shapes_dir))
+    # Steps 2 and 4; the interval saves only step 2, so step 4 is the final save's alone.
+    override["trainer"].update(train_steps=4, steps_per_loop=2, summary_interval=2, checkpoint_interval=100)
+    model_dir = tmp_path / "run"
+    r = run_od_dist(
+        "launch",
+        f"--cluster={cluster}",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        f"--model_dir={model_dir}",
+        f"--params_override={yaml.safe_dump(override, default_flow_style=True)}",
+        "--max_restarts=0",
+        env={
+            "PYTHONPATH": str(hook),
+            "OD_DIST_TEST_WORKER_PORT": worker_port,
+            "OD_DIST_TEST_MODEL_DIR": str(model_dir),
+        },
+    )
+    out = r.stdout + r.stderr
+    assert "test: the final save goes on" in (model_dir / "logs" / "master-0.log").read_text(), out[-3000:]
+    assert r.returncode == 0, out[-3000:]
+    assert "exit 138" not in out, out[-3000:]
+    assert "[master:0] od-dist train | done at step 4" in out, out[-3000:]
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-4")
+
+
+# ----- 7: transient faults exit with a retryable code -------------------------------------------
+
+
+def test_hang_guard_ends_a_call_stuck_holding_the_gil_with_138():
+    """A regular expression that backtracks for ages holds the GIL as TensorFlow's join does."""
+    import subprocess
+    import sys
+
+    stuck = (
+        "import re\n"
+        "from od_dist.job.strategy import hang_guard\n"
+        "with hang_guard(1, 'master:0: every peer is up; joining the all-reduce group'):\n"
+        "    re.match(r'(a+)+$', 'a' * 64 + 'b')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, timeout=120)
+    from od_dist.job import exit_codes
+
+    assert exit_codes.normalize(r.returncode) == exit_codes.LOST_PEER == 138, (r.returncode, r.stderr)
+    assert exit_codes.is_retryable(r.returncode)
+    assert (
+        "od-dist: master:0: TensorFlow's cluster set-up did not finish in 1 s: a peer was lost after it "
+        "answered (or raise --wait_timeout); exit 138"
+    ) in r.stderr, r.stderr
+
+
+def test_hang_guard_lets_a_call_that_returns_go_on():
+    import subprocess
+    import sys
+
+    quick = "from od_dist.job.strategy import hang_guard\nwith hang_guard(5, 'x: joining'):\n    pass\nprint('after')"
+    r = subprocess.run([sys.executable, "-c", quick], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["x: joining (giving up after 5 s)", "after"], r
+
+
+@pytest.mark.slow
+def test_a_server_stopped_by_sigterm_without_the_masters_word_exits_143(tmp_path):
+    """SIGTERM alone (a drained node) is a stop for a supervisor to restart, not the end of the job."""
+    import signal
+    import subprocess
+    import sys
+
+    import loopback
+
+    cluster = loopback.write_cluster(tmp_path, ps=1, workers=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(tmp_path),
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+    )
+    try:
+        lines = []
+        while not lines or "serving on" not in lines[-1]:
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "ps exited before serving:\n" + "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        out = "".join(lines) + proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 143, out[-2000:]
+    assert "ps:0: stopped by signal 15; exit 143" in out
+
+
+# ----- 8: the evaluator is a sidecar: its failure never stops training ---------------------------
+
+
+def test_a_failing_evaluator_is_restarted_then_left_out_while_training_goes_on(tmp_path):
+    """Stand-in tasks: the evaluator exits 1 at every start (a pycocotools error); the master
+    trains until the evaluator has been started 1 + --max_restarts times, then finishes."""
+    import subprocess
+    import sys
+    import threading
+
+    from od_dist.cluster.spec import Address, Task
+    from od_dist.job import supervisor
+
+    starts = tmp_path / "evaluator-starts"
+    starts.write_text("")
+    master, ps, evaluator = (
+        Task(r, 0, Address("127.0.0.1", p)) for r, p in (("master", 1), ("ps", 2), ("evaluator", None))
+    )
+    until_evaluator_gone = (
+        "import os, time\n"
+        f"while len(open({str(starts)!r}).read()) < 3 or not os.path.exists({str(starts)!r} + '.gone'):\n"
+        "    time.sleep(0.1)\n"
+    )
+    scripts = {
+        "evaluator:0": f"open({str(starts)!r}, 'a').write('x'); raise SystemExit(1)",
+        "master:0": until_evaluator_gone,
+        "ps:0": until_evaluator_gone,
+    }
+    lines = []
+
+    def say(line):
+        lines.append(line)
+        if "training goes on without evaluation" in line:
+            open(str(starts) + ".gone", "w").close()
+
+    sup = supervisor.Supervisor(
+        "parameter_server",
+        [ps, master, evaluator],
+        lambda t: supervisor.Running(t, subprocess.Popen([sys.executable, "-c", scripts[t.name]])),
+        say,
+        max_restarts=2,
+        grace_s=5,
+    )
+    result = []
+    thread = threading.Thread(target=lambda: result.append(sup.run()), daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), lines
+    assert result == [0], lines
+    assert starts.read_text() == "xxx"
+    assert (
+        lines[0]
+        == "evaluator:0 died (exit 1, a permanent failure); restart 1/2 of evaluator:0 alone in 2 s; training goes on"
+    )
+    assert (
+        lines[1]
+        == "evaluator:0 died (exit 1, a permanent failure); restart 2/2 of evaluator:0 alone in 4 s; training goes on"
+    )
+    assert lines[2] == (
+        "evaluator:0 died (exit 1, a permanent failure); no restart left for it (--max_restarts 2); "
+        "training goes on without evaluation (run od-dist eval afterwards)"
+    )
+    assert lines[-1] == "every task finished" and not any("stopping every task" in line for line in lines)
+
+
+# ----- 9: --params_override takes a file, as its help and Model Garden's flag say ----------------
+
+
+def test_params_override_reads_a_yaml_file(tmp_path):
+    pytest.importorskip("official.vision")
+    from od_dist.model.pipeline import PipelineError, load_pipeline
+
+    override = tmp_path / "override.yaml"
+    override.write_text("trainer:\n  train_steps: 123\ntask:\n  train_data:\n    global_batch_size: 4\n")
+    params = load_pipeline(os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml"), str(override))
+    assert params.trainer.train_steps == 123 and params.task.train_data.global_batch_size == 4
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(PipelineError, match=r"params_override: file '.*bad.yaml': not a YAML mapping"):
+        load_pipeline(os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml"), str(bad))
+
+
+# ----- 10: class names with quotes survive the label map ----------------------------------------
+
+
+def make_labelimg(root, classes, count=4):
+    """A labelImg folder: count PNGs, each with one box of each class."""
+    from PIL import Image
+
+    from od_dist.data import voc
+
+    images, annotations = root / "images", root / "annotations"
+    images.mkdir(parents=True)
+    annotations.mkdir()
+    for i in range(count):
+        name = f"img{i}.png"
+        Image.new("RGB", (64, 48), (i * 40, 90, 160)).save(images / name)
+        objects = [(c, 5 + 10 * k, 5, 14 + 10 * k, 30, False) for k, c in enumerate(classes)]
+        voc.write_xml(str(annotations / f"img{i}.xml"), name, 64, 48, objects)
+    return str(images), str(annotations)
+
+
+def test_class_names_with_quotes_and_backslashes_survive_the_label_map(tmp_path):
+    from od_dist.data import records
+
+    classes = ["cat's toy", 'say "hi"', "back\\slash", "}{ brace", "é"]
+    images, annotations = make_labelimg(tmp_path / "my_data", classes)
+    out = tmp_path / "data"
+    r = run_od_dist("data", "voc", f"--images={images}", f"--annotations={annotations}", f"--out={out}")
+    assert r.returncode == 0, r.stderr
+    by_name = {name: i for i, name in enumerate(sorted(classes), start=1)}
+    assert records.read_labels(str(out / "label_map.pbtxt")) == {i: n for n, i in by_name.items()}
+    # The file is valid protocol-buffer text: each name is one string, as a text-format reader sees it.
+    from google.protobuf import text_encoding
+
+    text = (out / "label_map.pbtxt").read_text(encoding="utf-8")
+    for name in classes:
+        assert f"name: '{text_encoding.CEscape(name.encode(), as_utf8=True)}'" in text
