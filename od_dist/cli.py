@@ -31,14 +31,17 @@ class Command:
     usage: str  # description and example, shown by --help
     define: Callable[[flags.FlagValues], None]
     run: Callable[[flags.FlagValues], int]
+    rest: str | None = None  # a list flag that also takes the arguments left after the flags
 
 
 COMMANDS: dict[str, Command] = {}
 
 
-def command(name: str, summary: str, usage: str, define: Callable[[flags.FlagValues], None]):
+def command(
+    name: str, summary: str, usage: str, define: Callable[[flags.FlagValues], None], rest: str | None = None
+):
     def register(fn):
-        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn)
+        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn, rest)
         return fn
 
     return register
@@ -864,7 +867,8 @@ def define_predict_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_multi_string(
         "images",
         None,
-        "Image files or folders (repeat the flag, or give a comma-free path each time).",
+        "Image files or folders: several after one --images (as a shell expands photos/*.jpg), "
+        "the flag repeated, or paths after the flags.",
         flag_values=fv,
     )
     flags.DEFINE_string("out", None, "Folder for the drawn PNGs and detections.json.", flag_values=fv)
@@ -887,10 +891,12 @@ Runs the SavedModel on each image (files, or every .jpg/.png/.bmp/.gif of a fold
 <out>/detections.json: per image its path, size and detections, each a box [xmin, ymin, xmax,
 ymax] in pixels of the original image, a class name and id, and a score.
 
-Example:
+Examples:
   od-dist predict --model exported/demo --images my_data/test --out predictions --min_score 0.5
+  od-dist predict --model exported/demo --out predictions --images photos/*.jpg
 """,
     define_predict_flags,
+    rest="images",
 )
 def cmd_predict(fv) -> int:
     _require(fv, "model", "images", "out")
@@ -1138,6 +1144,9 @@ def main(argv: list[str]) -> int:
     except flags.Error as e:
         print(f"od-dist {name}: {e}; see 'od-dist {name} --help'", file=sys.stderr)
         return EXIT_INVALID
+    if extra and cmd.rest:  # `--images a.jpg b.jpg`: absl takes a.jpg, b.jpg is left over
+        fv[cmd.rest].value = [*(fv[cmd.rest].value or []), *extra]
+        extra = []
     if extra:
         print(
             f"od-dist {name}: unexpected argument '{extra[0]}'; flags are written --name=value",

@@ -439,3 +439,33 @@ def test_class_names_with_quotes_and_backslashes_survive_the_label_map(tmp_path)
     text = (out / "label_map.pbtxt").read_text(encoding="utf-8")
     for name in classes:
         assert f"name: '{text_encoding.CEscape(name.encode(), as_utf8=True)}'" in text
+
+
+# ----- 3: predict takes several paths after one --images, or after the flags --------------------
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda a, b: ["--images", a, b],  # what a shell makes of --images photos/*.jpg
+        lambda a, b: ["--images", a, "--images", b],
+        lambda a, b: [a, b],  # paths after the flags
+    ],
+    ids=["one-flag", "repeated", "positional"],
+)
+def test_predict_takes_every_path_given(tmp_path, form):
+    from PIL import Image
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "saved_model.pb").write_bytes(b"")  # the images are checked before the model is read
+    present = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(present)
+    missing = tmp_path / "b.png"  # the second path: named in the error only if it was taken
+    r = run_od_dist(
+        "predict", f"--model={model}", f"--out={tmp_path / 'out'}", *form(str(present), str(missing))
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        f"od-dist predict: --images: '{missing}': no such file or folder; pass image files or a folder of images"
+    )
