@@ -469,3 +469,44 @@ def test_predict_takes_every_path_given(tmp_path, form):
     assert r.stderr.strip() == (
         f"od-dist predict: --images: '{missing}': no such file or folder; pass image files or a folder of images"
     )
+
+
+# ----- 11: replacing a dataset is all or nothing ------------------------------------------------
+
+
+@pytest.mark.parametrize("interrupted_at", [1, 2])
+def test_an_interrupted_replacement_leaves_the_old_dataset_whole(tmp_path, monkeypatch, interrupted_at):
+    from od_dist.data import voc
+
+    images, annotations = make_labelimg(tmp_path / "my_data", ["cat", "dog"], count=6)
+    out = str(tmp_path / "data")
+    voc.convert(images, annotations, out, val_fraction=0.5)
+    (tmp_path / "data" / "notes.txt").write_text("mine")  # not the dataset's: kept
+
+    def contents():
+        return {n: open(os.path.join(out, n), "rb").read() for n in sorted(os.listdir(out))}
+
+    before = contents()
+    # The new conversion differs (another split), so a mix would show.
+    calls = []
+    real_rename, real_replace = os.rename, os.replace
+
+    def interrupting(real):
+        def move(src, dst, *a, **k):
+            calls.append((src, dst))
+            if len(calls) == interrupted_at:
+                raise KeyboardInterrupt
+            return real(src, dst, *a, **k)
+
+        return move
+
+    monkeypatch.setattr(os, "rename", interrupting(real_rename))
+    monkeypatch.setattr(os, "replace", interrupting(real_replace))
+    with pytest.raises(KeyboardInterrupt):
+        voc.convert(images, annotations, out, val_fraction=0.2, seed=7)
+    monkeypatch.undo()
+    assert contents() == before
+    assert sorted(os.listdir(tmp_path)) == ["data", "my_data"]  # no staging or old folder left
+    voc.convert(images, annotations, out, val_fraction=0.2, seed=7)
+    after = contents()
+    assert after != before and after["notes.txt"] == b"mine"

@@ -294,17 +294,44 @@ def write_dataset(
 
 
 def _move_into_place(staging: str, out_dir: str) -> None:
+    """The new dataset replaces the old one whole: the old folder is moved aside, the new one
+    renamed in, then the old one deleted, so an interrupt leaves the old dataset or the new one
+    (or, between the two renames, the old one beside --out under its `.old-` name), never a mix.
+    Files of the old folder that are not the dataset (not shards, not written anew) are kept."""
     if not os.path.exists(out_dir):
         os.rename(staging, out_dir)  # atomic: the whole dataset appears at once
         return
     if not os.path.isdir(out_dir):
         raise DatasetError(f"--out: '{out_dir}': exists and is not a directory; choose another --out")
-    # An earlier conversion's shards would be picked up by the train-*.tfrecord glob: remove them.
+    ours = set(os.listdir(staging))
     for name in os.listdir(out_dir):
-        if _SHARD_RE.match(name):
-            os.remove(os.path.join(out_dir, name))
-    for name in sorted(os.listdir(staging)):
-        os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+        if _SHARD_RE.match(name) or name in ours:
+            continue  # the old dataset: replaced
+        src, dst = os.path.join(out_dir, name), os.path.join(staging, name)
+        if os.path.isdir(src) and not os.path.islink(src):
+            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(src, dst)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    aside = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
+    os.rmdir(aside)  # a free name beside --out, on the same filesystem
+    os.rename(out_dir, aside)
+    try:
+        os.rename(staging, out_dir)
+    except BaseException:
+        os.rename(aside, out_dir)  # interrupted between the two: the old dataset back in place
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def box_features(
