@@ -510,3 +510,25 @@ def test_an_interrupted_replacement_leaves_the_old_dataset_whole(tmp_path, monke
     voc.convert(images, annotations, out, val_fraction=0.2, seed=7)
     after = contents()
     assert after != before and after["notes.txt"] == b"mine"
+
+
+# ----- 12: firewall lines go before a final REJECT rule -----------------------------------------
+
+
+def test_firewall_lines_insert_before_a_final_reject_rule(tmp_path):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        "strategy: parameter_server\nmaster: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nps: [10.0.0.3:2222]\n"
+    )
+    r = run_od_dist(
+        "scripts",
+        f"--cluster={cluster}",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        "--model_dir=runs/x",
+        f"--out={tmp_path / 'out'}",
+    )
+    assert r.returncode == 0, r.stderr
+    readme = (tmp_path / "out" / "README.md").read_text()
+    rules = [ln for ln in readme.splitlines() if "iptables" in ln and "INPUT" in ln]
+    assert rules and all(" -I INPUT -p tcp " in ln for ln in rules), rules
+    assert "sudo iptables -I INPUT -p tcp -s 10.0.0.1 --dport 2222 -j ACCEPT" in rules
