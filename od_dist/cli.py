@@ -493,7 +493,8 @@ def cmd_eval(fv) -> int:
     """
 Starts the tasks of the cluster that run on this machine (all of them for a loopback cluster such
 as clusters/local.yaml) as child processes with the given train flags. Their lines are prefixed
-([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log. Exits 0 when the master has
+([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log (./od-dist-logs/ for a remote
+gs://... model_dir). Exits 0 when the master has
 finished and the others have stopped. A lost task (a retryable exit: lost peer, signal) is
 restarted by TensorFlow's rules, up to --max_restarts times: a parameter_server worker or the
 evaluator alone, a ps, the master or any multi_worker_mirrored trainer with every task, from the

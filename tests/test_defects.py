@@ -532,3 +532,16 @@ def test_firewall_lines_insert_before_a_final_reject_rule(tmp_path):
     rules = [ln for ln in readme.splitlines() if "iptables" in ln and "INPUT" in ln]
     assert rules and all(" -I INPUT -p tcp " in ln for ln in rules), rules
     assert "sudo iptables -I INPUT -p tcp -s 10.0.0.1 --dport 2222 -j ACCEPT" in rules
+
+
+# ----- 13: a remote model_dir makes no local folder named after its scheme -----------------------
+
+
+def test_launch_with_a_remote_model_dir_logs_locally(tmp_path, monkeypatch):
+    from od_dist.job import launch
+
+    monkeypatch.chdir(tmp_path)
+    assert launch.run("cluster.yaml", "parameter_server", [], [], "gs://bucket/runs/x", 0, 1) == 0
+    assert sorted(os.listdir(tmp_path)) == [launch.REMOTE_LOG_DIR]
+    assert launch.log_dir_for("gs://bucket/runs/x") == str(tmp_path / launch.REMOTE_LOG_DIR)
+    assert launch.log_dir_for("runs/x") == os.path.join("runs/x", "logs")

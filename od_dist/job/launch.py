@@ -146,6 +146,17 @@ def handle_signals(handler) -> dict:
     return {getattr(signal, n): signal.signal(getattr(signal, n), handler) for n in names}
 
 
+REMOTE_LOG_DIR = "od-dist-logs"
+
+
+def log_dir_for(model_dir: str) -> str:
+    """Where the tasks' logs go: <model_dir>/logs, or for a remote model_dir (gs://, s3://, ...),
+    which the launcher cannot write without TensorFlow, ./od-dist-logs on this machine."""
+    if "://" in model_dir:
+        return os.path.abspath(REMOTE_LOG_DIR)
+    return os.path.join(model_dir, "logs")
+
+
 def run(
     cluster_path: str,
     strategy: str,
@@ -156,7 +167,7 @@ def run(
     grace_s: float,
 ) -> int:
     """Starts the tasks, supervises and restarts them (supervisor.py), returns the job's exit status."""
-    log_dir = os.path.join(model_dir, "logs")
+    log_dir = log_dir_for(model_dir)
     os.makedirs(log_dir, exist_ok=True)
     lock = threading.Lock()
 
