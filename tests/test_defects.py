@@ -545,3 +545,20 @@ def test_launch_with_a_remote_model_dir_logs_locally(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == [launch.REMOTE_LOG_DIR]
     assert launch.log_dir_for("gs://bucket/runs/x") == str(tmp_path / launch.REMOTE_LOG_DIR)
     assert launch.log_dir_for("runs/x") == os.path.join("runs/x", "logs")
+
+
+# ----- 14: the docs point only at what the repository holds -------------------------------------
+
+
+def test_readme_and_code_cite_no_file_outside_the_repository():
+    cited = []
+    paths = [os.path.join(ROOT, "README.md")] + glob.glob(
+        os.path.join(ROOT, "od_dist", "**", "*.py"), recursive=True
+    )
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        for name in ("DESIGN.md", "FAULTS.md", "DATA.md", "PERF.md", "SCALING.md", "LAYOUT.md"):
+            if name in text and not glob.glob(os.path.join(ROOT, "**", name), recursive=True):
+                cited.append(f"{os.path.relpath(path, ROOT)}: {name}")
+    assert not cited

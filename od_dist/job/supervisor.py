@@ -109,7 +109,8 @@ def backoff_s(restart: int) -> float:
 
 def send(proc: subprocess.Popen, signum: int) -> None:
     """SIGINT/SIGTERM to a child in its own process group; CTRL_BREAK on Windows (the one console
-    event a process group can be sent; od-dist handles it as SIGTERM)."""
+    event a process group can be sent), which a trainer handles as Ctrl+C: checkpoint, exit 130
+    (job/stop.py)."""
     if proc.poll() is not None:
         return
     try:
