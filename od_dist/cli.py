@@ -303,6 +303,13 @@ def cmd_tf_config(fv) -> int:
 
 def define_doctor_flags(fv: flags.FlagValues) -> None:
     define_task_flags(fv)
+    flags.DEFINE_string(
+        "pipeline",
+        None,
+        "Also check that the records this pipeline reads (task.train_data / "
+        "task.validation_data input_path) exist here, for the tasks of this machine that read them.",
+        flag_values=fv,
+    )
     flags.DEFINE_float(
         "connect_timeout",
         3.0,
@@ -321,11 +328,12 @@ Run it on any machine of the cluster before starting the job. One line per check
 its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
 refused" = nothing listening yet, fine before the job starts; no answer = a firewall drops it),
 this machine's ports free, the od-dist / TensorFlow / Model Garden versions installed here, and the
-GPUs here (nvidia-smi) against num_clones. Does not import TensorFlow. Exit 0 when nothing needs
+GPUs here (nvidia-smi) against num_clones, and with --pipeline the records this machine's tasks
+read (paths resolve in the working directory, as in training). Does not import TensorFlow. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:
-  od-dist doctor --cluster clusters/lan-example.yaml
+  od-dist doctor --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml
 """,
     define_doctor_flags,
 )
@@ -334,7 +342,9 @@ def cmd_doctor(fv) -> int:
 
     if not fv.cluster:
         raise UsageError("--cluster: '': required; pass --cluster clusters/lan.yaml")
-    checks, head = doctor.run(fv.cluster, fv.role, fv.index, fv.allow_public_addresses, fv.connect_timeout)
+    checks, head = doctor.run(
+        fv.cluster, fv.role, fv.index, fv.allow_public_addresses, fv.connect_timeout, pipeline=fv.pipeline
+    )
     print(f"od-dist doctor: {head}")
     for check in checks:
         print(f"  {check}")
