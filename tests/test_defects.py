@@ -562,3 +562,97 @@ def test_readme_and_code_cite_no_file_outside_the_repository():
             if name in text and not glob.glob(os.path.join(ROOT, "**", name), recursive=True):
                 cited.append(f"{os.path.relpath(path, ROOT)}: {name}")
     assert not cited
+
+
+# ----- 4: a worker without its data: one line, and the servers are told -------------------------
+
+
+@pytest.mark.slow
+def test_a_worker_without_the_records_is_one_line_and_the_servers_stop(shapes_dir, tmp_path):
+    """parameter_server: the master's machine has the records (its working directory), the
+    worker's does not. The master names the worker, its address and the path, exits 1 and tells
+    the ps and the worker to stop, which they do at once, not after --wait_timeout."""
+    import shutil
+    import subprocess
+    import sys
+
+    import loopback
+
+    cluster = loopback.write_cluster(tmp_path, ps=1, workers=1)
+    worker_address = yaml.safe_load(open(cluster))["worker"][0]
+    with_data, without_data = tmp_path / "master-machine", tmp_path / "worker-machine"
+    shutil.copytree(shapes_dir, with_data / "data")
+    without_data.mkdir()
+    override = yaml.safe_load(small_override(shapes_dir))
+    override["task"]["train_data"]["input_path"] = "data/train.tfrecord"
+    override["task"]["validation_data"]["input_path"] = "data/val.tfrecord"
+    override["trainer"].update(train_steps=2, steps_per_loop=1)
+    common = [
+        "--pipeline=" + os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml"),
+        f"--model_dir={tmp_path / 'run'}",
+        f"--params_override={yaml.safe_dump(override, default_flow_style=True)}",
+        "--wait_timeout=900",  # the servers stop because they are told, long before this
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    procs = {}
+    try:
+        for role, cwd in (("ps", without_data), ("worker", without_data), ("master", with_data)):
+            procs[role] = subprocess.Popen(
+                [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", f"--role={role}", *common],
+                cwd=str(cwd),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        out, err = procs["master"].communicate(timeout=900)
+        assert procs["master"].returncode == 1, out[-2000:] + err[-3000:]
+        line = err.strip().splitlines()[-1]
+        assert line == (
+            f"od-dist: worker:0 at {worker_address} cannot read data/train.tfrecord: no such file on that "
+            "machine; every machine whose task reads data needs the records at that path (copy them "
+            "there, or put them on a shared folder), then start the job again ('od-dist doctor "
+            "--pipeline' checks it)"
+        ), err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        assert "told ps:0, worker:0 to stop" in out, out[-2000:]
+        for role in ("ps", "worker"):
+            sout, _ = procs[role].communicate(timeout=120)
+            assert procs[role].returncode == 0, sout[-2000:]
+            assert f"{role}:0: the master failed (worker:0 at {worker_address} cannot read" in sout
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_doctor_checks_the_records_this_machines_tasks_read(shapes_dir, tmp_path):
+    import shutil
+
+    import loopback
+
+    cluster = loopback.write_cluster(tmp_path, ps=1, workers=1)
+    pipeline = tmp_path / "p.yaml"
+    doc = yaml.safe_load(open(os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")))
+    doc["task"]["train_data"]["input_path"] = "data/train.tfrecord"
+    doc["task"]["validation_data"]["input_path"] = "data/val.tfrecord"
+    pipeline.write_text(yaml.safe_dump(doc))
+    machine = tmp_path / "machine"
+    machine.mkdir()
+    args = ("doctor", f"--cluster={cluster}", f"--pipeline={pipeline}", "--connect_timeout=0.5")
+    r = run_od_dist(*args, cwd=str(machine))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (
+        f"FIX   task.train_data.input_path: data/train.tfrecord: no such file here (working directory "
+        f"{machine}), and worker:0, master:0 read it on this machine" in r.stdout
+    ), r.stdout
+    assert "FIX   task.validation_data.input_path: data/val.tfrecord: no such file here" in r.stdout
+    shutil.copytree(shapes_dir, machine / "data")
+    r = run_od_dist(*args, cwd=str(machine))
+    assert (
+        "ok    task.train_data.input_path: data/train.tfrecord: 1 file(s) here, for worker:0, master:0"
+        in r.stdout
+    )
+    assert "ok    task.validation_data.input_path: data/val.tfrecord: 1 file(s) here" in r.stdout
+    assert "FIX   task." not in r.stdout, r.stdout

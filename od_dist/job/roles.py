@@ -9,6 +9,7 @@ single (no cluster)             train on this machine's --num_clones devices
 
 from __future__ import annotations
 
+import re
 import sys
 
 from od_dist.job import exit_codes
@@ -105,6 +106,13 @@ def run_trainer(config: TrainConfig) -> int:
     except Exception as e:  # noqa: BLE001 - TensorFlow's error for a lost peer: name it, exit 138
         lost = watch.lost_in_error(str(e), peers) if _is_peer_error(e) else []
         if not lost:
+            missing = _missing_data(e, peers, who)
+            if config.is_coordinator:
+                # A permanent failure: the servers would otherwise wait --wait_timeout for a master
+                # that will not come back, exit 138 and be restarted by their own supervisors.
+                _stop_servers(cluster, f"failed ({missing or type(e).__name__})")
+            if missing:
+                raise RoleError(missing) from None
             raise
         watch.exit_lost(
             who,
@@ -114,6 +122,30 @@ def run_trainer(config: TrainConfig) -> int:
     if config.is_coordinator:
         _stop_servers(cluster, server.DONE)
     return 0
+
+
+_NO_SUCH_FILE = re.compile(r"([^\s;'\"]+)[;:]\s*No such file or directory")
+
+
+def _missing_data(e: Exception, peers, who: str) -> str | None:
+    """TensorFlow's page for records a task cannot open, as one line naming the task (from the
+    device in the message, else this trainer), its address, the path and the fix; else None."""
+    import tensorflow as tf
+
+    from od_dist.job import watch
+
+    text = str(e)
+    path = _NO_SUCH_FILE.search(text)
+    if not isinstance(e, tf.errors.NotFoundError) or not path:
+        return None
+    named = {(job, int(index)) for job, index in watch.TF_TASK.findall(text)}
+    where = [t for t in peers if (t.tf_job, t.index) in named]
+    task = f"{where[0].name} at {where[0].address}" if where else who
+    return (
+        f"{task} cannot read {path.group(1)}: no such file on that machine; every machine whose task "
+        "reads data needs the records at that path (copy them there, or put them on a shared "
+        "folder), then start the job again ('od-dist doctor --pipeline' checks it)"
+    )
 
 
 def _stop_servers(cluster, why: str) -> None:
