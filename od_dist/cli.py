@@ -31,14 +31,17 @@ class Command:
     usage: str  # description and example, shown by --help
     define: Callable[[flags.FlagValues], None]
     run: Callable[[flags.FlagValues], int]
+    rest: str | None = None  # a list flag that also takes the arguments left after the flags
 
 
 COMMANDS: dict[str, Command] = {}
 
 
-def command(name: str, summary: str, usage: str, define: Callable[[flags.FlagValues], None]):
+def command(
+    name: str, summary: str, usage: str, define: Callable[[flags.FlagValues], None], rest: str | None = None
+):
     def register(fn):
-        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn)
+        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn, rest)
         return fn
 
     return register
@@ -300,6 +303,13 @@ def cmd_tf_config(fv) -> int:
 
 def define_doctor_flags(fv: flags.FlagValues) -> None:
     define_task_flags(fv)
+    flags.DEFINE_string(
+        "pipeline",
+        None,
+        "Also check that the records this pipeline reads (task.train_data / "
+        "task.validation_data input_path) exist here, for the tasks of this machine that read them.",
+        flag_values=fv,
+    )
     flags.DEFINE_float(
         "connect_timeout",
         3.0,
@@ -318,11 +328,12 @@ Run it on any machine of the cluster before starting the job. One line per check
 its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
 refused" = nothing listening yet, fine before the job starts; no answer = a firewall drops it),
 this machine's ports free, the od-dist / TensorFlow / Model Garden versions installed here, and the
-GPUs here (nvidia-smi) against num_clones. Does not import TensorFlow. Exit 0 when nothing needs
+GPUs here (nvidia-smi) against num_clones, and with --pipeline the records this machine's tasks
+read (paths resolve in the working directory, as in training). Does not import TensorFlow. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:
-  od-dist doctor --cluster clusters/lan-example.yaml
+  od-dist doctor --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml
 """,
     define_doctor_flags,
 )
@@ -331,7 +342,9 @@ def cmd_doctor(fv) -> int:
 
     if not fv.cluster:
         raise UsageError("--cluster: '': required; pass --cluster clusters/lan.yaml")
-    checks, head = doctor.run(fv.cluster, fv.role, fv.index, fv.allow_public_addresses, fv.connect_timeout)
+    checks, head = doctor.run(
+        fv.cluster, fv.role, fv.index, fv.allow_public_addresses, fv.connect_timeout, pipeline=fv.pipeline
+    )
     print(f"od-dist doctor: {head}")
     for check in checks:
         print(f"  {check}")
@@ -490,7 +503,8 @@ def cmd_eval(fv) -> int:
     """
 Starts the tasks of the cluster that run on this machine (all of them for a loopback cluster such
 as clusters/local.yaml) as child processes with the given train flags. Their lines are prefixed
-([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log. Exits 0 when the master has
+([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log (./od-dist-logs/ for a remote
+gs://... model_dir). Exits 0 when the master has
 finished and the others have stopped. A lost task (a retryable exit: lost peer, signal) is
 restarted by TensorFlow's rules, up to --max_restarts times: a parameter_server worker or the
 evaluator alone, a ps, the master or any multi_worker_mirrored trainer with every task, from the
@@ -1020,7 +1034,8 @@ def define_predict_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_multi_string(
         "images",
         None,
-        "Image files or folders (repeat the flag, or give a comma-free path each time).",
+        "Image files or folders: several after one --images (as a shell expands photos/*.jpg), "
+        "the flag repeated, or paths after the flags.",
         flag_values=fv,
     )
     flags.DEFINE_string("out", None, "Folder for the drawn PNGs and detections.json.", flag_values=fv)
@@ -1043,10 +1058,12 @@ Runs the SavedModel on each image (files, or every .jpg/.png/.bmp/.gif of a fold
 <out>/detections.json: per image its path, size and detections, each a box [xmin, ymin, xmax,
 ymax] in pixels of the original image, a class name and id, and a score.
 
-Example:
+Examples:
   od-dist predict --model exported/demo --images my_data/test --out predictions --min_score 0.5
+  od-dist predict --model exported/demo --out predictions --images photos/*.jpg
 """,
     define_predict_flags,
+    rest="images",
 )
 def cmd_predict(fv) -> int:
     _require(fv, "model", "images", "out")
@@ -1294,6 +1311,9 @@ def main(argv: list[str]) -> int:
     except flags.Error as e:
         print(f"od-dist {name}: {e}; see 'od-dist {name} --help'", file=sys.stderr)
         return EXIT_INVALID
+    if extra and cmd.rest:  # `--images a.jpg b.jpg`: absl takes a.jpg, b.jpg is left over
+        fv[cmd.rest].value = [*(fv[cmd.rest].value or []), *extra]
+        extra = []
     if extra:
         print(
             f"od-dist {name}: unexpected argument '{extra[0]}'; flags are written --name=value",
