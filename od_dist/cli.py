@@ -793,8 +793,8 @@ def cmd_data_odapi(fv) -> int:
 
     train, val, labels = fv.train, fv.val, fv.labels
     if fv.config:
+        from od_dist.data import textproto
         from od_dist.model import odapi as config_import
-        from od_dist.model import textproto
 
         if not os.path.isfile(fv.config):
             raise UsageError(f"--config: '{fv.config}': no such file; pass the model's pipeline.config")
@@ -918,7 +918,8 @@ Example:
 )
 def cmd_pipeline_import(fv) -> int:
     _require(fv, "config", "out")
-    from od_dist.model import odapi, textproto
+    from od_dist.data import textproto
+    from od_dist.model import odapi
 
     if not os.path.isfile(fv.config):
         raise UsageError(f"--config: '{fv.config}': no such file; pass the model's pipeline.config")

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from od_dist import cli
-from od_dist.data import shapes
-from od_dist.model import textproto
+from od_dist.data import records, shapes, textproto
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -926,3 +925,20 @@ def test_odapi_project_trains_and_evaluates(project, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     line = [ln for ln in (r.stdout + r.stderr).splitlines() if "AP50" in ln]
     assert line and "step 4" in line[0], r.stdout + r.stderr
+
+
+def test_textproto_octal_escapes_spell_utf8():
+    # protoc writes non-ASCII bytes of a name as octal escapes: 'caf\303\251' is 'café'.
+    doc = textproto.parse("item { name: 'caf\\303\\251' id: 1 }")
+    assert doc.message("item").get("name") == "café"
+
+
+def test_label_maps_are_read_by_the_one_text_format_reader(tmp_path):
+    path = tmp_path / "label_map.pbtxt"
+    path.write_text(
+        "item {\n  id: 2\n  name: 'a \\'b\\''  # quoted\n  keypoints { id: 0 }\n}\nitem { id: 1 name: \"c\" }\n"
+    )
+    assert records.read_labels(str(path)) == {2: "a 'b'", 1: "c"}
+    path.write_text("item { id: 1 name: 'open }\n")
+    with pytest.raises(records.DatasetError, match=r"line 1, column \d+"):
+        records.read_labels(str(path))

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from od_dist.data import textproto
+
 LABEL_MAP_FILE = "label_map.pbtxt"
 SPLITS = ("train", "val")
 IMAGES_PER_SHARD = 1000  # ~100 MB of JPEGs at 640x480: a size tf.data reads well in parallel
@@ -43,13 +45,6 @@ class DatasetError(ValueError):
 
 # ----- label maps -----------------------------------------------------------------------------
 
-# Protocol-buffer text format, as far as a label map uses it: strings with C escapes, numbers,
-# names, braces (items may hold nested messages, e.g. keypoints), comments.
-_PBTXT_TOKEN = re.compile(
-    r"""\s+|\#[^\n]*|(?P<str>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")|(?P<num>[-+]?\d+(?:\.\d*)?)"""
-    r"""|(?P<word>[A-Za-z_][\w.]*)|(?P<punct>[{}:;,\[\]<>])"""
-)
-
 
 def _pbtxt_string(name: str) -> str:
     from google.protobuf import text_encoding
@@ -64,45 +59,17 @@ def label_map_text(names: dict[int, str]) -> str:
 
 
 def _label_map_items(text: str, path: str) -> list[dict]:
-    """The top-level fields of each ``item { ... }`` of a label map, strings unescaped."""
-    from google.protobuf import text_encoding
-
-    items: list[dict] = []
-    depth, item, key, prev = 0, None, None, None
-    pos = 0
-    while pos < len(text):
-        m = _PBTXT_TOKEN.match(text, pos)
-        if not m:
-            line = text.count("\n", 0, pos) + 1
-            raise DatasetError(
-                f"--labels: '{path}': line {line}: cannot read {text[pos : pos + 20]!r} (an unclosed quote?); "
-                "write item { id: 1 name: 'cat' } entries"
-            )
-        pos = m.end()
-        kind = m.lastgroup
-        if kind is None:
-            continue
-        value = m.group(kind)
-        if value == "{":
-            depth += 1
-            if depth == 1 and prev == "item":
-                item = {}
-            key = None
-        elif value == "}":
-            if depth == 1 and item is not None:
-                items.append(item)
-                item = None
-            depth = max(0, depth - 1)
-            key = None
-        elif value == ":":
-            key = prev if depth == 1 else None
-        elif key is not None and item is not None and kind in ("str", "num", "word"):
-            if kind == "str":
-                value = text_encoding.CUnescape(value[1:-1]).decode("utf-8", errors="replace")
-            item.setdefault(key, value)
-            key = None
-        prev = value
-    return items
+    """The top-level scalar fields of each ``item { ... }`` of a label map (the first value of
+    each, as text), strings unescaped."""
+    try:
+        doc = textproto.parse(text)
+    except textproto.TextFormatError as e:
+        raise DatasetError(f"--labels: '{path}': {e}; write item {{ id: 1 name: 'cat' }} entries") from None
+    return [
+        {k: str(v[0]) for k, v in item.fields.items() if not isinstance(v[0], textproto.Message)}
+        for item in doc.all("item")
+        if isinstance(item, textproto.Message)
+    ]
 
 
 def read_labels(path: str) -> dict[int, str]:

@@ -24,7 +24,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 
-from od_dist.model import textproto
+from od_dist.data import textproto
 
 FAMILIES = (
     "SSD with a MobileNet feature extractor, SSD/RetinaNet with a ResNet FPN, Faster R-CNN with a ResNet"

@@ -97,28 +97,29 @@ def _tokens(text: str) -> list[_Tok]:
 
 
 def _unquote(tok: _Tok) -> str:
-    body, out, i = tok.text[1:-1], [], 0
+    # Escaped bytes (octal, hex) may spell UTF-8 sequences: gather bytes, decode once.
+    body, out, i = tok.text[1:-1], bytearray(), 0
     while i < len(body):
         c = body[i]
         if c != "\\":
-            out.append(c)
+            out += c.encode("utf-8")
             i += 1
             continue
         nxt = body[i + 1]
         if nxt in _ESCAPES:
-            out.append(_ESCAPES[nxt])
+            out += _ESCAPES[nxt].encode("utf-8")
             i += 2
         elif nxt in "01234567":
             digits = re.match(r"[0-7]{1,3}", body[i + 1 :]).group()
-            out.append(chr(int(digits, 8)))
+            out.append(int(digits, 8) & 0xFF)
             i += 1 + len(digits)
         elif nxt == "x" and re.match(r"[0-9a-fA-F]{1,2}", body[i + 2 :]):
             digits = re.match(r"[0-9a-fA-F]{1,2}", body[i + 2 :]).group()
-            out.append(chr(int(digits, 16)))
+            out.append(int(digits, 16))
             i += 2 + len(digits)
         else:
             raise TextFormatError(f"unknown escape '\\{nxt}' in a string", tok.line, tok.column + i + 1)
-    return "".join(out)
+    return out.decode("utf-8", errors="replace")
 
 
 class _Parser:
