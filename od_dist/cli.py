@@ -31,14 +31,17 @@ class Command:
     usage: str  # description and example, shown by --help
     define: Callable[[flags.FlagValues], None]
     run: Callable[[flags.FlagValues], int]
+    rest: str | None = None  # a list flag that also takes the arguments left after the flags
 
 
 COMMANDS: dict[str, Command] = {}
 
 
-def command(name: str, summary: str, usage: str, define: Callable[[flags.FlagValues], None]):
+def command(
+    name: str, summary: str, usage: str, define: Callable[[flags.FlagValues], None], rest: str | None = None
+):
     def register(fn):
-        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn)
+        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn, rest)
         return fn
 
     return register
@@ -309,6 +312,13 @@ def cmd_tf_config(fv) -> int:
 
 def define_doctor_flags(fv: flags.FlagValues) -> None:
     define_task_flags(fv)
+    flags.DEFINE_string(
+        "pipeline",
+        None,
+        "Also check that the records this pipeline reads (task.train_data / "
+        "task.validation_data input_path) exist here, for the tasks of this machine that read them.",
+        flag_values=fv,
+    )
     flags.DEFINE_float(
         "connect_timeout",
         3.0,
@@ -327,11 +337,12 @@ Run it on any machine of the cluster before starting the job. One line per check
 its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
 refused" = nothing listening yet, fine before the job starts; no answer = a firewall drops it),
 this machine's ports free, the od-dist / TensorFlow / Model Garden versions installed here, and the
-GPUs here (nvidia-smi) against num_clones. Does not import TensorFlow. Exit 0 when nothing needs
+GPUs here (nvidia-smi) against num_clones, and with --pipeline the records this machine's tasks
+read (paths resolve in the working directory, as in training). Does not import TensorFlow. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:
-  od-dist doctor --cluster clusters/lan-example.yaml
+  od-dist doctor --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml
 """,
     define_doctor_flags,
 )
@@ -340,7 +351,9 @@ def cmd_doctor(fv) -> int:
 
     if not fv.cluster:
         raise UsageError("--cluster: '': required; pass --cluster clusters/lan.yaml")
-    checks, head = doctor.run(fv.cluster, fv.role, fv.index, fv.allow_public_addresses, fv.connect_timeout)
+    checks, head = doctor.run(
+        fv.cluster, fv.role, fv.index, fv.allow_public_addresses, fv.connect_timeout, pipeline=fv.pipeline
+    )
     print(f"od-dist doctor: {head}")
     for check in checks:
         print(f"  {check}")
@@ -500,7 +513,8 @@ def cmd_eval(fv) -> int:
     """
 Starts the tasks of the cluster that run on this machine (all of them for a loopback cluster such
 as clusters/local.yaml) as child processes with the given train flags. Their lines are prefixed
-([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log. Exits 0 when the master has
+([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log (./od-dist-logs/ for a remote
+gs://... model_dir). Exits 0 when the master has
 finished and the others have stopped. A lost task (a retryable exit: lost peer, signal) is
 restarted by TensorFlow's rules, up to --max_restarts times: a parameter_server worker or the
 evaluator alone, a ps, the master or any multi_worker_mirrored trainer with every task, from the
@@ -738,6 +752,84 @@ def cmd_data_coco(fv) -> int:
     )
 
 
+def define_odapi_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string(
+        "config",
+        None,
+        "The Object Detection API pipeline.config whose train_input_reader / eval_input_reader "
+        "input paths and label_map_path to read (instead of --train, --val, --labels).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "train", None, "The training records: a file, a glob (quote it) or a comma list.", flag_values=fv
+    )
+    flags.DEFINE_string("val", None, "The validation records, as --train.", flag_values=fv)
+    flags.DEFINE_string(
+        "labels",
+        None,
+        "The label_map.pbtxt: class ids by class name, as the Object Detection API reads them. "
+        "Needed when records hold only class/text.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "out",
+        None,
+        "Output folder: train-*.tfrecord, val-*.tfrecord, label_map.pbtxt. "
+        "Written under a temporary name and renamed when complete.",
+        flag_values=fv,
+    )
+
+
+@command(
+    "data odapi",
+    "Rewrite Object Detection API records (file names as source ids) for Model Garden.",
+    """
+Reads records written for the Object Detection API (generate_tfrecord.py and annotation tools'
+exports: image/source_id holds the file name, class/text beside class/label) and writes them in
+Model Garden's layout: source ids numbered 1, 2, 3, ... (COCO evaluation needs numbers), the file
+name kept in image/filename, class ids by class name through --labels as the Object Detection API
+takes them (class/label where the name is not in the map), difficult objects as is_crowd. Images
+and boxes are copied unchanged. Any problem: one line per record and exit 2, nothing written.
+
+Examples:
+  od-dist data odapi --config my_model/pipeline.config --out data/my_data
+  od-dist data odapi --train annotations/train.record --val annotations/test.record \\
+      --labels annotations/label_map.pbtxt --out data/my_data
+""",
+    define_odapi_flags,
+)
+def cmd_data_odapi(fv) -> int:
+    from od_dist.data import odapi
+
+    train, val, labels = fv.train, fv.val, fv.labels
+    if fv.config:
+        from od_dist.data import textproto
+        from od_dist.model import odapi as config_import
+
+        if not os.path.isfile(fv.config):
+            raise UsageError(f"--config: '{fv.config}': no such file; pass the model's pipeline.config")
+        with open(fv.config, encoding="utf-8", errors="replace") as f:
+            try:
+                found = config_import.input_paths(f.read())
+            except textproto.TextFormatError as e:
+                raise UsageError(f"--config: '{fv.config}': {e}") from None
+        train, val, labels = train or found[0], val or found[1], labels or found[2]
+    _require(fv, "out")
+    for name, value in (("train", train), ("val", val)):
+        if not value:
+            raise UsageError(
+                f"--{name}: '': required; pass --{name}=FILE.record (or --config pipeline.config)"
+            )
+    code = _convert("data odapi", lambda: odapi.convert(train, val, fv.out, labels), unit="record(s)")
+    if code == EXIT_OK:
+        print(
+            f"next: od-dist pipeline import --config {fv.config or 'pipeline.config'} --data {fv.out} "
+            "--out pipelines/my_model.yaml",
+            flush=True,
+        )
+    return code
+
+
 def define_check_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "pipeline",
@@ -800,6 +892,85 @@ def cmd_data_check(fv) -> int:
     from od_dist.data import check
 
     return EXIT_INVALID if check.check(splits, num_classes, sys.stdout) else EXIT_OK
+
+
+def define_pipeline_import_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string(
+        "config", None, "The Object Detection API pipeline.config (protobuf text format).", flag_values=fv
+    )
+    flags.DEFINE_string("out", None, "The od-dist pipeline YAML to write.", flag_values=fv)
+    flags.DEFINE_string(
+        "data",
+        None,
+        "The folder `od-dist data odapi` wrote the records to: the pipeline reads its "
+        "train-*.tfrecord and val-*.tfrecord. Default: the config's own input paths.",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean("force", False, "Replace --out if it exists.", flag_values=fv)
+
+
+@command(
+    "pipeline import",
+    "Turn an Object Detection API pipeline.config into an od-dist pipeline YAML.",
+    """
+Reads an Object Detection API pipeline.config and writes the pipeline for the closest Model Garden
+experiment: SSD with a MobileNet feature extractor -> retinanet_mobile_coco with a MobileNet
+backbone and FPN; SSD with a ResNet FPN -> retinanet_resnetfpn_coco; Faster R-CNN with a ResNet ->
+fasterrcnn_resnetfpn_coco. Carries num_classes (+1 for the background), image size, batch size,
+steps, learning-rate schedule and warmup, optimizer, the augmentations Model Garden has, anchors,
+NMS, input paths and label map; prints every setting that does not carry over, one line each, with
+why. The YAML is checked with the pipeline loader before it is put in place.
+
+Example:
+  od-dist pipeline import --config my_model/pipeline.config --data data/my_data --out pipelines/my_model.yaml
+""",
+    define_pipeline_import_flags,
+)
+def cmd_pipeline_import(fv) -> int:
+    _require(fv, "config", "out")
+    from od_dist.data import textproto
+    from od_dist.model import odapi
+
+    if not os.path.isfile(fv.config):
+        raise UsageError(f"--config: '{fv.config}': no such file; pass the model's pipeline.config")
+    if os.path.exists(fv.out) and not fv.force:
+        raise UsageError(f"--out: '{fv.out}': exists; choose another --out or pass --force to replace it")
+    with open(fv.config, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    try:
+        imported = odapi.convert(text, fv.data)
+    except textproto.TextFormatError as e:
+        raise UsageError(f"--config: '{fv.config}': {e}") from None
+    except odapi.ImportProblem as e:
+        raise UsageError(f"--config: '{fv.config}': {e}") from None
+
+    def check(path):
+        from od_dist.model.pipeline import PipelineError, load_pipeline
+
+        try:
+            load_pipeline(path)
+        except PipelineError as e:
+            raise odapi.ImportProblem(f"the written pipeline does not load ({e}); nothing written") from None
+
+    try:
+        odapi.write(odapi.render(imported, fv.config), fv.out, fv.force, check)
+    except odapi.ImportProblem as e:
+        raise UsageError(str(e)) from None
+    for note in imported.notes:
+        print(f"not carried over: {note}")
+    for warning in imported.warnings:
+        print(f"warning: {warning}")
+    print(
+        f"wrote {fv.out}: experiment {imported.experiment}, {len(imported.notes)} setting(s) not carried over"
+    )
+    if not fv.data:
+        print(
+            "input paths: as in the config; records in the Object Detection API's layout (file names as "
+            f"image/source_id) are rewritten once with: od-dist data odapi --config {fv.config} --out DIR, "
+            "then import again with --data DIR"
+        )
+    print(f"next: od-dist data check --pipeline {fv.out}", flush=True)
+    return EXIT_OK
 
 
 # ----- export / predict / report --------------------------------------------------------------
@@ -874,7 +1045,8 @@ def define_predict_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_multi_string(
         "images",
         None,
-        "Image files or folders (repeat the flag, or give a comma-free path each time).",
+        "Image files or folders: several after one --images (as a shell expands photos/*.jpg), "
+        "the flag repeated, or paths after the flags.",
         flag_values=fv,
     )
     flags.DEFINE_string("out", None, "Folder for the drawn PNGs and detections.json.", flag_values=fv)
@@ -897,10 +1069,12 @@ Runs the SavedModel on each image (files, or every .jpg/.png/.bmp/.gif of a fold
 <out>/detections.json: per image its path, size and detections, each a box [xmin, ymin, xmax,
 ymax] in pixels of the original image, a class name and id, and a score.
 
-Example:
+Examples:
   od-dist predict --model exported/demo --images my_data/test --out predictions --min_score 0.5
+  od-dist predict --model exported/demo --out predictions --images photos/*.jpg
 """,
     define_predict_flags,
+    rest="images",
 )
 def cmd_predict(fv) -> int:
     _require(fv, "model", "images", "out")
@@ -1148,6 +1322,9 @@ def main(argv: list[str]) -> int:
     except flags.Error as e:
         print(f"od-dist {name}: {e}; see 'od-dist {name} --help'", file=sys.stderr)
         return EXIT_INVALID
+    if extra and cmd.rest:  # `--images a.jpg b.jpg`: absl takes a.jpg, b.jpg is left over
+        fv[cmd.rest].value = [*(fv[cmd.rest].value or []), *extra]
+        extra = []
     if extra:
         print(
             f"od-dist {name}: unexpected argument '{extra[0]}'; flags are written --name=value",

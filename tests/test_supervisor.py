@@ -45,7 +45,7 @@ def test_retryable_exits(code):
 
 @pytest.mark.parametrize("code", [1, 2, 3, 42, 126, 127, 139, -11])
 def test_permanent_exits_are_never_retried(code):
-    for strategy, role in ((PS, "worker"), (PS, "ps"), (PS, "master"), (PS, "evaluator"), (MWMS, "worker")):
+    for strategy, role in ((PS, "worker"), (PS, "ps"), (PS, "master"), (MWMS, "worker")):
         assert decide(strategy, role, code) == PERMANENT
 
 
@@ -61,7 +61,7 @@ def test_plan_names_the_tasks():
     assert plan(PS, JOB, [(MASTER, 2)]) == supervisor.Plan(PERMANENT, (MASTER, 2))
     # One fault seen twice (the ps killed, the master failing on it): restart all, cause the ps.
     assert plan(PS, JOB, [(MASTER, 1), (PS0, -9)]) == supervisor.Plan(RESTART_ALL, (PS0, -9), tuple(JOB))
-    assert plan(PS, JOB, [(W0, -9), (EVAL, 1)]).action == PERMANENT
+    assert plan(PS, JOB, [(W0, -9), (EVAL, 1)]).action == RESTART_TASK  # the evaluator: a sidecar
 
 
 def test_describe_and_backoff():

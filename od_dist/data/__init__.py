@@ -1,4 +1,12 @@
-"""Dataset tools: the synthetic shapes detection dataset (TensorFlow imported lazily)."""
+"""Datasets as Model Garden's detection records (TensorFlow imported lazily, by each tool):
+
+shapes.py    the synthetic shapes dataset of the demo (`od-dist data shapes`)
+voc.py       Pascal VOC / labelImg XML -> records (`od-dist data voc`)
+coco.py      COCO JSON -> records (`od-dist data coco`)
+records.py   what the converters share: label maps, the train/val split, sharded writing
+             through a staging folder, checks of boxes and images, the summary
+check.py     reads every record a pipeline uses and checks it (`od-dist data check`)
+"""
 
 __all__ = ["CLASSES", "DEFAULT_DIR", "write_dataset"]
 

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from od_dist.data import textproto
+
 LABEL_MAP_FILE = "label_map.pbtxt"
 SPLITS = ("train", "val")
 IMAGES_PER_SHARD = 1000  # ~100 MB of JPEGs at 640x480: a size tf.data reads well in parallel
@@ -43,13 +45,31 @@ class DatasetError(ValueError):
 
 # ----- label maps -----------------------------------------------------------------------------
 
-_ITEM_RE = re.compile(r"item\s*\{(.*?)\}", re.S)
-_FIELD_RE = re.compile(r"""(\w+)\s*:\s*(?:'([^']*)'|"([^"]*)"|(-?\d+))""")
+
+def _pbtxt_string(name: str) -> str:
+    from google.protobuf import text_encoding
+
+    return "'" + text_encoding.CEscape(name.encode("utf-8"), as_utf8=True) + "'"
 
 
 def label_map_text(names: dict[int, str]) -> str:
-    """The Object Detection API's ``.pbtxt`` label map, ids from 1."""
-    return "".join(f"item {{\n  id: {i}\n  name: '{n}'\n}}\n" for i, n in sorted(names.items()))
+    """The Object Detection API's ``.pbtxt`` label map, ids from 1; names escaped as the text
+    format wants (a labelImg class may hold quotes or backslashes)."""
+    return "".join(f"item {{\n  id: {i}\n  name: {_pbtxt_string(n)}\n}}\n" for i, n in sorted(names.items()))
+
+
+def _label_map_items(text: str, path: str) -> list[dict]:
+    """The top-level scalar fields of each ``item { ... }`` of a label map (the first value of
+    each, as text), strings unescaped."""
+    try:
+        doc = textproto.parse(text)
+    except textproto.TextFormatError as e:
+        raise DatasetError(f"--labels: '{path}': {e}; write item {{ id: 1 name: 'cat' }} entries") from None
+    return [
+        {k: str(v[0]) for k, v in item.fields.items() if not isinstance(v[0], textproto.Message)}
+        for item in doc.all("item")
+        if isinstance(item, textproto.Message)
+    ]
 
 
 def read_labels(path: str) -> dict[int, str]:
@@ -64,9 +84,8 @@ def read_labels(path: str) -> dict[int, str]:
         text = f.read()
     names: dict[int, str] = {}
     if "item" in text and "{" in text:
-        for n, body in enumerate(_ITEM_RE.findall(text), start=1):
-            fields = {k: s1 or s2 or num for k, s1, s2, num in _FIELD_RE.findall(body)}
-            if "id" not in fields or "name" not in fields:
+        for n, fields in enumerate(_label_map_items(text, path), start=1):
+            if "id" not in fields or "name" not in fields or not fields["id"].lstrip("-").isdigit():
                 raise DatasetError(
                     f"--labels: '{path}': item {n} needs both id and name; write "
                     "item {{ id: 1 name: 'cat' }}"
@@ -242,17 +261,44 @@ def write_dataset(
 
 
 def _move_into_place(staging: str, out_dir: str) -> None:
+    """The new dataset replaces the old one whole: the old folder is moved aside, the new one
+    renamed in, then the old one deleted, so an interrupt leaves the old dataset or the new one
+    (or, between the two renames, the old one beside --out under its `.old-` name), never a mix.
+    Files of the old folder that are not the dataset (not shards, not written anew) are kept."""
     if not os.path.exists(out_dir):
         os.rename(staging, out_dir)  # atomic: the whole dataset appears at once
         return
     if not os.path.isdir(out_dir):
         raise DatasetError(f"--out: '{out_dir}': exists and is not a directory; choose another --out")
-    # An earlier conversion's shards would be picked up by the train-*.tfrecord glob: remove them.
+    ours = set(os.listdir(staging))
     for name in os.listdir(out_dir):
-        if _SHARD_RE.match(name):
-            os.remove(os.path.join(out_dir, name))
-    for name in sorted(os.listdir(staging)):
-        os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+        if _SHARD_RE.match(name) or name in ours:
+            continue  # the old dataset: replaced
+        src, dst = os.path.join(out_dir, name), os.path.join(staging, name)
+        if os.path.isdir(src) and not os.path.islink(src):
+            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(src, dst)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    aside = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
+    os.rmdir(aside)  # a free name beside --out, on the same filesystem
+    os.rename(out_dir, aside)
+    try:
+        os.rename(staging, out_dir)
+    except BaseException:
+        os.rename(aside, out_dir)  # interrupted between the two: the old dataset back in place
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def box_features(
@@ -312,8 +358,9 @@ def encoded_image(path: str, fmt: str) -> tuple[bytes, str]:
     return buf.getvalue(), "png"
 
 
-def print_summary(written: Written, skipped: int, out=sys.stdout, unit: str = "annotation file(s)") -> None:
+def print_summary(written: Written, skipped: int, out=None, unit: str = "annotation file(s)") -> None:
     """What a pipeline needs: the paths and num_classes."""
+    out = out or sys.stdout  # looked up now: a default bound at import would outlive a redirection
     w = written
     print(
         f"wrote {w.images['train']} train and {w.images['val']} validation images "
@@ -333,8 +380,9 @@ def print_summary(written: Written, skipped: int, out=sys.stdout, unit: str = "a
 
 
 def _names(w: Written) -> list:
-    with open(os.path.join(w.out_dir, LABEL_MAP_FILE), encoding="utf-8") as f:
-        return _ITEM_RE.findall(f.read())
+    path = os.path.join(w.out_dir, LABEL_MAP_FILE)
+    with open(path, encoding="utf-8") as f:
+        return _label_map_items(f.read(), path)
 
 
 def report_problems(

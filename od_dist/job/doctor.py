@@ -3,7 +3,7 @@
 One line per check, each `ok`, `warn` (worth a look, not a blocker) or `FIX` (with what to do):
 this machine's entry in the cluster file, every peer's host name resolving, the port of every peer
 this machine's tasks connect to reachable from here, this machine's own ports free, the installed
-versions, GPUs vs num_clones.
+versions, GPUs vs num_clones, and with --pipeline the records its tasks read.
 
 A peer's port is probed with a plain TCP connect; the answer tells the cases apart:
   connected            something listens there (its task is up)                -> ok
@@ -345,6 +345,61 @@ def check_gpus(cluster: Cluster, mine, counted=None) -> list[Check]:
     ]
 
 
+# ----- the pipeline's records ---------------------------------------------------------------------
+
+
+def check_data(cluster: Cluster, mine, pipeline_path: str) -> list[Check]:
+    """The pipeline's input files, on this machine, for its tasks that read them: the master and
+    the workers open (or, a parameter_server master, list) the training and validation records,
+    the evaluator the validation records. Paths resolve in the working directory, as in training.
+    Reads the pipeline file itself (no TensorFlow): values from --params_override are not seen."""
+    import glob
+
+    from od_dist.model import pipeline
+
+    readers = {
+        "train_data": [t for t in mine if t.role in ("master", "worker")],
+        "validation_data": [t for t in mine if t.role in ("master", "worker", "evaluator")],
+    }
+    if not readers["validation_data"]:
+        return [Check(OK, "data", "no task here reads records")]
+    try:
+        doc = pipeline._read_file(pipeline_path)
+    except pipeline.PipelineError as e:
+        return [Check(FIX, "pipeline", str(e))]
+    checks = []
+    for split, tasks in readers.items():
+        if not tasks:
+            continue
+        key = f"task.{split}.input_path"
+        names = ", ".join(t.name for t in tasks)
+        value = pipeline._get(doc, key)
+        if not value:
+            checks.append(
+                Check(WARN, key, "not set in the pipeline file (the experiment's default): not checked")
+            )
+            continue
+        patterns = value if isinstance(value, list) else str(value).split(",")
+        for pattern in (str(p).strip() for p in patterns if str(p).strip()):
+            if "://" in pattern:
+                checks.append(Check(WARN, key, f"{pattern}: remote, not checked from here"))
+                continue
+            found = glob.glob(pattern)
+            if found:
+                checks.append(Check(OK, key, f"{pattern}: {len(found)} file(s) here, for {names}"))
+            else:
+                checks.append(
+                    Check(
+                        FIX,
+                        key,
+                        f"{pattern}: no such file here (working directory {os.getcwd()}), and {names} "
+                        "read it on this machine: copy the records here at that path, or put them on "
+                        "a shared folder",
+                    )
+                )
+    return checks
+
+
 # ----- all of it ------------------------------------------------------------------------------------
 
 
@@ -363,6 +418,7 @@ def run(
     allow_public: bool,
     connect_timeout: float = CONNECT_TIMEOUT_S,
     machine=None,
+    pipeline: str | None = None,
 ) -> tuple[list[Check], str]:
     """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2)."""
     from od_dist.job import config
@@ -384,4 +440,6 @@ def run(
     checks += check_versions()
     checks += check_gpus(cluster, mine)
     checks += check_layout(cluster)
+    if pipeline:
+        checks += check_data(cluster, mine, pipeline)
     return checks, head

@@ -146,6 +146,17 @@ def handle_signals(handler) -> dict:
     return {getattr(signal, n): signal.signal(getattr(signal, n), handler) for n in names}
 
 
+REMOTE_LOG_DIR = "od-dist-logs"
+
+
+def log_dir_for(model_dir: str) -> str:
+    """Where the tasks' logs go: <model_dir>/logs, or for a remote model_dir (gs://, s3://, ...),
+    which the launcher cannot write without TensorFlow, ./od-dist-logs on this machine."""
+    if "://" in model_dir:
+        return os.path.abspath(REMOTE_LOG_DIR)
+    return os.path.join(model_dir, "logs")
+
+
 def run(
     cluster_path: str,
     strategy: str,
@@ -156,7 +167,7 @@ def run(
     grace_s: float,
 ) -> int:
     """Starts the tasks, supervises and restarts them (supervisor.py), returns the job's exit status."""
-    log_dir = os.path.join(model_dir, "logs")
+    log_dir = log_dir_for(model_dir)
     os.makedirs(log_dir, exist_ok=True)
     lock = threading.Lock()
 
@@ -223,7 +234,8 @@ _CHECK_PIPELINE = """
 import sys
 from od_dist.model import pipeline
 try:
-    pipeline.load_pipeline(sys.argv[1], sys.argv[2] or None, sys.argv[3])
+    params = pipeline.load_pipeline(sys.argv[1], sys.argv[2] or None, sys.argv[3])
+    pipeline.check_model(params, sys.argv[1])
 except pipeline.PipelineError as e:
     print(e, file=sys.stderr)
     sys.exit(2)
@@ -231,7 +243,8 @@ except pipeline.PipelineError as e:
 
 
 def check_pipeline(path: str, params_override: str | None, strategy: str) -> tuple[int, str]:
-    """Loads the pipeline as the trainers will, before any task starts: (0, '') when it is good,
+    """Loads the pipeline as the trainers will and builds its model once (pipeline.check_model),
+    before any task starts: (0, '') when it is good,
     (2, the one-line problem) when it is not, (1, what went wrong) when the check itself failed.
     It runs in a short-lived child so TensorFlow stays out of the launcher, which forks every task."""
     r = subprocess.run(

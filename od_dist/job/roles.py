@@ -9,6 +9,7 @@ single (no cluster)             train on this machine's --num_clones devices
 
 from __future__ import annotations
 
+import re
 import sys
 
 from od_dist.job import exit_codes
@@ -58,6 +59,7 @@ def run_server(config: TrainConfig) -> int:
 def run_trainer(config: TrainConfig) -> int:
     """The master, an all-reduce worker, or a single machine."""
     from od_dist.job import devices, server, strategy, trainer, watch
+    from od_dist.model import pipeline
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
     cluster, task = config.selected.cluster, config.selected.task
@@ -78,6 +80,9 @@ def run_trainer(config: TrainConfig) -> int:
         return exit_codes.LOST_PEER
     except (devices.DeviceError, server.ServerError) as e:
         raise RoleError(str(e)) from None
+    # Here, not before the strategy: building a model initializes TensorFlow, after which neither
+    # logical devices (--clone_on_cpu) nor collectives (multi_worker_mirrored) can be set up.
+    pipeline.check_model(params, config.pipeline)
     print(
         f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
         f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}",
@@ -86,7 +91,10 @@ def run_trainer(config: TrainConfig) -> int:
     who = task.name if task else "single"
     peers = [t for t in cluster.server_tasks() if t != task] if cluster else []
     try:
-        with watch.Watch(who, _watched(config, peers)):
+        with watch.Watch(who, _watched(config, peers)) as peers_watch:
+            # The watch ends with the last loop: a multi_worker_mirrored peer that finished first
+            # closes its port while this trainer may still be writing the final checkpoint (to a
+            # slow share), which is no lost peer.
             trainer.train(
                 params,
                 config.model_dir,
@@ -94,6 +102,7 @@ def run_trainer(config: TrainConfig) -> int:
                 data_threads=config.threads.data,
                 who=who,
                 on_model=_traffic_printer(cluster, who) if task and task.role == "master" else None,
+                on_last_loop=peers_watch.stop,
             )
     except trainer.Stopped as e:
         saved = f"saved {e.path}" if e.path else "the master saved it"
@@ -111,6 +120,13 @@ def run_trainer(config: TrainConfig) -> int:
     except Exception as e:  # noqa: BLE001 - TensorFlow's error for a lost peer: name it, exit 138
         lost = watch.lost_in_error(str(e), peers) if _is_peer_error(e) else []
         if not lost:
+            missing = _missing_data(e, peers, who)
+            if config.is_coordinator:
+                # A permanent failure: the servers would otherwise wait --wait_timeout for a master
+                # that will not come back, exit 138 and be restarted by their own supervisors.
+                _stop_servers(cluster, f"failed ({missing or type(e).__name__})")
+            if missing:
+                raise RoleError(missing) from None
             raise
         watch.exit_lost(
             who,
@@ -134,6 +150,30 @@ def _traffic_printer(cluster, who: str):
         print(f"{who}: {traffic.describe(cluster, weights, grads)}", flush=True)
 
     return show
+
+
+_NO_SUCH_FILE = re.compile(r"([^\s;'\"]+)[;:]\s*No such file or directory")
+
+
+def _missing_data(e: Exception, peers, who: str) -> str | None:
+    """TensorFlow's page for records a task cannot open, as one line naming the task (from the
+    device in the message, else this trainer), its address, the path and the fix; else None."""
+    import tensorflow as tf
+
+    from od_dist.job import watch
+
+    text = str(e)
+    path = _NO_SUCH_FILE.search(text)
+    if not isinstance(e, tf.errors.NotFoundError) or not path:
+        return None
+    named = {(job, int(index)) for job, index in watch.TF_TASK.findall(text)}
+    where = [t for t in peers if (t.tf_job, t.index) in named]
+    task = f"{where[0].name} at {where[0].address}" if where else who
+    return (
+        f"{task} cannot read {path.group(1)}: no such file on that machine; every machine whose task "
+        "reads data needs the records at that path (copy them there, or put them on a shared "
+        "folder), then start the job again ('od-dist doctor --pipeline' checks it)"
+    )
 
 
 def _stop_servers(cluster, why: str) -> None:
@@ -194,9 +234,11 @@ def run_evaluator(config: TrainConfig) -> int:
 
     from od_dist.job import devices, trainer
     from od_dist.job.server import is_listening
+    from od_dist.model import pipeline
 
     params = _params(config)
     devices.apply_policy()  # it often shares a GPU machine with a worker
+    pipeline.check_model(params, config.pipeline)
     lead = config.selected.cluster.lead_task() if config.selected.cluster else None
     master = lead.address if lead else None  # the master, or worker 0 when the cluster has none
     last_seen = [time.monotonic()]

@@ -77,7 +77,8 @@ def bind_port(task: Task) -> socket.socket:
 
 
 def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> int:
-    """Runs this task's server until the master says done (0), a signal (0), or the master stays
+    """Runs this task's server until the master says done (0), a signal (143 for SIGTERM, 130 for
+    SIGINT/SIGBREAK: retryable, unless the master's stop marker is there: 0), or the master stays
     unreachable for wait_timeout seconds (LOST_PEER, 138: it never came, or it died)."""
     import tensorflow as tf
 
@@ -153,8 +154,14 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
                         flush=True,
                     )
                     return exit_codes.LOST_PEER
-        print(f"{task.name}: stopped by signal {received[0]}", flush=True)
-        return 0
+        if os.path.exists(marker):  # the master said done, then the signal came: done
+            print(f"{task.name}: the master {_read_marker(marker) or DONE}; stopping", flush=True)
+            return 0
+        # Without the master's word this is a stop, not the end of the job: a supervisor restarts
+        # a server stopped this way (SIGTERM: a drained node), as it would after a crash.
+        code = exit_codes.TERMINATED if received[0] == signal.SIGTERM else exit_codes.INTERRUPTED
+        print(f"{task.name}: stopped by signal {received[0]}; exit {code}", flush=True)
+        return code
     finally:
         if os.path.exists(marker):
             os.remove(marker)

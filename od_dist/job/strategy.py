@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import os
+import subprocess
+import sys
 import time
 
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
-from od_dist.job import devices
+from od_dist.job import devices, exit_codes
 from od_dist.job.server import bind_port, is_listening
 
 PROGRESS_EVERY_S = 10.0
@@ -59,17 +62,47 @@ def wait_for_peers(peers, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+# The hang guard's watchdog: a separate process, because no thread of a process stuck in
+# TensorFlow's C++ (holding the GIL) runs. It ends quietly when its stdin closes (the guarded call
+# returned, or the process died); past the deadline it prints the line and kills the process with
+# SIGUSR1, whose status a shell and an orchestrator read as 138 (on Windows: exit code 138).
+_WATCHDOG = """
+import os, signal, sys, threading
+for name in ("SIGINT", "SIGTERM", "SIGBREAK"):  # the guarded process handles those itself
+    if hasattr(signal, name):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+parent, timeout_s, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+released = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), released.set()), daemon=True).start()
+if not released.wait(timeout_s):
+    print(message, file=sys.stderr, flush=True)
+    os.kill(parent, getattr(signal, "SIGUSR1", 138))
+"""
+
+
 @contextlib.contextmanager
 def hang_guard(timeout_s: float, what: str):
     """TensorFlow's cluster set-up runs in C++ holding the GIL and has no timeout of its own, so
-    no Python thread or signal handler can interrupt it. faulthandler's watchdog is a C thread:
-    past the deadline it prints where we were stuck and exits 1."""
+    no Python thread or signal handler can interrupt it. Past the deadline faulthandler (a C
+    thread) prints where it was stuck, and a watchdog process ends it with exit 138: every peer
+    answered the port probe just before, so one was lost in between, which a restart retries."""
     print(f"{what} (giving up after {timeout_s:.0f} s)", flush=True)
-    faulthandler.dump_traceback_later(timeout_s, exit=True)
+    faulthandler.dump_traceback_later(timeout_s, exit=False)
+    message = (
+        f"od-dist: {what.split(': ', 1)[0]}: TensorFlow's cluster set-up did not finish in "
+        f"{timeout_s:.0f} s: a peer was lost after it answered (or raise --wait_timeout); "
+        f"exit {exit_codes.LOST_PEER}"
+    )
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout_s + 1), message],
+        stdin=subprocess.PIPE,
+    )
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+        watchdog.stdin.close()
+        watchdog.wait()
 
 
 def wait_with_beacon(task: Task, peers, timeout_s: float) -> None:

@@ -1,13 +1,16 @@
 """Restarts after TensorFlow's recovery rules, for `od-dist launch` (every task of this machine) and
 `od-dist train --max_restarts` (this machine's one task). No TensorFlow here.
 
-The rules (DESIGN.md §4, FAULTS.md):
+The rules (TensorFlow's fault tolerance for parameter-server and multi-worker training):
   - a lost parameter_server worker: restarted alone on its own port; the coordinator re-queues
-    its steps meanwhile and takes it back when it returns. A lost evaluator: restarted alone.
+    its steps meanwhile and takes it back when it returns.
   - a lost ps or master, or any lost multi_worker_mirrored trainer: every task is stopped and all
     are restarted together; the trainers resume from the last checkpoint.
   - "lost" means a retryable exit (exit_codes.RETRYABLE: a lost peer, a signal). A permanent exit
     (1: a bug, 2: invalid input, anything else) is never retried: it would only fail again.
+  - the evaluator is a sidecar: whatever its exit (a pycocotools error, no checkpoint yet), it is
+    restarted alone, up to --max_restarts times of its own; past them training goes on without
+    it. It never stops the trainers.
 Each restart waits a backoff and counts against --max_restarts; past it the job stops and exits 1
 naming the first failure (the root cause, as torchrun reports it).
 """
@@ -63,9 +66,11 @@ def decide(strategy: str, role: str, returncode: int) -> str:
     code = exit_codes.normalize(returncode)
     if code == exit_codes.OK:
         return DONE
+    if role == "evaluator":  # a sidecar: its failure is never the job's
+        return RESTART_TASK
     if code not in exit_codes.RETRYABLE:
         return PERMANENT
-    if role == "evaluator" or (role == "worker" and strategy == PARAMETER_SERVER):
+    if role == "worker" and strategy == PARAMETER_SERVER:
         return RESTART_TASK
     return RESTART_ALL
 
@@ -104,7 +109,8 @@ def backoff_s(restart: int) -> float:
 
 def send(proc: subprocess.Popen, signum: int) -> None:
     """SIGINT/SIGTERM to a child in its own process group; CTRL_BREAK on Windows (the one console
-    event a process group can be sent; od-dist handles it as SIGTERM)."""
+    event a process group can be sent), which a trainer handles as Ctrl+C: checkpoint, exit 130
+    (job/stop.py)."""
     if proc.poll() is not None:
         return
     try:
@@ -178,6 +184,7 @@ class Supervisor:
     signals: list[int] = field(default_factory=list)
     restarts: int = 0
     first_failure: str | None = None
+    evaluator_restarts: dict[str, int] = field(default_factory=dict)  # its own budget, per evaluator
 
     def on_signal(self, signum, _frame=None) -> None:
         self.signals.append(signum)
@@ -294,6 +301,30 @@ class Supervisor:
                     return exit_codes.FAILED if servers else exit_codes.OK
             time.sleep(POLL_S)
 
+    def _restart_evaluators(self, evaluators, exits, finished: set[str]) -> None:
+        """Restarts each evaluator alone within its own --max_restarts; past them, training goes on
+        without it."""
+        codes = dict((t.name, c) for t, c in exits)
+        for t in evaluators:
+            cause = f"{t.name} died ({describe(codes[t.name])})"
+            n = self.evaluator_restarts.get(t.name, 0)
+            if n >= self.max_restarts:
+                self.say(
+                    f"{cause}; no restart left for it (--max_restarts {self.max_restarts}); training "
+                    f"goes on without evaluation (run od-dist eval afterwards){self._log_note(t)}"
+                )
+                finished.add(t.name)
+                self.finish(self.running.pop(t.name))
+                continue
+            self.evaluator_restarts[t.name] = n + 1
+            wait = backoff_s(n + 1)
+            self.say(
+                f"{cause}; restart {n + 1}/{self.max_restarts} of {t.name} alone in {wait:.0f} s; "
+                f"training goes on{self._log_note(t)}"
+            )
+            self.finish(self.running.pop(t.name))
+            self.pending[t.name] = time.monotonic() + wait
+
     def _handle(self, exits: list[tuple[Task, int]], finished: set[str], training_over: bool) -> int | None:
         """Acts on the tasks that just exited; returns the job's exit status when it is over."""
         for task, code in exits:
@@ -311,6 +342,9 @@ class Supervisor:
         p = plan(self.strategy, self.tasks, exits)
         task, code = p.cause
         cause = f"{task.name} died ({describe(code)})"
+        if p.action == RESTART_TASK and all(t.role == "evaluator" for t in p.restart):
+            self._restart_evaluators(p.restart, exits, finished)
+            return None
         if p.action == PERMANENT:
             self.say(f"{cause}; a permanent error, not retried; stopping every task{self._log_note(task)}")
             return (

@@ -106,9 +106,11 @@ def _controller_cls():
             od_keep_waiting=None,
             od_stop=None,
             od_on_model=None,
+            od_on_last_loop=None,
             **kwargs,
         ):
             self._od_keep_waiting = od_keep_waiting
+            self._od_on_last_loop = od_on_last_loop
             self._od_stop = od_stop
             self._od_model_dir = od_model_dir
             self._od_batch = od_batch_size
@@ -204,6 +206,8 @@ def _controller_cls():
             super()._train_n_steps(num_steps)
             self._od_print_progress(step0, t0)
             self._od_stop_if_asked()
+            if self._od_on_last_loop is not None and int(self.global_step.numpy()) >= self._od_train_steps:
+                self._od_on_last_loop()  # every trainer is past its last collective; the final save follows
 
         def _od_print_progress(self, step0: int, t0: float):
             elapsed = max(time.time() - t0, 1e-9)
@@ -377,6 +381,7 @@ def _run(
     data_threads: int = 0,
     stop=None,
     on_model=None,
+    on_last_loop=None,
 ):
     import tensorflow as tf
     from official.core import (
@@ -411,6 +416,7 @@ def _run(
         od_keep_waiting=keep_waiting,
         od_stop=stop,
         od_on_model=on_model,
+        od_on_last_loop=on_last_loop,
     )
     holder = {}
 
@@ -430,7 +436,15 @@ def _run(
     return holder["controller"]
 
 
-def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = "single", on_model=None) -> int:
+def train(
+    params,
+    model_dir: str,
+    strategy,
+    data_threads: int = 0,
+    who: str = "single",
+    on_last_loop=None,
+    on_model=None,
+) -> int:
     """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``; returns the
     final step.
 
@@ -438,7 +452,8 @@ def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = "s
     checkpoint is already at ``trainer.train_steps``. Saves ``params.yaml`` there as
     Model Garden does (on the chief only). ``data_threads`` > 0 caps the input pipeline's
     tf.data thread pool (--data_threads). SIGTERM/SIGINT/SIGBREAK stop it at the end of the
-    current loop with a checkpoint: raises Stopped (see od_dist.job.stop).
+    current loop with a checkpoint: raises Stopped (see od_dist.job.stop). ``on_last_loop`` is
+    called once the last loop has run, before the final checkpoint is saved.
     """
     import tensorflow as tf
     from official.core import train_utils
@@ -458,7 +473,14 @@ def train(params, model_dir: str, strategy, data_threads: int = 0, who: str = "s
     start = time.time()
     with stop_mod.StopRequest(who) as stop:
         controller = _run(
-            params, model_dir, strategy, "train", data_threads=data_threads, stop=stop, on_model=on_model
+            params,
+            model_dir,
+            strategy,
+            "train",
+            data_threads=data_threads,
+            stop=stop,
+            on_last_loop=on_last_loop,
+            on_model=on_model,
         )
     step = int(controller.global_step.numpy())
     print(
@@ -480,12 +502,19 @@ def clean_partial_checkpoints(model_dir: str) -> list:
     anywhere in between leaves the state file naming the previous checkpoint, which is what
     every reader (restore, the evaluator) uses; so a ``ckpt-N`` newer than the latest one named
     there, temporary shards, and ``*.tempstate*`` files are leftovers, never read.
+
+    Without a readable state file (missing: ``ckpt-*`` files copied in to resume from; unreadable:
+    a transient error of a network share) nothing says which ``ckpt-N`` is complete, so only the
+    temporary files go: a complete checkpoint is never removed on a guess.
     """
     import tensorflow as tf
 
     if not tf.io.gfile.isdir(model_dir):
         return []
-    state = tf.train.get_checkpoint_state(model_dir)
+    try:
+        state = tf.train.get_checkpoint_state(model_dir)
+    except (tf.errors.OpError, ValueError):  # ValueError: bytes that are not text
+        state = None
     named = [state.model_checkpoint_path, *state.all_model_checkpoint_paths] if state else []
     named_steps = {
         int(m.group(2)) for m in (_CHECKPOINT_FILE.match(os.path.basename(p) + ".index") for p in named) if m
@@ -496,7 +525,8 @@ def clean_partial_checkpoints(model_dir: str) -> list:
         name = name.rstrip("/")
         path = os.path.join(model_dir, name)
         m = _CHECKPOINT_FILE.match(name)
-        partial = ".tempstate" in name or (m and (m.group(3) == "_temp" or int(m.group(2)) > newest))
+        newer = bool(named_steps) and int(m.group(2)) > newest if m else False
+        partial = ".tempstate" in name or (m and (m.group(3) == "_temp" or newer))
         if not partial:
             continue
         if tf.io.gfile.isdir(path):

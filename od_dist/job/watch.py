@@ -46,6 +46,10 @@ class Watch:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No exit for a lost peer from now on."""
         self._stop.set()
 
     def _run(self) -> None:
@@ -70,7 +74,7 @@ def exit_lost(who: str, message: str) -> None:
     os._exit(exit_codes.LOST_PEER)
 
 
-_TF_TASK = re.compile(r"/job:(chief|worker|ps)/replica:\d+/task:(\d+)")
+TF_TASK = re.compile(r"/job:(chief|worker|ps)/replica:\d+/task:(\d+)")
 
 
 def lost_in_error(message: str, peers) -> list:
@@ -78,5 +82,5 @@ def lost_in_error(message: str, peers) -> list:
     lost = [t for t in peers if not is_listening(t.address.host, t.address.port)]
     if lost:
         return lost
-    named = {(job, int(index)) for job, index in _TF_TASK.findall(message)}
+    named = {(job, int(index)) for job, index in TF_TASK.findall(message)}
     return [t for t in peers if (t.tf_job, t.index) in named]

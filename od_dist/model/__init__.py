@@ -1,1 +1,8 @@
-"""The detector: pipeline files to Model Garden experiment configs."""
+"""The detector:
+
+pipeline.py  pipeline files -> Model Garden experiment configs, checked (keys, values, the
+             cluster's strategy, and that the model builds)
+export.py    a checkpoint -> a SavedModel with its label map (`od-dist export`)
+predict.py   a SavedModel on images -> drawn PNGs and detections.json (`od-dist predict`)
+report.py    a run's event files -> one PNG of its curves (`od-dist report`)
+"""

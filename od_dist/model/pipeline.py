@@ -94,10 +94,22 @@ def _read_file(path: str) -> dict:
 
 
 def _parse_override(text: str) -> dict:
-    """A Model Garden --params_override value: 'a.b=1,c=x' or YAML/JSON -> dict."""
+    """A Model Garden --params_override value: 'a.b=1,c=x', YAML/JSON, or a YAML file -> dict."""
     from official.modeling.hyperparams import params_dict
 
     shown = text if len(text) < 80 else text[:77] + "..."
+    if os.path.isfile(text):  # a file, as Model Garden's own flag takes it
+        try:
+            safe_yaml.load_file(text)  # size cap, no aliases, no duplicate keys
+            with open(text, encoding="utf-8") as f:
+                value = yaml.load(f, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        except (safe_yaml.YamlError, yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+            raise PipelineError(f"params_override: file '{text}': {e}".replace("\n", " ")) from None
+        if not isinstance(value, dict):
+            raise PipelineError(
+                f"params_override: file '{text}': not a YAML mapping; write e.g. 'trainer: {{train_steps: 200}}'"
+            )
+        return value
     try:
         converted = params_dict.nested_csv_str_to_json_str(text)
     except ValueError:
@@ -395,3 +407,58 @@ def scale_for_replicas(params, replicas: int) -> str:
         f"global batch {base_batch} x {replicas} replicas = {data.global_batch_size}, {shown}, "
         f"warmup {steps} steps"
     )
+
+
+# The pieces of a detection model, as Keras names their layers, and the pipeline key that shapes
+# each: a build error names a layer, the user needs a key.
+_LIKELY_KEYS = (
+    (
+        ("classnet", "boxnet", "head"),
+        "task.model.decoder / task.model.head (the head runs on every level with one width: a "
+        "backbone's levels differ unless a decoder such as fpn gives them one)",
+    ),
+    (("fpn", "decoder", "aspp"), "task.model.decoder"),
+    (
+        ("dimensions must be equal", "incompatible shapes", "must be divisible"),
+        "task.model.input_size (a multiple of 2^max_level) or task.model.min_level/max_level",
+    ),
+    (("mobilenet", "resnet", "spinenet", "efficientnet", "backbone"), "task.model.backbone"),
+)
+
+
+def _model_error_line(e: Exception) -> str:
+    """The one telling line of a (Keras) build error, without its call-argument dump."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    useful = [
+        ln
+        for ln in lines
+        if not ln.startswith(("Exception encountered", "Call arguments", "•", "File ", "in user code"))
+    ]
+    line = (useful or lines or [type(e).__name__])[0]
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
+def check_model(params, path: str) -> None:
+    """Builds the pipeline's model once, on one dummy image at its input size, without training:
+    a model that cannot be built (a backbone whose levels the head cannot take, an input size the
+    levels do not divide) is found before any task starts, instead of at the first step of every
+    trainer. Raises PipelineError naming the pipeline and the likely key."""
+    import tensorflow as tf
+
+    _import_model_garden()
+    from official.core import task_factory
+    from official.vision.configs import retinanet as retinanet_cfg
+
+    try:
+        model = task_factory.get_task(params.task).build_model()
+        if isinstance(params.task.model, retinanet_cfg.RetinaNet):
+            # A RetinaNet builds its head lazily, on its first call; the two-stage models take
+            # ground truth in training and are checked as far as build_model goes.
+            height, width = params.task.model.input_size[:2]
+            model(tf.zeros([1, height, width, 3]), training=True)
+    except Exception as e:  # noqa: BLE001 - any build error is this pipeline's, for the user
+        text = str(e).lower()
+        key = next((k for words, k in _LIKELY_KEYS if any(w in text for w in words)), "task.model")
+        raise PipelineError(
+            f"pipeline '{path}': the model cannot be built: {_model_error_line(e)}; check {key}"
+        ) from None

@@ -405,8 +405,9 @@ def firewall_lines(rule: InboundRule, os_name: str) -> list[str]:
             f"localport={rule.port} remoteip={remote}",
         ]
     lines = [f"sudo ufw allow proto tcp from {h} to any port {rule.port}" for h in rule.sources]
+    # -I: before the final REJECT rule that RHEL-family systems ship (-A would land after it).
     lines += [
-        f"sudo {'ip6tables' if ':' in h else 'iptables'} -A INPUT -p tcp -s {h} --dport {rule.port} -j ACCEPT"
+        f"sudo {'ip6tables' if ':' in h else 'iptables'} -I INPUT -p tcp -s {h} --dport {rule.port} -j ACCEPT"
         for h in rule.sources
     ]
     return lines

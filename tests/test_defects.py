@@ -1,0 +1,661 @@
+"""Defects a new user meets: shipped pipelines that must train, checkpoints that must survive,
+exit codes that must say what happened, inputs and outputs that must be what they claim."""
+
+import glob
+import os
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINES = sorted(glob.glob(os.path.join(ROOT, "pipelines", "*.yaml")))
+
+
+@pytest.fixture(scope="module")
+def shapes_dir(tmp_path_factory):
+    from od_dist.data import shapes
+
+    out = str(tmp_path_factory.mktemp("shapes"))
+    shapes.write_dataset(out, num_train=8, num_val=4, seed=1)
+    return out
+
+
+def small_override(data_dir: str) -> str:
+    """What turns any shipped pipeline into a one-step CPU run on the shapes data: 128x128 (a
+    multiple of 2^7, the largest max_level shipped), batch 2, no downloaded weights, float32."""
+    return yaml.safe_dump(
+        {
+            "runtime": {"mixed_precision_dtype": "float32"},
+            "task": {
+                "init_checkpoint": None,
+                "annotation_file": None,
+                "model": {"input_size": [128, 128, 3]},
+                "train_data": {
+                    "input_path": f"{data_dir}/train.tfrecord",
+                    "global_batch_size": 2,
+                    "shuffle_buffer_size": 8,
+                },
+                "validation_data": {"input_path": f"{data_dir}/val.tfrecord", "global_batch_size": 2},
+            },
+            "trainer": {
+                "train_steps": 1,
+                "steps_per_loop": 1,
+                "summary_interval": 1,
+                "checkpoint_interval": 1,
+                "validation_interval": 1,
+            },
+        },
+        default_flow_style=True,
+    )
+
+
+# ----- 1: every shipped pipeline trains --------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PIPELINES, ids=[os.path.basename(p) for p in PIPELINES])
+def test_every_shipped_pipeline_trains_one_step(path, shapes_dir, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    from od_dist.job import trainer
+    from od_dist.model.pipeline import load_pipeline
+
+    params = load_pipeline(path, small_override(shapes_dir), strategy="mirrored")
+    model_dir = str(tmp_path / "run")
+    # Eagerly: the build, the input pipeline, loss, gradients and a checkpoint are all exercised,
+    # in a third of the time tracing the step takes.
+    tf.config.run_functions_eagerly(True)
+    try:
+        assert trainer.train(params, model_dir, tf.distribute.MirroredStrategy(["/cpu:0"])) == 1
+    finally:
+        tf.config.run_functions_eagerly(False)
+    assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-1")
+
+
+# ----- 2: a model that cannot be built is invalid input, found before any task starts -----------
+
+
+def run_od_dist(*args, cwd=ROOT, timeout=900, env=None):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+@pytest.fixture(scope="module")
+def unbuildable(tmp_path_factory):
+    """The template as it shipped before: a MobileNetV2 backbone straight into the head."""
+    with open(os.path.join(ROOT, "pipelines", "custom_retinanet.yaml"), encoding="utf-8") as f:
+        doc = yaml.safe_load(f)
+    del doc["task"]["model"]["decoder"], doc["task"]["model"]["head"]
+    path = tmp_path_factory.mktemp("unbuildable") / "no_decoder.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def assert_model_problem(r, path):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stdout[-1500:] + r.stderr[-1500:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    line = lines[-1]
+    assert f"pipeline '{path}': the model cannot be built" in line, r.stderr[-2000:]
+    assert "classnet-conv_0" in line and "check task.model.decoder" in line, line
+
+
+@pytest.mark.slow
+def test_train_refuses_a_model_that_cannot_be_built(unbuildable, shapes_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    r = run_od_dist(
+        "train",
+        f"--pipeline={unbuildable}",
+        f"--model_dir={model_dir}",
+        f"--params_override={small_override(shapes_dir)}",
+    )
+    assert_model_problem(r, unbuildable)
+    assert not glob.glob(str(model_dir / "ckpt-*"))
+
+
+@pytest.mark.slow
+def test_launch_refuses_a_model_that_cannot_be_built_before_any_task_starts(
+    unbuildable, shapes_dir, tmp_path
+):
+    model_dir = tmp_path / "run"
+    r = run_od_dist(
+        "launch",
+        "--cluster=clusters/local.yaml",
+        f"--pipeline={unbuildable}",
+        f"--model_dir={model_dir}",
+        f"--params_override={small_override(shapes_dir)}",
+    )
+    assert r.returncode == 2, r.stdout[-1500:] + r.stderr[-1500:]
+    assert r.stderr.strip().startswith("od-dist launch: ") and len(r.stderr.strip().splitlines()) == 1, (
+        r.stderr
+    )
+    assert_model_problem(r, unbuildable)
+    assert not (model_dir / "logs").exists()  # no task was started
+
+
+# ----- 5: without a readable checkpoint state, complete checkpoints stay -------------------------
+
+
+@pytest.mark.parametrize("state", ["missing", "unreadable"])
+def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, state):
+    tf = pytest.importorskip("tensorflow")
+    from od_dist.job import trainer
+
+    model_dir = tmp_path / "run"
+    ckpt = tf.train.Checkpoint(v=tf.Variable(1.0))
+    manager = tf.train.CheckpointManager(ckpt, str(model_dir), max_to_keep=5)
+    manager.save(checkpoint_number=5)
+    manager.save(checkpoint_number=10)
+    # What a save killed midway leaves, beside them.
+    (model_dir / "ckpt-15_temp").mkdir()
+    (model_dir / "ckpt-15_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate8411").write_bytes(b"x")
+    (model_dir / "checkpoint.tempstate2207").write_text("")
+    if state == "missing":  # ckpt-* files copied into a new model_dir to resume from
+        (model_dir / "checkpoint").unlink()
+    else:  # a network share's transient error, a torn write
+        (model_dir / "checkpoint").write_bytes(b"\xff\x00 not a checkpoint state {")
+    removed = sorted(os.path.basename(p) for p in trainer.clean_partial_checkpoints(str(model_dir)))
+    assert removed == ["checkpoint.tempstate2207", "ckpt-15_temp"]
+    left = sorted(os.listdir(model_dir))
+    for step in (5, 10):
+        assert f"ckpt-{step}.index" in left and f"ckpt-{step}.data-00000-of-00001" in left, left
+    tf.train.Checkpoint(v=tf.Variable(0.0)).restore(str(model_dir / "ckpt-10")).assert_consumed()
+
+
+# ----- 6: the final save is not cut short by a peer that finished first --------------------------
+
+# Imported by every Python process of the job (PYTHONPATH): the master's final save is slow, as on
+# a slow network share. Its last write (the `checkpoint` state file that names ckpt-4, after the
+# shards and every collective of the save) starts only once the worker has exited, and lasts the
+# whole window in which a watching trainer would take the closed port for a lost peer.
+SLOW_FINAL_SAVE = """
+import os
+
+from od_dist.job import trainer as _trainer
+
+_make = _trainer._controller_cls
+
+
+def _slow_state_write(write):
+    waited = []
+
+    def slow(save_dir, model_checkpoint_path, *args, **kwargs):
+        final = model_checkpoint_path.endswith("ckpt-4")
+        if os.path.abspath(save_dir) == os.environ["OD_DIST_TEST_MODEL_DIR"] and final and not waited:
+            waited.append(True)
+            import time
+
+            from od_dist.job import watch
+            from od_dist.job.server import is_listening
+
+            port = int(os.environ["OD_DIST_TEST_WORKER_PORT"])
+            print("test: the final save waits for the worker to exit", flush=True)
+            while is_listening("127.0.0.1", port):
+                time.sleep(0.2)
+            time.sleep(2 * (watch.TRAINER_GONE_S + watch.PROBE_S))
+            print("test: the final save goes on", flush=True)
+        return write(save_dir, model_checkpoint_path, *args, **kwargs)
+
+    return slow
+
+
+def _slow_controller_cls():
+    from tensorflow.python.checkpoint import checkpoint_management as cm
+
+    if not getattr(cm.update_checkpoint_state_internal, "slow", False):
+        cm.update_checkpoint_state_internal = _slow_state_write(cm.update_checkpoint_state_internal)
+        cm.update_checkpoint_state_internal.slow = True
+    return _make()
+
+
+_trainer._controller_cls = _slow_controller_cls
+"""
+
+
+@pytest.mark.slow
+def test_final_save_outlasts_a_peer_that_finished_first(shapes_dir, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    import loopback
+
+    cluster = loopback.write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
+    worker_port = yaml.safe_load(open(cluster))["worker"][0].rsplit(":", 1)[1]
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_FINAL_SAVE)
+    override = yaml.safe_load(small_override(shapes_dir))
+    # Steps 2 and 4; the interval saves only step 2, so step 4 is the final save's alone.
+    override["trainer"].update(train_steps=4, steps_per_loop=2, summary_interval=2, checkpoint_interval=100)
+    model_dir = tmp_path / "run"
+    r = run_od_dist(
+        "launch",
+        f"--cluster={cluster}",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        f"--model_dir={model_dir}",
+        f"--params_override={yaml.safe_dump(override, default_flow_style=True)}",
+        "--max_restarts=0",
+        env={
+            "PYTHONPATH": str(hook),
+            "OD_DIST_TEST_WORKER_PORT": worker_port,
+            "OD_DIST_TEST_MODEL_DIR": str(model_dir),
+        },
+    )
+    out = r.stdout + r.stderr
+    assert "test: the final save goes on" in (model_dir / "logs" / "master-0.log").read_text(), out[-3000:]
+    assert r.returncode == 0, out[-3000:]
+    assert "exit 138" not in out, out[-3000:]
+    assert "[master:0] od-dist train | done at step 4" in out, out[-3000:]
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-4")
+
+
+# ----- 7: transient faults exit with a retryable code -------------------------------------------
+
+
+def test_hang_guard_ends_a_call_stuck_holding_the_gil_with_138():
+    """A regular expression that backtracks for ages holds the GIL as TensorFlow's join does."""
+    import subprocess
+    import sys
+
+    stuck = (
+        "import re\n"
+        "from od_dist.job.strategy import hang_guard\n"
+        "with hang_guard(1, 'master:0: every peer is up; joining the all-reduce group'):\n"
+        "    re.match(r'(a+)+$', 'a' * 64 + 'b')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, timeout=120)
+    from od_dist.job import exit_codes
+
+    assert exit_codes.normalize(r.returncode) == exit_codes.LOST_PEER == 138, (r.returncode, r.stderr)
+    assert exit_codes.is_retryable(r.returncode)
+    assert (
+        "od-dist: master:0: TensorFlow's cluster set-up did not finish in 1 s: a peer was lost after it "
+        "answered (or raise --wait_timeout); exit 138"
+    ) in r.stderr, r.stderr
+
+
+def test_hang_guard_lets_a_call_that_returns_go_on():
+    import subprocess
+    import sys
+
+    quick = "from od_dist.job.strategy import hang_guard\nwith hang_guard(5, 'x: joining'):\n    pass\nprint('after')"
+    r = subprocess.run([sys.executable, "-c", quick], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["x: joining (giving up after 5 s)", "after"], r
+
+
+@pytest.mark.slow
+def test_a_server_stopped_by_sigterm_without_the_masters_word_exits_143(tmp_path):
+    """SIGTERM alone (a drained node) is a stop for a supervisor to restart, not the end of the job."""
+    import signal
+    import subprocess
+    import sys
+
+    import loopback
+
+    cluster = loopback.write_cluster(tmp_path, ps=1, workers=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(tmp_path),
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+    )
+    try:
+        lines = []
+        while not lines or "serving on" not in lines[-1]:
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "ps exited before serving:\n" + "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        out = "".join(lines) + proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 143, out[-2000:]
+    assert "ps:0: stopped by signal 15; exit 143" in out
+
+
+# ----- 8: the evaluator is a sidecar: its failure never stops training ---------------------------
+
+
+def test_a_failing_evaluator_is_restarted_then_left_out_while_training_goes_on(tmp_path):
+    """Stand-in tasks: the evaluator exits 1 at every start (a pycocotools error); the master
+    trains until the evaluator has been started 1 + --max_restarts times, then finishes."""
+    import subprocess
+    import sys
+    import threading
+
+    from od_dist.cluster.spec import Address, Task
+    from od_dist.job import supervisor
+
+    starts = tmp_path / "evaluator-starts"
+    starts.write_text("")
+    master, ps, evaluator = (
+        Task(r, 0, Address("127.0.0.1", p)) for r, p in (("master", 1), ("ps", 2), ("evaluator", None))
+    )
+    until_evaluator_gone = (
+        "import os, time\n"
+        f"while len(open({str(starts)!r}).read()) < 3 or not os.path.exists({str(starts)!r} + '.gone'):\n"
+        "    time.sleep(0.1)\n"
+    )
+    scripts = {
+        "evaluator:0": f"open({str(starts)!r}, 'a').write('x'); raise SystemExit(1)",
+        "master:0": until_evaluator_gone,
+        "ps:0": until_evaluator_gone,
+    }
+    lines = []
+
+    def say(line):
+        lines.append(line)
+        if "training goes on without evaluation" in line:
+            open(str(starts) + ".gone", "w").close()
+
+    sup = supervisor.Supervisor(
+        "parameter_server",
+        [ps, master, evaluator],
+        lambda t: supervisor.Running(t, subprocess.Popen([sys.executable, "-c", scripts[t.name]])),
+        say,
+        max_restarts=2,
+        grace_s=5,
+    )
+    result = []
+    thread = threading.Thread(target=lambda: result.append(sup.run()), daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), lines
+    assert result == [0], lines
+    assert starts.read_text() == "xxx"
+    assert (
+        lines[0]
+        == "evaluator:0 died (exit 1, a permanent failure); restart 1/2 of evaluator:0 alone in 2 s; training goes on"
+    )
+    assert (
+        lines[1]
+        == "evaluator:0 died (exit 1, a permanent failure); restart 2/2 of evaluator:0 alone in 4 s; training goes on"
+    )
+    assert lines[2] == (
+        "evaluator:0 died (exit 1, a permanent failure); no restart left for it (--max_restarts 2); "
+        "training goes on without evaluation (run od-dist eval afterwards)"
+    )
+    assert lines[-1] == "every task finished" and not any("stopping every task" in line for line in lines)
+
+
+# ----- 9: --params_override takes a file, as its help and Model Garden's flag say ----------------
+
+
+def test_params_override_reads_a_yaml_file(tmp_path):
+    pytest.importorskip("official.vision")
+    from od_dist.model.pipeline import PipelineError, load_pipeline
+
+    override = tmp_path / "override.yaml"
+    override.write_text("trainer:\n  train_steps: 123\ntask:\n  train_data:\n    global_batch_size: 4\n")
+    params = load_pipeline(os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml"), str(override))
+    assert params.trainer.train_steps == 123 and params.task.train_data.global_batch_size == 4
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(PipelineError, match=r"params_override: file '.*bad.yaml': not a YAML mapping"):
+        load_pipeline(os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml"), str(bad))
+
+
+# ----- 10: class names with quotes survive the label map ----------------------------------------
+
+
+def make_labelimg(root, classes, count=4):
+    """A labelImg folder: count PNGs, each with one box of each class."""
+    from PIL import Image
+
+    from od_dist.data import voc
+
+    images, annotations = root / "images", root / "annotations"
+    images.mkdir(parents=True)
+    annotations.mkdir()
+    for i in range(count):
+        name = f"img{i}.png"
+        Image.new("RGB", (64, 48), (i * 40, 90, 160)).save(images / name)
+        objects = [(c, 5 + 10 * k, 5, 14 + 10 * k, 30, False) for k, c in enumerate(classes)]
+        voc.write_xml(str(annotations / f"img{i}.xml"), name, 64, 48, objects)
+    return str(images), str(annotations)
+
+
+@pytest.mark.slow
+def test_class_names_with_quotes_and_backslashes_survive_the_label_map(tmp_path):
+    from od_dist.data import records
+
+    classes = ["cat's toy", 'say "hi"', "back\\slash", "}{ brace", "é"]
+    images, annotations = make_labelimg(tmp_path / "my_data", classes)
+    out = tmp_path / "data"
+    r = run_od_dist("data", "voc", f"--images={images}", f"--annotations={annotations}", f"--out={out}")
+    assert r.returncode == 0, r.stderr
+    by_name = {name: i for i, name in enumerate(sorted(classes), start=1)}
+    assert records.read_labels(str(out / "label_map.pbtxt")) == {i: n for n, i in by_name.items()}
+    # The file is valid protocol-buffer text: each name is one string, as a text-format reader sees it.
+    from google.protobuf import text_encoding
+
+    text = (out / "label_map.pbtxt").read_text(encoding="utf-8")
+    for name in classes:
+        assert f"name: '{text_encoding.CEscape(name.encode(), as_utf8=True)}'" in text
+
+
+# ----- 3: predict takes several paths after one --images, or after the flags --------------------
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda a, b: ["--images", a, b],  # what a shell makes of --images photos/*.jpg
+        lambda a, b: ["--images", a, "--images", b],
+        lambda a, b: [a, b],  # paths after the flags
+    ],
+    ids=["one-flag", "repeated", "positional"],
+)
+def test_predict_takes_every_path_given(tmp_path, form):
+    from PIL import Image
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "saved_model.pb").write_bytes(b"")  # the images are checked before the model is read
+    present = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(present)
+    missing = tmp_path / "b.png"  # the second path: named in the error only if it was taken
+    r = run_od_dist(
+        "predict", f"--model={model}", f"--out={tmp_path / 'out'}", *form(str(present), str(missing))
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        f"od-dist predict: --images: '{missing}': no such file or folder; pass image files or a folder of images"
+    )
+
+
+# ----- 11: replacing a dataset is all or nothing ------------------------------------------------
+
+
+@pytest.mark.parametrize("interrupted_at", [1, 2])
+def test_an_interrupted_replacement_leaves_the_old_dataset_whole(tmp_path, monkeypatch, interrupted_at):
+    from od_dist.data import voc
+
+    images, annotations = make_labelimg(tmp_path / "my_data", ["cat", "dog"], count=6)
+    out = str(tmp_path / "data")
+    voc.convert(images, annotations, out, val_fraction=0.5)
+    (tmp_path / "data" / "notes.txt").write_text("mine")  # not the dataset's: kept
+
+    def contents():
+        return {n: open(os.path.join(out, n), "rb").read() for n in sorted(os.listdir(out))}
+
+    before = contents()
+    # The new conversion differs (another split), so a mix would show.
+    calls = []
+    real_rename, real_replace = os.rename, os.replace
+
+    def interrupting(real):
+        def move(src, dst, *a, **k):
+            calls.append((src, dst))
+            if len(calls) == interrupted_at:
+                raise KeyboardInterrupt
+            return real(src, dst, *a, **k)
+
+        return move
+
+    monkeypatch.setattr(os, "rename", interrupting(real_rename))
+    monkeypatch.setattr(os, "replace", interrupting(real_replace))
+    with pytest.raises(KeyboardInterrupt):
+        voc.convert(images, annotations, out, val_fraction=0.2, seed=7)
+    monkeypatch.undo()
+    assert contents() == before
+    assert sorted(os.listdir(tmp_path)) == ["data", "my_data"]  # no staging or old folder left
+    voc.convert(images, annotations, out, val_fraction=0.2, seed=7)
+    after = contents()
+    assert after != before and after["notes.txt"] == b"mine"
+
+
+# ----- 12: firewall lines go before a final REJECT rule -----------------------------------------
+
+
+def test_firewall_lines_insert_before_a_final_reject_rule(tmp_path):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        "strategy: parameter_server\nmaster: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nps: [10.0.0.3:2222]\n"
+    )
+    r = run_od_dist(
+        "scripts",
+        f"--cluster={cluster}",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        "--model_dir=runs/x",
+        f"--out={tmp_path / 'out'}",
+    )
+    assert r.returncode == 0, r.stderr
+    readme = (tmp_path / "out" / "README.md").read_text()
+    rules = [ln for ln in readme.splitlines() if "iptables" in ln and "INPUT" in ln]
+    assert rules and all(" -I INPUT -p tcp " in ln for ln in rules), rules
+    assert "sudo iptables -I INPUT -p tcp -s 10.0.0.1 --dport 2222 -j ACCEPT" in rules
+
+
+# ----- 13: a remote model_dir makes no local folder named after its scheme -----------------------
+
+
+def test_launch_with_a_remote_model_dir_logs_locally(tmp_path, monkeypatch):
+    from od_dist.job import launch
+
+    monkeypatch.chdir(tmp_path)
+    assert launch.run("cluster.yaml", "parameter_server", [], [], "gs://bucket/runs/x", 0, 1) == 0
+    assert sorted(os.listdir(tmp_path)) == [launch.REMOTE_LOG_DIR]
+    assert launch.log_dir_for("gs://bucket/runs/x") == str(tmp_path / launch.REMOTE_LOG_DIR)
+    assert launch.log_dir_for("runs/x") == os.path.join("runs/x", "logs")
+
+
+# ----- 14: the docs point only at what the repository holds -------------------------------------
+
+
+def test_readme_and_code_cite_no_file_outside_the_repository():
+    cited = []
+    paths = [os.path.join(ROOT, "README.md")] + glob.glob(
+        os.path.join(ROOT, "od_dist", "**", "*.py"), recursive=True
+    )
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        for name in ("DESIGN.md", "FAULTS.md", "DATA.md", "PERF.md", "SCALING.md", "LAYOUT.md"):
+            if name in text and not glob.glob(os.path.join(ROOT, "**", name), recursive=True):
+                cited.append(f"{os.path.relpath(path, ROOT)}: {name}")
+    assert not cited
+
+
+# ----- 4: a worker without its data: one line, and the servers are told -------------------------
+
+
+@pytest.mark.slow
+def test_a_worker_without_the_records_is_one_line_and_the_servers_stop(shapes_dir, tmp_path):
+    """parameter_server: the master's machine has the records (its working directory), the
+    worker's does not. The master names the worker, its address and the path, exits 1 and tells
+    the ps and the worker to stop, which they do at once, not after --wait_timeout."""
+    import shutil
+    import subprocess
+    import sys
+
+    import loopback
+
+    cluster = loopback.write_cluster(tmp_path, ps=1, workers=1)
+    worker_address = yaml.safe_load(open(cluster))["worker"][0]
+    with_data, without_data = tmp_path / "master-machine", tmp_path / "worker-machine"
+    shutil.copytree(shapes_dir, with_data / "data")
+    without_data.mkdir()
+    override = yaml.safe_load(small_override(shapes_dir))
+    override["task"]["train_data"]["input_path"] = "data/train.tfrecord"
+    override["task"]["validation_data"]["input_path"] = "data/val.tfrecord"
+    override["trainer"].update(train_steps=2, steps_per_loop=1)
+    common = [
+        "--pipeline=" + os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml"),
+        f"--model_dir={tmp_path / 'run'}",
+        f"--params_override={yaml.safe_dump(override, default_flow_style=True)}",
+        "--wait_timeout=900",  # the servers stop because they are told, long before this
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    procs = {}
+    try:
+        for role, cwd in (("ps", without_data), ("worker", without_data), ("master", with_data)):
+            procs[role] = subprocess.Popen(
+                [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", f"--role={role}", *common],
+                cwd=str(cwd),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        out, err = procs["master"].communicate(timeout=900)
+        assert procs["master"].returncode == 1, out[-2000:] + err[-3000:]
+        line = err.strip().splitlines()[-1]
+        assert line == (
+            f"od-dist: worker:0 at {worker_address} cannot read data/train.tfrecord: no such file on that "
+            "machine; every machine whose task reads data needs the records at that path (copy them "
+            "there, or put them on a shared folder), then start the job again ('od-dist doctor "
+            "--pipeline' checks it)"
+        ), err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        assert "told ps:0, worker:0 to stop" in out, out[-2000:]
+        for role in ("ps", "worker"):
+            sout, _ = procs[role].communicate(timeout=120)
+            assert procs[role].returncode == 0, sout[-2000:]
+            assert f"{role}:0: the master failed (worker:0 at {worker_address} cannot read" in sout
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_doctor_checks_the_records_this_machines_tasks_read(shapes_dir, tmp_path):
+    import shutil
+
+    import loopback
+
+    cluster = loopback.write_cluster(tmp_path, ps=1, workers=1)
+    pipeline = tmp_path / "p.yaml"
+    doc = yaml.safe_load(open(os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")))
+    doc["task"]["train_data"]["input_path"] = "data/train.tfrecord"
+    doc["task"]["validation_data"]["input_path"] = "data/val.tfrecord"
+    pipeline.write_text(yaml.safe_dump(doc))
+    machine = tmp_path / "machine"
+    machine.mkdir()
+    args = ("doctor", f"--cluster={cluster}", f"--pipeline={pipeline}", "--connect_timeout=0.5")
+    r = run_od_dist(*args, cwd=str(machine))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (
+        f"FIX   task.train_data.input_path: data/train.tfrecord: no such file here (working directory "
+        f"{machine}), and worker:0, master:0 read it on this machine" in r.stdout
+    ), r.stdout
+    assert "FIX   task.validation_data.input_path: data/val.tfrecord: no such file here" in r.stdout
+    shutil.copytree(shapes_dir, machine / "data")
+    r = run_od_dist(*args, cwd=str(machine))
+    assert (
+        "ok    task.train_data.input_path: data/train.tfrecord: 1 file(s) here, for worker:0, master:0"
+        in r.stdout
+    )
+    assert "ok    task.validation_data.input_path: data/val.tfrecord: 1 file(s) here" in r.stdout
+    assert "FIX   task." not in r.stdout, r.stdout
