@@ -984,17 +984,17 @@ Example:
     define_scripts_flags,
 )
 def cmd_scripts(fv) -> int:
-    from od_dist.render import scripts
+    from od_dist.render import quote, scripts
 
     cluster, passed_on = _render_input(fv, "scripts")
     if not fv.out:
         raise UsageError("--out: '': required; pass --out=DIR")
     passed_on += restart_args(fv)
-    command = " ".join(
-        scripts.bash_quote(a)
-        for a in ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"]
-    )
     try:
+        command = " ".join(
+            quote.sh(a)
+            for a in ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"]
+        )
         written = scripts.write_scripts(
             cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout, fv.max_restarts
         )

@@ -1,0 +1,265 @@
+"""Hostile input: every writer (launch scripts, their README, the TFJob manifest, records, predictions,
+exports, reports) either carries a hostile value exactly or refuses it with one line and exit 2;
+no command injects a line, reads a file from outside its input, overwrites a user's file or prints a
+Python traceback. Fast: validation and writer tests, no training."""
+
+import os
+import re
+import subprocess
+
+import mslex
+import pytest
+import yaml
+
+from od_dist import cli
+from od_dist.cluster import validate
+from od_dist.render import quote
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Strings that end a line, start a command or a key, or change meaning in at least one target.
+HOSTILE = [
+    "x\ntouch PWNED\n#",
+    "x\rtouch PWNED",
+    "x\r\ntouch PWNED",
+    "x\u2028kind: Secret",
+    "x\u2029y",
+    "x\u0085y",
+    "x\x00y",
+    "x\ty",
+    "x\x1b[2Jy",
+    "x\u202eexe.txt",
+    "it's",
+    'say "hi"',
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "${IFS}",
+    "%PATH%",
+    "%~dp0",
+    "^&|<>!",
+    "a & del /q *",
+    "!PATH!",
+    "-rf",
+    "--model_dir=/etc",
+    "../../etc/cron.d",
+    "..",
+    "' ; touch PWNED ; '",
+    "\u2018q\u2019",
+    "a|b",
+    "``a``",
+    "# c",
+    "key: value",
+    "---",
+    "{a: 1}",
+    "&anchor *alias",
+    "!!python/object:os.system",
+    "日本語",
+]
+UNSAFE = [s for s in HOSTILE if validate.unsafe_char(s)]
+SAFE = [s for s in HOSTILE if not validate.unsafe_char(s)]
+
+
+def test_hostile_list_covers_both_kinds():
+    assert len(UNSAFE) == 10 and len(SAFE) == len(HOSTILE) - 10
+
+
+def run_cli(capsys, *args):
+    """od-dist in this process: an exception escaping main() would be a traceback."""
+    code = cli.main(["od-dist", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_refusal(code, err):
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2, err
+    assert "Traceback" not in err
+    return lines
+
+
+# ----- 1: addresses, and every value through every script writer ---------------------------------
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_zone_id_and_host_take_no_hostile_text(text, tmp_path, capsys):
+    """A zone id or host name holding anything but a plain name is refused by validate, so it never
+    reaches a script (the zone id used to carry a newline and a command into master-0.sh)."""
+    embedded = f"h{text}.lan:2230"
+    try:
+        host, _ = validate.parse_address(embedded)
+        assert re.fullmatch(r"[a-z0-9.-]+", host), host  # e.g. h-rf.lan: a plain name
+    except validate.AddressError:
+        pass
+    for address in (f"[fe80::1%{text}]:2230", f"{text}:2230"):
+        with pytest.raises(validate.AddressError):
+            validate.parse_address(address)
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump({"master": address, "worker": ["[fe80::2%eth0]:2231"]}))
+        code, _, err = run_cli(capsys, "validate", f"--cluster={path}")
+        lines = one_line_refusal(code, err)
+        assert len(lines) == 2 and lines[1].startswith("  master: '"), err
+
+
+def test_plain_zone_ids_still_work():
+    assert validate.parse_address("[fe80::1%eth0]:2230") == ("fe80::1%eth0", 2230)
+    assert validate.parse_address("[fe80::1%12]:2230") == ("fe80::1%12", 2230)
+    assert validate.parse_address("[fe80::1%br-lan.10]:2230")[0] == "fe80::1%br-lan.10"
+    with pytest.raises(validate.AddressError, match="zone id"):
+        validate.parse_address("[fe80::1%-x]:2230")
+    assert validate.host_key("fe80::1%eth0") == "fe80::1"
+    with pytest.raises(validate.AddressError):
+        validate.host_key("fe80::1%$(id)")
+
+
+def bash_words(word):
+    r = subprocess.run(["bash", "-c", "printf '%s\\0' " + word], capture_output=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.decode().split("\0")[:-1]
+
+
+def cmd_line_args(line):
+    """What a program gets from a line of a .cmd file (delayed expansion off), as `cmd_escape` writes
+    it: phase 1 turns `%%` into `%`; no `%NAME%` may be left; phase 2 removes each `^` escape and
+    must find no unescaped `& | < > ( )`; the C runtime then splits the rest (mslex)."""
+    assert not re.search(r"(?<!%)%(?!%)", line.replace("%%", "")), line
+    out, i = [], 0
+    while i < len(line):
+        c = line[i]
+        if c == "^":
+            out.append(line[i + 1])
+            i += 2
+            continue
+        assert c not in "&|<>()", line
+        out.append(c)
+        i += 1
+    return mslex.split("".join(out).replace("%%", "%"), like_cmd=False)
+
+
+def ps_literal(text):
+    """The value of a PowerShell single-quoted literal that is the whole of `text`."""
+    assert text[0] == "'" and text[-1] == "'", text
+    body = text[1:-1]
+    assert not re.search(
+        f"(?<![{quote.PS_SINGLE_QUOTES}])[{quote.PS_SINGLE_QUOTES}](?![{quote.PS_SINGLE_QUOTES}])",
+        body.replace("''", ""),
+    ), text
+    return re.sub(f"([{quote.PS_SINGLE_QUOTES}])\\1", r"\1", body)
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_quoting_functions_carry_or_refuse(text):
+    """One function per target: the value comes back exactly, or QuoteError (one line)."""
+    if text in UNSAFE:
+        for fn in (quote.sh, quote.cmd, quote.ps, quote.md, quote.cmd_in_quotes, quote.windows_arg):
+            with pytest.raises(quote.QuoteError) as e:
+                fn(text)
+            assert "\n" not in str(e.value) and "control character" in str(e.value)
+        with pytest.raises(quote.QuoteError):
+            quote.yaml_dump({"args": [text]})
+        if "\n" not in text:  # a comment's own lines are split at "\n"; nothing else ends one
+            with pytest.raises(quote.QuoteError):
+                quote.yaml_dump({"a": 1}, comment=f"for {text}")
+        return
+    assert bash_words(quote.sh(text)) == [text]
+    assert bash_words(quote.sh(text) + " " + quote.sh(text)) == [text, text]
+    assert cmd_line_args("prog " + quote.cmd(text)) == ["prog", text]
+    assert ps_literal(quote.ps(text)) == text
+    assert yaml.safe_load(quote.yaml_dump({"args": [text], text: text})) == {"args": [text], text: text}
+    code = quote.md(text)
+    fence = re.match("`+", code).group()
+    assert code.endswith(fence) and fence not in code[len(fence) : -len(fence)]
+
+
+STAND_IN = """#!/usr/bin/env bash
+printf '%s\\0' "$@" > "$OD_DIST_RECORD"
+"""
+
+
+def write_scripts(capsys, tmp_path, value, where):
+    """`od-dist scripts` with `value` as the pipeline, model_dir, params_override, cluster file name
+    or a hosts setting; returns (exit code, stderr, out folder, cluster path, flags)."""
+    hosts = {"10.0.0.1": {"os": "linux"}, "10.0.0.2": {"os": "windows"}}
+    if where in ("venv", "python", "workdir"):
+        hosts["10.0.0.1"][where] = hosts["10.0.0.2"][where] = value
+    folder = tmp_path / f"c{len(os.listdir(tmp_path))}"
+    folder.mkdir()
+    usable_name = "/" not in value and "\x00" not in value and value not in (".", "..")
+    path = folder / (value if where == "cluster" and usable_name else "c.yaml")
+    doc = {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.1:2223"], "hosts": hosts}
+    path.write_text(yaml.safe_dump(doc))
+    flags = {"pipeline": "p.yaml", "model_dir": "runs/m", "params_override": "a: 1"}
+    if where in flags:
+        flags[where] = value
+    out = folder / "out"
+    code, _, err = run_cli(
+        capsys, "scripts", f"--cluster={path}", *(f"--{k}={v}" for k, v in flags.items()), f"--out={out}"
+    )
+    return code, err, out, str(path), flags
+
+
+def read_all(folder):
+    return {f: (folder / f).read_text(encoding="utf-8-sig").splitlines() for f in os.listdir(folder)}
+
+
+@pytest.mark.parametrize(
+    "where", ["model_dir", "pipeline", "params_override", "cluster", "venv", "python", "workdir"]
+)
+def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, capsys):
+    """Each hostile value as each input: refused with one line, or every script has exactly the
+    lines of a plain run and the value reaches od-dist's argv intact (bash run for real; the cmd and
+    PowerShell lines parsed by their shells' rules); the README gains no line either."""
+    code, err, plain_out, _, _ = write_scripts(capsys, tmp_path, "plain", where)
+    assert code == 0, err
+    plain = read_all(plain_out)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "od-dist").write_text(STAND_IN)
+    (bin_dir / "od-dist").chmod(0o755)
+    for text in HOSTILE:
+        if where == "cluster" and ("/" in text or "\x00" in text or text == ".."):
+            continue  # no file can have this name
+        code, err, out, cluster_path, flags = write_scripts(capsys, tmp_path, text, where)
+        if code != 0:
+            lines = one_line_refusal(code, err)
+            assert all(x.startswith("  ") for x in lines[1:]) and len(lines) <= 3, (where, text, err)
+            assert not out.exists()
+            continue
+        assert text in SAFE, (where, text)
+        files = read_all(out)
+        like = plain
+        if where == "python" and re.search(r"[\\/:]", text):  # a path, not a name looked up on PATH
+            like = read_all(write_scripts(capsys, tmp_path, "bin/python", where)[2])
+        assert sorted(files) == sorted(like)
+        for f, lines in files.items():
+            assert len(lines) == len(like[f]), (where, text, f)
+        for f in files:
+            if f.endswith(".sh"):
+                r = subprocess.run(["bash", "-n", str(out / f)], capture_output=True, timeout=10)
+                assert r.returncode == 0, r.stderr
+        flag_args = [f"--{k}={v}" for k, v in flags.items()] + ["--max_restarts=3"]
+        master = ["train", f"--cluster={cluster_path}", "--role=master", "--index=0", *flag_args]
+        worker = ["train", f"--cluster={cluster_path}", "--role=worker", "--index=0", *flag_args]
+        if where == "python":
+            worker = ["-m", "od_dist", *worker]
+        (run,) = [x for x in files["worker-0.cmd"] if " train " in x and not x.startswith("rem")]
+        program, args = re.fullmatch(r'("[^"]*"|\S+) (.*)', run).groups()  # a program is in real quotes
+        assert "%" not in program.replace("%%", "")
+        assert cmd_line_args(args) == worker
+        (arguments,) = [x for x in files["worker-0.ps1"] if x.startswith("$arguments = ")]
+        assert mslex.split(ps_literal(arguments[len("$arguments = ") :]), like_cmd=False) == worker
+        if where == "workdir":
+            (cd,) = [x for x in files["master-0.sh"] if x.startswith("cd -- ")]
+            assert bash_words(cd[len("cd -- ") :]) == [text]
+            continue
+        if where in ("venv", "python"):
+            if where == "venv":
+                (line,) = [x for x in files["worker-0.ps1"] if x.startswith("$env:VIRTUAL_ENV = ")]
+                assert ps_literal(line[len("$env:VIRTUAL_ENV = ") :]) == text
+            else:
+                assert quote.ps(text) in "\n".join(files["worker-0.ps1"])
+            continue
+        record = tmp_path / "record"
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OD_DIST_RECORD=str(record))
+        r = subprocess.run(["bash", str(out / "master-0.sh")], env=env, capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert record.read_bytes().decode().split("\0")[:-1] == master
