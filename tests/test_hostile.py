@@ -263,3 +263,73 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
         r = subprocess.run(["bash", str(out / "master-0.sh")], env=env, capture_output=True, timeout=30)
         assert r.returncode == 0, r.stderr
         assert record.read_bytes().decode().split("\0")[:-1] == master
+
+
+# ----- 2: the TFJob manifest ---------------------------------------------------------------------
+
+
+def k8s(capsys, tmp_path, **given):
+    flags = {"pipeline": "p.yaml", "model_dir": "runs/m", "image": "registry.example/od-dist:1"} | given
+    cluster = tmp_path / flags.pop("cluster_name", "c.yaml")
+    cluster.write_text("master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nps: [10.0.0.3:2223]\n")
+    return (*run_cli(capsys, "k8s", f"--cluster={cluster}", *(f"--{k}={v}" for k, v in flags.items())), flags)
+
+
+def pod_args(text):
+    (doc,) = yaml.safe_load_all(text)
+    return {
+        t: s["template"]["spec"]["containers"][0]["args"] for t, s in doc["spec"]["tfReplicaSpecs"].items()
+    }
+
+
+@pytest.mark.parametrize(
+    "flag", ["model_dir", "mount_path", "cluster_name", "image", "params_override", "pipeline"]
+)
+def test_manifest_carries_or_refuses_hostile_values(flag, tmp_path, capsys):
+    """Each hostile value as each input: one line and exit 2, or one YAML document whose pods get
+    exactly the values given, model_dir on the volume."""
+    for text in HOSTILE:
+        value = text
+        if flag == "mount_path":
+            value = f"/mnt/{text}"
+        if flag == "cluster_name":
+            if "/" in text or "\x00" in text or text in ("..",):
+                continue
+            value = text + ".yaml"
+        code, out, err, flags = k8s(capsys, tmp_path, **{flag: value})
+        if code:
+            lines = one_line_refusal(code, err)
+            assert len(lines) == 1, (flag, text, err)
+            continue
+        assert text in SAFE, (flag, text)
+        (doc,) = yaml.safe_load_all(out)
+        mount = doc["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["volumeMounts"][0]
+        model_dir = f"--model_dir={os.path.normpath(os.path.join(mount['mountPath'], flags['model_dir']))}"
+        assert model_dir.startswith("--model_dir=" + mount["mountPath"].rstrip("/") + "/")
+        want = ["train", f"--pipeline={flags['pipeline']}", model_dir]
+        if "params_override" in flags:
+            want.append(f"--params_override={flags['params_override']}")
+        for replica, args in pod_args(out).items():
+            assert args[: len(want)] == want, (replica, args)
+        for replica in doc["spec"]["tfReplicaSpecs"].values():
+            assert replica["template"]["spec"]["containers"][0]["image"] == flags["image"]
+
+
+@pytest.mark.parametrize(
+    "model_dir", ["../../../etc/cron.d", "..", "a/../../x", "/etc/cron.d", "./..//../etc", "x/../../../"]
+)
+def test_model_dir_stays_on_the_volume(model_dir, tmp_path, capsys):
+    code, _, err, _ = k8s(capsys, tmp_path, model_dir=model_dir)
+    assert one_line_refusal(code, err) and "not on the volume" in err
+
+
+def test_mount_path_is_normalised_and_not_the_root(tmp_path, capsys):
+    code, out, err, _ = k8s(capsys, tmp_path, mount_path="/mnt/x/../od", model_dir="a/../b")
+    assert code == 0, err
+    assert all("--model_dir=/mnt/od/b" in a for a in pod_args(out).values())
+    code, _, err, _ = k8s(capsys, tmp_path, mount_path="/mnt/..")
+    assert one_line_refusal(code, err) and "--mount_path" in err
+    code, out, err, _ = k8s(capsys, tmp_path, model_dir="gs://bucket/run")
+    assert code == 0 and all("--model_dir=gs://bucket/run" in a for a in pod_args(out).values())
+    code, out, err, _ = k8s(capsys, tmp_path, model_dir="../x://y")
+    assert one_line_refusal(code, err)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import posixpath
 import re
 
+import yaml
+
 from od_dist.cluster.spec import Cluster
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.render import quote
@@ -121,12 +123,17 @@ def check_values(
         raise K8sError(
             f"--mount_path: '{mount_path}': not an absolute path in the pod; write it like /mnt/od-dist"
         )
+    if posixpath.normpath(mount_path) in ("/", "//"):
+        raise K8sError(
+            f"--mount_path: '{mount_path}': the volume cannot hide the pod's root; write it like /mnt/od-dist"
+        )
 
 
 def volume_model_dir(model_dir: str, mount_path: str) -> tuple[str, bool]:
-    """(model_dir inside the pods, whether the volume is needed). Relative paths go on the volume;
+    """(model_dir inside the pods, whether the volume is needed). A relative path goes on the volume
+    and must stay there once `..` is resolved (checkpoints off the volume are lost with the pod);
     URLs such as gs://bucket/dir need no volume."""
-    if "://" in model_dir:
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://[^/]", model_dir):
         return model_dir, False
     if "\\" in model_dir or re.match(r"^[A-Za-z]:", model_dir):
         raise K8sError(
@@ -134,13 +141,12 @@ def volume_model_dir(model_dir: str, mount_path: str) -> tuple[str, bool]:
             "path (it goes on the volume) or a POSIX one"
         )
     mount = posixpath.normpath(mount_path)
-    if not posixpath.isabs(model_dir):
-        return posixpath.normpath(posixpath.join(mount, model_dir)), True
-    inside = posixpath.normpath(model_dir)
+    inside = posixpath.normpath(posixpath.join(mount, model_dir))
     if inside != mount and not inside.startswith(mount.rstrip("/") + "/"):
         raise K8sError(
-            f"--model_dir: '{model_dir}': not on the volume mounted at {mount}; use a relative "
-            f"path, or pass --mount_path so that it contains the model_dir"
+            f"--model_dir: '{model_dir}': resolves to {inside}, not on the volume mounted at {mount}; use "
+            "a relative path without '..' that leaves it, or pass --mount_path so that it contains the "
+            "model_dir"
         )
     return inside, True
 
@@ -276,6 +282,34 @@ def render(
         else "Strategy: multi_worker_mirrored (Chief and Workers train in sync; no PS).\n"
     )
     try:
-        return quote.yaml_dump(doc, header + strategy_note)
+        text = quote.yaml_dump(doc, header + strategy_note)
     except quote.QuoteError as e:
         raise K8sError(str(e)) from None
+    if not _written_as_given(text, image, args, posixpath.normpath(mount_path), pvc, namespace):
+        raise K8sError("the manifest does not read back as the values given; report this as a bug")
+    return text
+
+
+def _written_as_given(text: str, image: str, args: list[str], mount: str, pvc, namespace) -> bool:
+    """The manifest read back holds exactly the values given, in their places."""
+    docs = list(yaml.safe_load_all(text))
+    if len(docs) != 1 or docs[0]["metadata"].get("namespace") != namespace:
+        return False
+    given = ["train", *(a for a in args if not a.startswith("--num_clones="))]
+    for spec in docs[0]["spec"]["tfReplicaSpecs"].values():
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
+        rest = container["args"][len(given) :]
+        if (
+            container["image"] != image
+            or container["command"] != ["od-dist"]
+            or container["args"][: len(given)] != given
+            or not all(a.startswith("--num_clones=") for a in rest)
+        ):
+            return False
+        if pvc and (
+            container["volumeMounts"] != [{"name": "model-dir", "mountPath": mount}]
+            or pod["volumes"][0]["persistentVolumeClaim"]["claimName"] != pvc
+        ):
+            return False
+    return True
