@@ -984,6 +984,7 @@ Example:
     define_scripts_flags,
 )
 def cmd_scripts(fv) -> int:
+    from od_dist.data import records
     from od_dist.render import quote, scripts
 
     cluster, passed_on = _render_input(fv, "scripts")
@@ -998,7 +999,7 @@ def cmd_scripts(fv) -> int:
         written = scripts.write_scripts(
             cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout, fv.max_restarts
         )
-    except scripts.ScriptError as e:
+    except (scripts.ScriptError, records.DatasetError) as e:
         raise UsageError(str(e)) from None
     print(f"wrote {len(written) - 1} scripts for {len(cluster.tasks())} tasks and README.md to {fv.out}")
     return EXIT_OK

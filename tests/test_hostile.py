@@ -333,3 +333,40 @@ def test_mount_path_is_normalised_and_not_the_root(tmp_path, capsys):
     assert code == 0 and all("--model_dir=gs://bucket/run" in a for a in pod_args(out).values())
     code, out, err, _ = k8s(capsys, tmp_path, model_dir="../x://y")
     assert one_line_refusal(code, err)
+
+
+# ----- 3: scripts --out ------------------------------------------------------------------------
+
+
+def test_scripts_out_replaces_its_own_files_only(tmp_path, capsys):
+    """A symlinked README.md is replaced, not written through; the scripts of a bigger cluster
+    written there before are gone; the user's own files stay."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").symlink_to(victim)
+    (out / "worker-0.sh").symlink_to(victim)
+    (out / "notes.txt").write_text("keep")
+    big = tmp_path / "big.yaml"
+    big.write_text(
+        yaml.safe_dump({"master": "10.0.0.1:2222", "worker": [f"10.0.0.{i}:2222" for i in range(2, 9)]})
+    )
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"]}))
+    for cluster in (big, small):
+        code, _, err = run_cli(
+            capsys, "scripts", f"--cluster={cluster}", "--pipeline=p", "--model_dir=m", f"--out={out}"
+        )
+        assert code == 0, err
+    assert victim.read_text() == "mine"
+    assert not (out / "README.md").is_symlink() and "small.yaml" in (out / "README.md").read_text()
+    assert sorted(os.listdir(out)) == sorted(
+        ["README.md", "notes.txt"]
+        + [f"{t}-0.{s}" for t in ("master", "worker") for s in ("sh", "cmd", "ps1")]
+    )
+    assert not any(name.startswith(".") for name in os.listdir(tmp_path))  # no staging folder left
+    code, _, err = run_cli(
+        capsys, "scripts", f"--cluster={small}", "--pipeline=p", "--model_dir=m", f"--out={victim}"
+    )
+    assert one_line_refusal(code, err) and "not a directory" in err

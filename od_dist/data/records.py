@@ -198,12 +198,7 @@ def write_dataset(
     from official.vision.data import tfrecord_lib
 
     out_dir = os.path.normpath(out_dir)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become the dataset's mode
+    staging = staging_dir(out_dir)
     result = Written(out_dir, os.path.join(out_dir, LABEL_MAP_FILE), max(names) + 1 if names else 1)
     progress = Progress(what + ": writing", len(items), stream=progress_stream)
     try:
@@ -235,21 +230,36 @@ def write_dataset(
         with open(os.path.join(staging, LABEL_MAP_FILE), "w", encoding="utf-8") as f:
             f.write(label_map_text(names))
         result.seconds = progress.finish()
-        _move_into_place(staging, out_dir)
+        move_into_place(staging, out_dir, _SHARD_RE)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return result
 
 
-def _move_into_place(staging: str, out_dir: str) -> None:
-    if not os.path.exists(out_dir):
-        os.rename(staging, out_dir)  # atomic: the whole dataset appears at once
+def staging_dir(out_dir: str) -> str:
+    """A fresh, empty folder beside `out_dir` (same file system, so renames are atomic) to write an
+    output into before `move_into_place`; the caller removes it when done."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become the output's mode
+    return staging
+
+
+def move_into_place(staging: str, out_dir: str, owned: re.Pattern) -> None:
+    """Moves a finished staging folder to `out_dir`: renamed whole when `out_dir` does not exist;
+    else the files of an earlier run (names matching `owned`) are removed and the new ones renamed
+    in, replacing a symlink itself, never writing through it. Other files in `out_dir` stay."""
+    if not os.path.lexists(out_dir):
+        os.rename(staging, out_dir)  # atomic: the whole output appears at once
         return
     if not os.path.isdir(out_dir):
         raise DatasetError(f"--out: '{out_dir}': exists and is not a directory; choose another --out")
-    # An earlier conversion's shards would be picked up by the train-*.tfrecord glob: remove them.
+    # An earlier run's files would be read with the new ones (a shard glob, stale scripts): remove them.
     for name in os.listdir(out_dir):
-        if _SHARD_RE.match(name):
+        if owned.fullmatch(name) and not os.path.isdir(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
     for name in sorted(os.listdir(staging)):
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))

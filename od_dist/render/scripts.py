@@ -19,10 +19,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 from dataclasses import dataclass
 
 from od_dist.cluster.spec import Cluster, HostSettings, Task
 from od_dist.cluster.validate import PARAMETER_SERVER
+from od_dist.data import records
 from od_dist.render import quote
 from od_dist.render.quote import PS_SINGLE_QUOTES, QuoteError, sh_path  # noqa: F401 (re-exported)
 
@@ -467,9 +469,13 @@ def render_readme(
 RENDERERS = {".sh": render_sh, ".cmd": render_cmd, ".ps1": render_ps1}
 
 
+# The files `write_scripts` writes: those of an earlier run are replaced, nothing else in --out.
+OWNED = re.compile(r"((master|worker|ps|evaluator)-\d+\.(sh|cmd|ps1)|README\.md)")
+
+
 def write_file(path: str, text: str, suffix: str) -> None:
     encoding = "utf-8-sig" if suffix == ".ps1" else "utf-8"
-    with open(path, "w", encoding=encoding, newline="") as f:
+    with open(path, "x", encoding=encoding, newline="") as f:
         f.write(text)
     if suffix == ".sh":
         os.chmod(path, 0o755)
@@ -484,7 +490,10 @@ def write_scripts(
     wait_timeout: int,
     max_restarts: int = 0,
 ) -> list[str]:
-    """Writes every task's scripts and README.md into out_dir; returns the paths written."""
+    """Writes every task's scripts and README.md into out_dir; returns the paths written. They are
+    written into a fresh folder first and moved in as the converters' datasets are: the scripts of
+    an earlier cluster go, a symlink in out_dir is replaced (never written through), other files
+    stay."""
     items = launches(cluster, cluster_path, passed_on)
     rendered = [
         (f, RENDERERS[os.path.splitext(f)[1]](launch.on(os_name)))
@@ -492,12 +501,15 @@ def write_scripts(
         for os_name in launch.oses
         for f in launch.on(os_name).files
     ]
-    os.makedirs(out_dir, exist_ok=True)
-    written = []
-    for name, text in rendered + [
+    rendered.append(
         ("README.md", render_readme(cluster, cluster_path, items, command, wait_timeout, max_restarts))
-    ]:
-        path = os.path.join(out_dir, name)
-        write_file(path, text, os.path.splitext(name)[1])
-        written.append(path)
-    return written
+    )
+    out_dir = os.path.normpath(out_dir)
+    staging = records.staging_dir(out_dir)
+    try:
+        for name, text in rendered:
+            write_file(os.path.join(staging, name), text, os.path.splitext(name)[1])
+        records.move_into_place(staging, out_dir, OWNED)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [os.path.join(out_dir, name) for name, _ in rendered]
