@@ -370,3 +370,79 @@ def test_scripts_out_replaces_its_own_files_only(tmp_path, capsys):
         capsys, "scripts", f"--cluster={small}", "--pipeline=p", "--model_dir=m", f"--out={victim}"
     )
     assert one_line_refusal(code, err) and "not a directory" in err
+
+
+# ----- 4, 5: data voc / coco ---------------------------------------------------------------------
+
+
+def xml_escape(text):
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def voc_folder(tmp_path, filename="a.jpg", box=("1", "1", "4", "4"), xml_name="a.xml"):
+    from PIL import Image
+
+    images, ann, outside = tmp_path / "images", tmp_path / "ann", tmp_path / "outside"
+    for d in (images, ann, outside):
+        d.mkdir(exist_ok=True)
+    for path in (images / "a.jpg", outside / "secret.jpg"):
+        Image.new("RGB", (8, 8)).save(path)
+    xmin, ymin, xmax, ymax = box
+    (ann / xml_name).write_text(
+        f"<annotation><filename>{xml_escape(filename)}</filename><size><width>8</width><height>8</height>"
+        f"</size><object><name>cat</name><bndbox><xmin>{xmin}</xmin><ymin>{ymin}</ymin><xmax>{xmax}</xmax>"
+        f"<ymax>{ymax}</ymax></bndbox></object></annotation>",
+        encoding="utf-8",
+    )
+    return images, ann, outside
+
+
+def data_voc(capsys, images, ann, out):
+    return run_cli(capsys, "data", "voc", f"--images={images}", f"--annotations={ann}", f"--out={out}")
+
+
+def test_voc_images_stay_under_images(tmp_path, capsys):
+    """A <filename> with '..', an absolute path or a symlink to a file elsewhere is refused: the
+    records would embed that file's bytes."""
+    from od_dist.data import voc
+
+    images, ann, outside = voc_folder(tmp_path)
+    (images / "link.jpg").symlink_to(outside / "secret.jpg")
+    (images / "sub").mkdir()
+    for name in (
+        "../outside/secret.jpg",
+        str(outside / "secret.jpg"),
+        "link.jpg",
+        "sub/../../outside/secret.jpg",
+    ):
+        voc_folder(tmp_path, filename=name, xml_name="x.xml")
+        with pytest.raises(voc.BadAnnotation, match="outside --images"):
+            voc.parse(str(ann / "x.xml"), str(images))
+        code, out, err = data_voc(capsys, images, ann, tmp_path / "records")
+        assert code == 2 and "outside --images" in err and "Traceback" not in err
+        assert not (tmp_path / "records").exists()
+    assert voc.parse(str(ann / "a.xml"), str(images)).image_path == str(images / "a.jpg")
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_voc_hostile_file_names(text, tmp_path, capsys):
+    """Each hostile <filename>: a bad annotation (one line), or an image inside --images."""
+    from od_dist.data import voc
+
+    images, ann, _ = voc_folder(tmp_path, filename=text, xml_name="x.xml")
+    try:
+        image = voc.parse(str(ann / "x.xml"), str(images))
+    except voc.BadAnnotation as e:
+        assert "\n" not in str(e).strip()
+    else:
+        assert os.path.realpath(image.image_path).startswith(str(images.resolve()) + os.sep)
+
+
+def test_annotation_symlink_loop_is_not_followed(tmp_path):
+    from od_dist.data import records
+
+    _, ann, _ = voc_folder(tmp_path)
+    (ann / "sub").mkdir()
+    (ann / "sub" / "loop").symlink_to(ann / "sub")
+    (ann / "up").symlink_to(ann)
+    assert list(records.matching_files(str(ann), ".xml")) == [str(ann / "a.xml")]

@@ -70,9 +70,14 @@ def _check_image(image: dict, anns: list, images_dir: str, names: dict[int, str]
     where = f"{path}: image id {image.get('id')} ('{fname}')"
     if not fname:
         raise BadAnnotation(f"{where}: no file_name; add it")
-    file_path = os.path.join(images_dir, fname)
-    if not os.path.isfile(file_path):
+    file_path, inside = records.image_under(images_dir, fname)
+    if not file_path:
         raise BadAnnotation(f"{where}: not found in '{images_dir}'; put the image there or fix file_name")
+    if not inside:
+        raise BadAnnotation(
+            f"{where}: outside --images '{images_dir}' (a '..', an absolute path or a symlink); put the "
+            "image in that folder and name it from there"
+        )
     _, (width, height) = records.image_format(file_path)
     if (image.get("width"), image.get("height")) != (width, height):
         raise BadAnnotation(

@@ -11,7 +11,6 @@ Records are Model Garden's detection layout (``TfExampleDecoder``): ``image/enco
 from __future__ import annotations
 
 import difflib
-import glob
 import math
 import os
 import random
@@ -366,6 +365,20 @@ def report_problems(
 
 
 def matching_files(directory: str, suffix: str) -> Iterator[str]:
-    for path in sorted(glob.glob(os.path.join(glob.escape(directory), "**", "*"), recursive=True)):
-        if path.lower().endswith(suffix) and os.path.isfile(path):
-            yield path
+    """The files under `directory` whose names end in `suffix`, sorted. Directory symlinks are not
+    followed: a link to a parent would list the same files over and over."""
+    found = []
+    for root, _, files in os.walk(directory):
+        found += [os.path.join(root, f) for f in files if f.lower().endswith(suffix)]
+    yield from (path for path in sorted(found) if os.path.isfile(path))
+
+
+def image_under(images_dir: str, name: str) -> tuple[str | None, bool]:
+    """(`images_dir`/`name` if that is a file, whether it stays inside `images_dir` once `..`, an
+    absolute name and every symlink are resolved). The records embed the file's bytes: a name
+    from an annotation must not pull in a file from elsewhere."""
+    path = os.path.join(images_dir, name)
+    if not os.path.isfile(path):
+        return None, True
+    base = os.path.realpath(images_dir)
+    return path, os.path.commonpath([os.path.realpath(path), base]) == base

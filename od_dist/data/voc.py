@@ -22,6 +22,7 @@ import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
+from od_dist.cluster.validate import shown
 from od_dist.data import records
 from od_dist.data.records import BadAnnotation, DatasetError
 
@@ -62,20 +63,22 @@ def _number(xml_path: str, where: str, node, tag: str) -> float:
 
 
 def _find_image(xml_path: str, filename: str | None, images_dir: str) -> str:
-    if filename:
-        path = os.path.join(images_dir, filename)
-        if os.path.isfile(path):
-            return path
     # labelImg writes <filename>; other tools leave it out or keep an old name: try the XML's stem.
     stem = os.path.splitext(os.path.basename(xml_path))[0]
-    for suffix in IMAGE_SUFFIXES:
-        for s in (suffix, suffix.upper()):
-            path = os.path.join(images_dir, stem + s)
-            if os.path.isfile(path):
-                return path
+    names = [filename] if filename else []
+    names += [stem + s for suffix in IMAGE_SUFFIXES for s in (suffix, suffix.upper())]
+    for name in names:
+        path, inside = records.image_under(images_dir, name)
+        if path and not inside:
+            raise BadAnnotation(
+                f"{xml_path}: image '{shown(name)}' is outside --images '{images_dir}' (a '..', an absolute "
+                "path or a symlink); put the image in that folder and name it from there"
+            )
+        if path:
+            return path
     wanted = filename or stem + ".jpg"
     raise BadAnnotation(
-        f"{xml_path}: image '{wanted}' not found in '{images_dir}'; put the image "
+        f"{xml_path}: image '{shown(wanted)}' not found in '{images_dir}'; put the image "
         "there, fix <filename>, or remove the XML"
     )
 
