@@ -446,3 +446,64 @@ def test_annotation_symlink_loop_is_not_followed(tmp_path):
     (ann / "sub" / "loop").symlink_to(ann / "sub")
     (ann / "up").symlink_to(ann)
     assert list(records.matching_files(str(ann), ".xml")) == [str(ann / "a.xml")]
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e999"])
+def test_voc_non_finite_numbers_are_refused(value, tmp_path, capsys):
+    from od_dist.data import voc
+
+    images, ann, _ = voc_folder(tmp_path, box=(value, "1", "4", "4"))
+    with pytest.raises(voc.BadAnnotation, match="not a finite number"):
+        voc.parse(str(ann / "a.xml"), str(images))
+    code, _, err = data_voc(capsys, images, ann, tmp_path / "records")
+    assert code == 2 and "not a finite number" in err and not (tmp_path / "records").exists()
+
+
+def coco_doc(**changes):
+    image = {"id": 1, "file_name": "a.jpg", "width": 8, "height": 8}
+    ann = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 4, 4], "iscrowd": 0}
+    image.update(changes.pop("image", {}))
+    ann.update(changes.pop("ann", {}))
+    return {"images": [image], "annotations": [ann], "categories": [{"id": 1, "name": "cat"}], **changes}
+
+
+def data_coco(capsys, tmp_path, doc, raw=None):
+    images, _, _ = voc_folder(tmp_path)
+    path = tmp_path / "coco.json"
+    path.write_text(raw if raw is not None else __import__("json").dumps(doc))
+    return run_cli(
+        capsys, "data", "coco", f"--images={images}", f"--annotations={path}", f"--out={tmp_path / 'records'}"
+    )
+
+
+@pytest.mark.parametrize(
+    "bad", [{"bbox": [1, 1, float("nan"), 4]}, {"bbox": [float("inf"), 1, 4, 4]}, {"area": float("nan")}]
+)
+def test_coco_non_finite_numbers_are_refused(bad, tmp_path, capsys):
+    code, _, err = data_coco(capsys, tmp_path, coco_doc(ann=bad))
+    assert code == 2 and "Traceback" not in err and not (tmp_path / "records").exists(), err
+
+
+def test_data_check_flags_non_finite_boxes():
+    """One record with a NaN box, as an older od-dist or another tool wrote it."""
+    import tensorflow as tf
+
+    from od_dist.data import check
+
+    image = tf.io.encode_png(tf.zeros([8, 8, 3], tf.uint8)).numpy()
+
+    def floats(v):
+        return tf.train.Feature(float_list=tf.train.FloatList(value=v))
+
+    feature = {
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
+        "image/source_id": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"1"])),
+        "image/object/bbox/ymin": floats([0.1]),
+        "image/object/bbox/xmin": floats([float("nan")]),
+        "image/object/bbox/ymax": floats([0.5]),
+        "image/object/bbox/xmax": floats([0.5]),
+        "image/object/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1])),
+    }
+    data = tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    _, problems = check.check_record(data, 2, tf)
+    assert any("not finite" in p for p in problems), problems

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 
 from od_dist.data import records
@@ -91,7 +92,9 @@ def _check_image(image: dict, anns: list, images_dir: str, names: dict[int, str]
         if (
             not isinstance(bbox, list)
             or len(bbox) != 4
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)
+            or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox
+            )
         ):
             raise BadAnnotation(f"{awhere}: bbox {bbox!r:.60} is not [x, y, width, height]; fix it")
         x, y, w, h = (float(v) for v in bbox)
@@ -114,6 +117,11 @@ def _check_image(image: dict, anns: list, images_dir: str, names: dict[int, str]
         # Within the tolerance: clip, or create_tf_example would drop the box without a word.
         x0, y0 = max(x, 0.0), max(y, 0.0)
         x1, y1 = min(x + w, float(width)), min(y + h, float(height))
+        area = a.get("area")
+        if area is not None and (
+            isinstance(area, bool) or not isinstance(area, (int, float)) or not math.isfinite(area)
+        ):
+            raise BadAnnotation(f"{awhere}: area {area!r:.40} is not a finite number; fix it or leave it out")
         fixed = dict(a, bbox=[x0, y0, x1 - x0, y1 - y0], iscrowd=int(a.get("iscrowd", 0) or 0))
         fixed.setdefault("area", (x1 - x0) * (y1 - y0))
         out.append(fixed)

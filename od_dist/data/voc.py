@@ -18,6 +18,7 @@ so only the list of file names is held in memory, never the images.
 
 from __future__ import annotations
 
+import math
 import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -55,11 +56,14 @@ def _text(node, tag: str) -> str | None:
 def _number(xml_path: str, where: str, node, tag: str) -> float:
     text = _text(node, tag)
     try:
-        return float(text)
+        value = float(text)
     except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):  # NaN or infinity would reach the records as a box
         raise BadAnnotation(
-            f"{xml_path}: {where}: <{tag}> is '{text or ''}', not a number; fix the file"
-        ) from None
+            f"{xml_path}: {where}: <{tag}> is '{shown(text or '')}', not a finite number; fix the file"
+        )
+    return value
 
 
 def _find_image(xml_path: str, filename: str | None, images_dir: str) -> str:
