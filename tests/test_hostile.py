@@ -507,3 +507,57 @@ def test_data_check_flags_non_finite_boxes():
     data = tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
     _, problems = check.check_record(data, 2, tf)
     assert any("not finite" in p for p in problems), problems
+
+
+# ----- 6, 7, 8: predict, export, report outputs ------------------------------------------------------
+
+
+def fake_model(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "saved_model.pb").write_bytes(b"")
+    return model
+
+
+def test_predict_out_that_is_or_holds_an_input_is_refused(tmp_path, capsys):
+    """Checked before the model loads: the drawn PNGs would replace the user's photos."""
+    from PIL import Image
+
+    model = fake_model(tmp_path)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.new("RGB", (8, 8)).save(photos / "a.png")
+    before = (photos / "a.png").read_bytes()
+    for images, out in [
+        (photos, photos),
+        (photos / "a.png", photos),
+        (photos, tmp_path / "photos" / "."),
+        (photos / "a.png", tmp_path),
+    ]:
+        code, _, err = run_cli(capsys, "predict", f"--model={model}", f"--images={images}", f"--out={out}")
+        assert code == 2 and "is or holds the input" in err and "Traceback" not in err, err
+    assert (photos / "a.png").read_bytes() == before
+
+
+def test_predict_replaces_only_its_own_outputs(tmp_path, capsys):
+    from PIL import Image
+
+    from od_dist.model import predict
+
+    model = fake_model(tmp_path)
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    photos.mkdir()
+    out.mkdir()
+    Image.new("RGB", (8, 8)).save(photos / "a.jpg")
+    (out / "a.png").write_bytes(b"the user's own picture")
+    code, _, err = run_cli(capsys, "predict", f"--model={model}", f"--images={photos}", f"--out={out}")
+    assert code == 2 and "not an earlier od-dist predict output" in err
+    assert (out / "a.png").read_bytes() == b"the user's own picture"
+    # An earlier run's own files may be replaced.
+    (out / "detections.json").write_text(
+        '[{"image": "x/a.jpg", "output": "elsewhere/a.png", "width": 8, "height": 8, "detections": []}]'
+    )
+    assert predict._check_out(str(out), [str(photos)], [str(photos / "a.jpg")]) == [str(out / "a.png")]
+    (out / "detections.json").write_text("my notes")
+    with pytest.raises(predict.PredictError, match="detections.json"):
+        predict._check_out(str(out), [str(photos)], [str(photos / "b.jpg")])
