@@ -803,7 +803,7 @@ def define_export_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "out",
         None,
-        "The SavedModel folder to write (replaced if it holds an earlier export).",
+        "The SavedModel folder to write (an earlier export there is replaced; other files stay).",
         flag_values=fv,
     )
     flags.DEFINE_string(

@@ -561,3 +561,49 @@ def test_predict_replaces_only_its_own_outputs(tmp_path, capsys):
     (out / "detections.json").write_text("my notes")
     with pytest.raises(predict.PredictError, match="detections.json"):
         predict._check_out(str(out), [str(photos)], [str(photos / "b.jpg")])
+
+
+DEMO = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+
+
+def tiny_checkpoint(model_dir):
+    import tensorflow as tf
+
+    tf.train.Checkpoint(v=tf.Variable(1.0)).save(os.path.join(model_dir, "ckpt"))
+
+
+def test_export_replaces_only_what_export_wrote(tmp_path, monkeypatch):
+    """An earlier export in --out is replaced; the user's own files there stay. Model Garden's
+    exporter is stood in for (a real one needs a trained model); the rest is export's own code."""
+    from official.vision.serving import export_saved_model_lib
+
+    from od_dist.model import export
+    from od_dist.model.pipeline import load_pipeline
+
+    def fake_export(export_dir, **_):
+        os.makedirs(os.path.join(export_dir, "variables"))
+        for name in ("saved_model.pb", "fingerprint.pb", "variables/variables.index"):
+            with open(os.path.join(export_dir, name), "w") as f:
+                f.write("new")
+
+    monkeypatch.setattr(export_saved_model_lib, "export_inference_graph", fake_export)
+    tiny_checkpoint(str(tmp_path / "run"))
+    out = tmp_path / "exported"
+    (out / "variables").mkdir(parents=True)
+    (out / "variables" / "variables.data-00000-of-00001").write_text("old")
+    (out / "saved_model.pb").write_text("old")
+    (out / "label_map.pbtxt").write_text("old")
+    (out / "README.txt").write_text("the user's notes")
+    (out / "samples").mkdir()
+    params = load_pipeline(DEMO, "task.train_data.input_path=/nonexistent/x-*.tfrecord")
+    export.export(params, str(tmp_path / "run"), str(out))
+    assert sorted(os.listdir(out)) == [
+        "README.txt",
+        "fingerprint.pb",
+        "samples",
+        "saved_model.pb",
+        "variables",
+    ]
+    assert os.listdir(out / "variables") == ["variables.index"]
+    assert (out / "README.txt").read_text() == "the user's notes"
+    assert not [p for p in os.listdir(tmp_path) if "partial" in p]

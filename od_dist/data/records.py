@@ -258,8 +258,12 @@ def move_into_place(staging: str, out_dir: str, owned: re.Pattern) -> None:
         raise DatasetError(f"--out: '{out_dir}': exists and is not a directory; choose another --out")
     # An earlier run's files would be read with the new ones (a shard glob, stale scripts): remove them.
     for name in os.listdir(out_dir):
-        if owned.fullmatch(name) and not os.path.isdir(os.path.join(out_dir, name)):
-            os.remove(os.path.join(out_dir, name))
+        path = os.path.join(out_dir, name)
+        if owned.fullmatch(name):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
     for name in sorted(os.listdir(staging)):
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
 

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
-import tempfile
+
+from od_dist.data import records
 
 LABEL_MAP_FILE = "label_map.pbtxt"
+# What an export writes into --out (a SavedModel and the label map): replaced by the next export.
+WRITTEN = re.compile(r"saved_model\.pb|fingerprint\.pb|keras_metadata\.pb|variables|assets|label_map\.pbtxt")
 
 
 class ExportError(RuntimeError):
@@ -76,9 +80,7 @@ def export(
             f"--out: '{out_dir}': exists and is not an earlier export; choose another --out "
             "(an earlier export there would be replaced)"
         )
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
+    staging = records.staging_dir(out_dir)
     try:
         export_saved_model_lib.export_inference_graph(
             input_type="image_tensor",
@@ -90,12 +92,8 @@ def export(
         )
         if label_map:
             shutil.copyfile(label_map, os.path.join(staging, LABEL_MAP_FILE))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)
-        if os.path.isdir(out_dir):
-            shutil.rmtree(out_dir)
-        os.rename(staging, out_dir)
+        # An earlier export's files are replaced; anything else the user keeps there stays.
+        records.move_into_place(staging, out_dir, WRITTEN)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"checkpoint": ckpt, "out": out_dir, "label_map": label_map, "input_size": size}
