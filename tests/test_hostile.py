@@ -607,3 +607,20 @@ def test_export_replaces_only_what_export_wrote(tmp_path, monkeypatch):
     assert os.listdir(out / "variables") == ["variables.index"]
     assert (out / "README.txt").read_text() == "the user's notes"
     assert not [p for p in os.listdir(tmp_path) if "partial" in p]
+
+
+def test_report_out_folder_is_refused_and_leaves_nothing(tmp_path, capsys):
+    import tensorflow as tf
+
+    run = tmp_path / "run"
+    with tf.summary.create_file_writer(str(run / "train")).as_default():
+        for step in (1, 2):
+            tf.summary.scalar("total_loss", 1.0 / step, step=step)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    code, _, err = run_cli(capsys, "report", f"--model_dir={run}", f"--out={photos}")
+    assert code == 2 and "is a folder" in err and "Traceback" not in err, err
+    assert sorted(os.listdir(tmp_path)) == ["photos", "run"] and os.listdir(photos) == []
+    code, _, err = run_cli(capsys, "report", f"--model_dir={run}", f"--out={photos / 'r.png'}")
+    assert code == 0, err
+    assert os.listdir(photos) == ["r.png"]
