@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from absl import flags
 
 from od_dist.cluster.spec import InvalidCluster
+from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
 
 EXIT_OK, EXIT_FAILURE, EXIT_INVALID = 0, 1, 2
 
@@ -108,6 +110,7 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         "Replicas per trainer process: the first N GPUs (or N logical "
         "CPU devices with --clone_on_cpu). Default: the cluster file's num_clones, else 1.",
         lower_bound=1,
+        upper_bound=MAX_CLONES,
         flag_values=fv,
     )
     flags.DEFINE_boolean(
@@ -1127,7 +1130,7 @@ def main(argv: list[str]) -> int:
     if cmd is None:
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f"did you mean '{close[0]}'?" if close else "run 'od-dist --help' for the list"
-        print(f"od-dist: unknown command '{name}'; {hint}", file=sys.stderr)
+        print(f"od-dist: unknown command '{shown(name)}'; {hint}", file=sys.stderr)
         return EXIT_INVALID
     fv = flags.FlagValues()
     cmd.define(fv)
@@ -1137,11 +1140,12 @@ def main(argv: list[str]) -> int:
     try:
         extra = fv([f"od-dist {name}"] + rest)[1:]
     except flags.Error as e:
-        print(f"od-dist {name}: {e}; see 'od-dist {name} --help'", file=sys.stderr)
+        text = re.sub(rf"\S{{{SHOWN_MAX},}}", lambda m: shown(m.group()), str(e))  # a long value, cut
+        print(f"od-dist {name}: {shown(text, 1000)}; see 'od-dist {name} --help'", file=sys.stderr)
         return EXIT_INVALID
     if extra:
         print(
-            f"od-dist {name}: unexpected argument '{extra[0]}'; flags are written --name=value",
+            f"od-dist {name}: unexpected argument '{shown(extra[0])}'; flags are written --name=value",
             file=sys.stderr,
         )
         return EXIT_INVALID

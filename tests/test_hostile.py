@@ -624,3 +624,48 @@ def test_report_out_folder_is_refused_and_leaves_nothing(tmp_path, capsys):
     code, _, err = run_cli(capsys, "report", f"--model_dir={run}", f"--out={photos / 'r.png'}")
     assert code == 0, err
     assert os.listdir(photos) == ["r.png"]
+
+
+# ----- 9-13: one line, exit 2, never a traceback ---------------------------------------------------
+
+HUGE = "1" * 5000
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"master: 10.0.0.1:{HUGE}\nworker: [10.0.0.2:2222]\n",
+        f"master: 10.0.0.1:2222\nworker: ['[fe80::2]:{HUGE}']\n",
+        f"master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nnum_clones: {HUGE}\n",
+        f"master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nnum_clones: {10**26}\n",
+        f"master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nhosts: {{10.0.0.2: {{num_clones: {HUGE}}}}}\n",
+        "master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nhosts: {10.0.0.2: {num_clones: 257}}\n",
+    ],
+)
+def test_huge_numbers_in_the_cluster_file(text, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    for command in ("validate", "doctor"):
+        code, _, err = run_cli(capsys, command, f"--cluster={path}", "--role=master")
+        lines = one_line_refusal(code, err)
+        assert len(lines) == 2 and len(lines[1]) < 400, err
+
+
+def test_num_clones_flag_is_capped(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\n")
+    for value in (HUGE, str(10**26), "257"):
+        code, out, err = run_cli(
+            capsys,
+            "k8s",
+            f"--cluster={path}",
+            "--pipeline=p",
+            "--model_dir=m",
+            "--image=i",
+            f"--num_clones={value}",
+        )
+        assert one_line_refusal(code, err) and len(err) < 600 and not out, err
+    code, out, err = run_cli(
+        capsys, "k8s", f"--cluster={path}", "--pipeline=p", "--model_dir=m", "--image=i", "--num_clones=256"
+    )
+    assert code == 0 and "nvidia.com/gpu: 256" in out

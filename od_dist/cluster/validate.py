@@ -29,6 +29,7 @@ _ZONE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # U+2029) or reorder how a line reads (bidi controls): no value od-dist writes anywhere may hold one.
 UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 SHOWN_MAX = 80  # characters of a value echoed in a message
+MAX_CLONES = 256  # replicas per process: GPUs of one machine, or logical CPU devices
 
 
 def unsafe_char(text: str) -> str | None:
@@ -38,12 +39,14 @@ def unsafe_char(text: str) -> str | None:
     return None if found is None else repr(found.group())[1:-1]
 
 
-def shown(value) -> str:
+def shown(value, limit: int = SHOWN_MAX) -> str:
     """A value as an error message echoes it: on one line (unsafe characters escaped) and cut."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"  # str() may refuse it
     text = value if isinstance(value, str) else repr(value)
     text = UNSAFE_CHARS.sub(lambda m: repr(m.group())[1:-1], text)
-    if len(text) > SHOWN_MAX:
-        text = f"{text[: SHOWN_MAX - 20]}...({len(text)} characters)"
+    if len(text) > limit:
+        text = f"{text[: limit - 20]}...({len(text)} characters)"
     return text
 
 
@@ -106,7 +109,11 @@ def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
             raise AddressError("no port", "write it as host:port, e.g. 10.0.0.5:2222")
         return host, None
     if not (port_text.isascii() and port_text.isdigit()):
-        raise AddressError(f"port '{port_text}' is not a number", "write it as host:port, e.g. 10.0.0.5:2222")
+        raise AddressError(
+            f"port '{shown(port_text)}' is not a number", "write it as host:port, e.g. 10.0.0.5:2222"
+        )
+    if len(port_text.lstrip("0")) > 5:  # int() refuses numbers of more than 4300 digits
+        raise AddressError(f"port '{shown(port_text)}' is out of range", "use a port between 1 and 65535")
     port = int(port_text)
     if not 1 <= port <= 65535:
         raise AddressError(f"port {port} is out of range", "use a port between 1 and 65535")
@@ -339,6 +346,15 @@ def check_strategy(doc: dict) -> list[str]:
 def _check_count(key: str, value) -> list[str]:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return [problem(key, value, "not a positive whole number", f"write e.g. '{key.split('.')[-1]}: 1'")]
+    if value > MAX_CLONES:
+        return [
+            problem(
+                key,
+                value,
+                f"more replicas than any machine has devices (at most {MAX_CLONES})",
+                "give the number of GPUs of the machine",
+            )
+        ]
     return []
 
 
