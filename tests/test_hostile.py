@@ -669,3 +669,32 @@ def test_num_clones_flag_is_capped(tmp_path, capsys):
         capsys, "k8s", f"--cluster={path}", "--pipeline=p", "--model_dir=m", "--image=i", "--num_clones=256"
     )
     assert code == 0 and "nvidia.com/gpu: 256" in out
+
+
+def png_header(width, height):
+    """A PNG whose header claims width x height (no pixel data follows)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = zlib.compress(b"\0" * 16)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
+    """A header claiming 30000x30000 is a bad image like any other, with or without --skip_bad."""
+    from od_dist.data import records, voc
+
+    images, ann, _ = voc_folder(tmp_path)
+    (images / "b.png").write_bytes(png_header(30000, 30000))
+    (ann / "b.xml").write_text(
+        "<annotation><filename>b.png</filename><object><name>cat</name><bndbox><xmin>1</xmin>"
+        "<ymin>1</ymin><xmax>4</xmax><ymax>4</ymax></bndbox></object></annotation>"
+    )
+    with pytest.raises(records.BadAnnotation, match="pixels"):
+        voc.parse(str(ann / "b.xml"), str(images))
+    code, _, err = data_voc(capsys, images, ann, tmp_path / "records")
+    assert code == 2 and "pixels" in err and "Traceback" not in err

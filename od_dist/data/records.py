@@ -300,6 +300,11 @@ def image_format(path: str) -> tuple[str, tuple[int, int]]:
     try:
         with Image.open(path) as im:
             return (im.format or "").lower(), im.size
+    except Image.DecompressionBombError:  # a header claiming more pixels than any photo has
+        raise BadAnnotation(
+            f"image '{path}': claims more than {2 * Image.MAX_IMAGE_PIXELS} pixels, not a photo to "
+            "train on; replace the file or remove its annotation"
+        ) from None
     except (UnidentifiedImageError, OSError) as e:
         raise BadAnnotation(
             f"image '{path}': not a readable image ({e.__class__.__name__}); replace "

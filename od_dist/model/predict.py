@@ -123,7 +123,7 @@ def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0
         try:
             with Image.open(path) as im:
                 image = np.asarray(im.convert("RGB"))
-        except OSError as e:
+        except (OSError, Image.DecompressionBombError) as e:
             raise PredictError(
                 f"--images: '{path}': not a readable image ({e}); remove it from --images"
             ) from None
