@@ -698,3 +698,26 @@ def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
         voc.parse(str(ann / "b.xml"), str(images))
     code, _, err = data_voc(capsys, images, ann, tmp_path / "records")
     assert code == 2 and "pixels" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        coco_doc(ann={"iscrowd": "abc"}),
+        coco_doc(ann={"iscrowd": float("inf")}),
+        coco_doc(ann={"iscrowd": [1]}),
+        coco_doc(ann={"image_id": [1]}),
+        coco_doc(ann={"image_id": {"a": 1}}),
+        coco_doc(ann={"category_id": [1]}),
+        coco_doc(image={"file_name": 5}),
+        coco_doc(image={"file_name": ["a.jpg"]}),
+        coco_doc(image={"id": "1" * 5000}),
+        None,
+    ],
+)
+def test_coco_hostile_values_are_one_line(doc, tmp_path, capsys):
+    raw = "[" * 100_000 + "]" * 100_000 if doc is None else None
+    code, _, err = data_coco(capsys, tmp_path, doc, raw)
+    lines = one_line_refusal(code, err)
+    assert all(len(x) < 600 for x in lines), err
+    assert not (tmp_path / "records").exists()
