@@ -721,3 +721,16 @@ def test_coco_hostile_values_are_one_line(doc, tmp_path, capsys):
     lines = one_line_refusal(code, err)
     assert all(len(x) < 600 for x in lines), err
     assert not (tmp_path / "records").exists()
+
+
+def test_export_of_empty_checkpoint_files_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\nall_model_checkpoint_paths: "ckpt-1"\n')
+    for name in ("ckpt-1.index", "ckpt-1.data-00000-of-00001"):
+        (run / name).write_bytes(b"")
+    code, _, err = run_cli(
+        capsys, "export", f"--pipeline={DEMO}", f"--model_dir={run}", f"--out={tmp_path / 'exported'}"
+    )
+    assert one_line_refusal(code, err) == [x for x in err.splitlines() if x.strip()][-1:], err
+    assert "cannot be read" in err and not (tmp_path / "exported").exists()

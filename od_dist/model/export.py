@@ -61,6 +61,13 @@ def export(
             f"--model_dir: '{model_dir}': no checkpoint to export; train first "
             "(od-dist train ... --model_dir) or pass --checkpoint"
         )
+    try:  # reads the index only: an empty or foreign file fails here, before the model is built
+        tf.train.load_checkpoint(ckpt)
+    except (tf.errors.OpError, ValueError) as e:
+        raise ExportError(
+            f"checkpoint '{ckpt}': cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "pass another --checkpoint, or train again into a fresh --model_dir"
+        ) from None
     label_map = labels or find_label_map(params)
     if labels and not os.path.isfile(labels):
         raise ExportError(
@@ -82,14 +89,21 @@ def export(
         )
     staging = records.staging_dir(out_dir)
     try:
-        export_saved_model_lib.export_inference_graph(
-            input_type="image_tensor",
-            batch_size=1,
-            input_image_size=size,
-            params=params,
-            checkpoint_path=ckpt,
-            export_dir=staging,
-        )
+        try:
+            export_saved_model_lib.export_inference_graph(
+                input_type="image_tensor",
+                batch_size=1,
+                input_image_size=size,
+                params=params,
+                checkpoint_path=ckpt,
+                export_dir=staging,
+            )
+        except tf.errors.OpError as e:  # e.g. a checkpoint of another model, or a damaged one
+            raise ExportError(
+                f"checkpoint '{ckpt}': cannot be restored into this pipeline's model "
+                f"({e.message.splitlines()[0] if e.message else type(e).__name__}); pass the pipeline "
+                "it was trained with"
+            ) from None
         if label_map:
             shutil.copyfile(label_map, os.path.join(staging, LABEL_MAP_FILE))
         # An earlier export's files are replaced; anything else the user keeps there stays.
