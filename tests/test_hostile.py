@@ -734,3 +734,21 @@ def test_export_of_empty_checkpoint_files_is_one_line(tmp_path, capsys):
     )
     assert one_line_refusal(code, err) == [x for x in err.splitlines() if x.strip()][-1:], err
     assert "cannot be read" in err and not (tmp_path / "exported").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "master: " + "a" * 1_000_000 + "\nworker: [10.0.0.2:2222]\n",
+        "master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\n" + "k" * 1_000_000 + ": 1\n",
+        'master: "10.0.0.1\\0:2222"\nworker: [10.0.0.2:2222]\n',
+        'master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\n"bad\\0key\\nsecond line": 1\n',
+        'master: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nhosts: {10.0.0.2: {os: "' + "w" * 100_000 + '"}}\n',
+    ],
+)
+def test_cluster_file_values_are_echoed_short_and_on_one_line(text, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    code, _, err = run_cli(capsys, "validate", f"--cluster={path}")
+    lines = one_line_refusal(code, err)
+    assert len(lines) == 2 and len(lines[1]) < 400 and "\x00" not in err, err

@@ -80,7 +80,7 @@ def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
         zone = host.partition("%")[2]
         if "%" in host and not _ZONE.fullmatch(zone):
             raise AddressError(
-                f"zone id '{zone}' is not an interface name",
+                f"zone id '{shown(zone)}' is not an interface name",
                 "write the interface after '%' as letters, digits, '_', '.' and '-' (e.g. [fe80::1%eth0]), "
                 "or its number on Windows",
             )
@@ -88,16 +88,16 @@ def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
             host = str(ipaddress.IPv6Address(host))
         except ValueError:
             raise AddressError(
-                f"'{host}' is not an IPv6 address", "brackets are only for IPv6 addresses"
+                f"'{shown(host)}' is not an IPv6 address", "brackets are only for IPv6 addresses"
             ) from None
         if rest and not rest.startswith(":"):
             raise AddressError("unexpected text after ']'", "write it as [addr]:port")
         port_text = rest[1:] if rest else None
     elif text.count(":") > 1:
         head, tail = text.rsplit(":", 1)
-        fix = f"write it as [{head}]:{tail}"
+        fix = f"write it as [{shown(head)}]:{shown(tail)}"
         if not _is_ipv6(head) and _is_ipv6(text):  # e.g. fe80::1: no port was given
-            fix = f"write it as [{text}]:PORT"
+            fix = f"write it as [{shown(text)}]:PORT"
         raise AddressError("an IPv6 address must be in brackets", fix)
     else:
         host, sep, port_text = text.partition(":")
@@ -136,12 +136,12 @@ def _check_host(host: str) -> str:
             return str(ipaddress.IPv4Address(host))
         except ValueError:
             raise AddressError(
-                f"'{host}' is not a valid IPv4 address", "use four numbers 0-255, e.g. 10.0.0.5"
+                f"'{shown(host)}' is not a valid IPv4 address", "use four numbers 0-255, e.g. 10.0.0.5"
             ) from None
     labels = host.rstrip(".").split(".")
     if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
         raise AddressError(
-            f"'{host}' is not a valid host name",
+            f"'{shown(host)}' is not a valid host name",
             "use an IP address or a name of letters, digits, '-' and '.'",
         )
     return host.lower().rstrip(".")
@@ -425,7 +425,9 @@ def check_hosts(doc: dict) -> list[str]:
             elif name in ("python", "venv", "workdir") and value.strip().startswith("-"):
                 # A shell would read it as an option of cd/exec.
                 out.append(
-                    problem(f"{key}.{name}", value, "starts with '-'", f"write it as ./{value.strip()}")
+                    problem(
+                        f"{key}.{name}", value, "starts with '-'", f"write it as ./{shown(value.strip())}"
+                    )
                 )
             elif name == "num_clones":
                 out.extend(_check_count(f"{key}.num_clones", value))
