@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from od_dist import cli
+from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster import validate
-from od_dist.render import quote
+from od_dist.render import quote, scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -752,3 +753,28 @@ def test_cluster_file_values_are_echoed_short_and_on_one_line(text, tmp_path, ca
     code, _, err = run_cli(capsys, "validate", f"--cluster={path}")
     lines = one_line_refusal(code, err)
     assert len(lines) == 2 and len(lines[1]) < 400 and "\x00" not in err, err
+
+
+# ----- 14: scripts for thousands of workers -------------------------------------------------------
+
+
+def test_scripts_time_grows_linearly_with_the_task_count(tmp_path):
+    """8 times the workers take about 8 times the CPU time (they took 64 times: every task's
+    firewall rule rebuilt every role's task list). CPU time of this process, so other load does not
+    count."""
+    import time
+
+    def seconds(n):
+        doc = {
+            "master": "10.200.0.1:2222",
+            "ps": ["10.200.0.2:2222"],
+            "worker": [f"10.{1 + i // 62500}.{(i // 250) % 250}.{i % 250 + 1}:2222" for i in range(n)],
+        }
+        cluster = cluster_mod.from_document(doc)
+        start = time.process_time()
+        scripts.write_scripts(cluster, "c.yaml", ["--pipeline=p"], str(tmp_path / f"out{n}"), "od-dist", 300)
+        return time.process_time() - start
+
+    seconds(50)  # warm up
+    small, big = seconds(250), seconds(2000)
+    assert big < 20 * small, (small, big)

@@ -299,10 +299,11 @@ class InboundRule:
 def inbound_rules(cluster: Cluster) -> list[InboundRule]:
     out = []
     for task in cluster.tasks():
-        sources = []
-        for peer in connecting_peers(cluster, task):
-            if peer.address.host != task.address.host and peer.address.host not in sources:
-                sources.append(peer.address.host)
+        # A dict keeps the peers' order and finds a repeated host at once (a list would make the
+        # rule of a ps or master, which thousands of workers reach, quadratic).
+        sources = dict.fromkeys(
+            p.address.host for p in connecting_peers(cluster, task) if p.address.host != task.address.host
+        )
         if sources:
             out.append(InboundRule(task, task.address.port, tuple(sources)))
     return out
@@ -450,7 +451,8 @@ def render_readme(
             for os_name in launch.oses:
                 md += firewall_lines(rule, os_name)
             md += ["```", ""]
-    no_inbound = [x for x in items if not any(r.task == x.task for r in rules)]
+    ruled = {r.task for r in rules}
+    no_inbound = [x for x in items if x.task not in ruled]
     if no_inbound:
         md.append(
             "No inbound port: "
