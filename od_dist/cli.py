@@ -1123,6 +1123,10 @@ def main(argv: list[str]) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_overview())
         return EXIT_OK if args else EXIT_INVALID
+    for n, arg in enumerate(args, start=1):
+        if "\x00" in arg:  # no operating system passes one; a caller in Python might
+            print(f"od-dist: argument {n}: '{shown(arg)}' holds a NUL byte; remove it", file=sys.stderr)
+            return EXIT_INVALID
     name, rest = args[0], args[1:]
     if rest and f"{name} {rest[0]}" in COMMANDS:  # e.g. `od-dist data shapes`
         name, rest = f"{name} {rest[0]}", rest[1:]

@@ -6,6 +6,7 @@ Python traceback. Fast: validation and writer tests, no training."""
 import os
 import re
 import subprocess
+import sys
 
 import mslex
 import pytest
@@ -778,3 +779,57 @@ def test_scripts_time_grows_linearly_with_the_task_count(tmp_path):
     seconds(50)  # warm up
     small, big = seconds(250), seconds(2000)
     assert big < 20 * small, (small, big)
+
+
+# ----- no traceback, whatever the input ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["validate", "tf-config", "doctor", "train", "launch", "scripts", "k8s"])
+def test_cluster_commands_on_hostile_input(command, tmp_path, capsys):
+    """Every command that reads a cluster file, on each hostile string as an address and as the
+    file's name: one problem per line, exit 2, never a traceback."""
+    flags = ["--pipeline=p.yaml", "--model_dir=m", "--image=i"] if command in ("scripts", "k8s") else []
+    flags += [f"--out={tmp_path / 'out'}"] if command == "scripts" else []
+    for text in HOSTILE:
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump({"master": f"[fe80::1%{text}]:2230", "worker": ["10.0.0.2:2222"]}))
+        for cluster in (str(path), str(tmp_path / f"{text}.yaml")):
+            code, out, err = run_cli(capsys, command, f"--cluster={cluster}", *flags)
+            lines = one_line_refusal(code, err)
+            assert all(len(x) < 400 for x in lines) and not (tmp_path / "out").exists(), (command, text, err)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["data", "voc", "--images={}", "--annotations={}", "--out=o"],
+        ["data", "coco", "--images={}", "--annotations={}", "--out=o"],
+        ["data", "check", "--records={}"],
+        ["predict", "--model={}", "--images={}", "--out=o"],
+        ["report", "--model_dir={}"],
+        ["eval", "--pipeline={}", "--model_dir=m"],
+    ],
+)
+def test_file_commands_on_hostile_input(args, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for text in HOSTILE:
+        code, out, err = run_cli(capsys, *(a.format(text) for a in args))
+        assert code in (1, 2) and "Traceback" not in err, (args, text, err)
+        assert len([x for x in err.splitlines() if x.strip()]) <= 3, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_installed_command_refuses_an_injected_zone_id(tmp_path):
+    """The reported case, through the real entry point: nothing written, one line, exit 2."""
+    path = tmp_path / "c.yaml"
+    path.write_text('master: "[fe80::1%x\\ntouch PWNED\\n#]:2230"\nworker: ["[fe80::2]:2231"]\n')
+    for args in (["validate"], ["scripts", "--pipeline=p", "--model_dir=m", f"--out={tmp_path / 'out'}"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "od_dist", args[0], f"--cluster={path}", *args[1:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "control character" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 2
+    assert not (tmp_path / "out").exists() and not (tmp_path / "PWNED").exists()
