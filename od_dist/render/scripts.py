@@ -279,9 +279,13 @@ def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
     masters, workers = cluster.tasks_of("master"), cluster.tasks_of("worker")
     if task.role == "evaluator" or task.address.port is None:
         return ()
-    if cluster.strategy == PARAMETER_SERVER:
-        servers = cluster.tasks_of("ps") + workers
-        peers = {"ps": masters + workers, "worker": masters, "master": servers}.get(task.role, ())
+    if cluster.strategy == PARAMETER_SERVER:  # only the lists this role needs: a worker's is short
+        if task.role == "worker":
+            peers = masters
+        elif task.role == "ps":
+            peers = masters + workers
+        else:
+            peers = cluster.tasks_of("ps") + workers
     else:
         peers = tuple(t for t in masters + workers if t != task)
     if task == cluster.lead_task():
