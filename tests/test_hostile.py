@@ -811,12 +811,14 @@ def test_cluster_commands_on_hostile_input(command, tmp_path, capsys):
     ],
 )
 def test_file_commands_on_hostile_input(args, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "w" / "x"  # '..' is an empty folder too, not other tests' files
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
     for text in HOSTILE:
         code, out, err = run_cli(capsys, *(a.format(text) for a in args))
         assert code in (1, 2) and "Traceback" not in err, (args, text, err)
         assert len([x for x in err.splitlines() if x.strip()]) <= 3, err
-    assert not (tmp_path / "o").exists()
+    assert not (work / "o").exists()
 
 
 def test_the_installed_command_refuses_an_injected_zone_id(tmp_path):
