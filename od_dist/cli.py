@@ -731,6 +731,84 @@ def cmd_data_coco(fv) -> int:
     )
 
 
+def define_odapi_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string(
+        "config",
+        None,
+        "The Object Detection API pipeline.config whose train_input_reader / eval_input_reader "
+        "input paths and label_map_path to read (instead of --train, --val, --labels).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "train", None, "The training records: a file, a glob (quote it) or a comma list.", flag_values=fv
+    )
+    flags.DEFINE_string("val", None, "The validation records, as --train.", flag_values=fv)
+    flags.DEFINE_string(
+        "labels",
+        None,
+        "The label_map.pbtxt: class ids by class name, as the Object Detection API reads them. "
+        "Needed when records hold only class/text.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "out",
+        None,
+        "Output folder: train-*.tfrecord, val-*.tfrecord, label_map.pbtxt. "
+        "Written under a temporary name and renamed when complete.",
+        flag_values=fv,
+    )
+
+
+@command(
+    "data odapi",
+    "Rewrite Object Detection API records (file names as source ids) for Model Garden.",
+    """
+Reads records written for the Object Detection API (generate_tfrecord.py and annotation tools'
+exports: image/source_id holds the file name, class/text beside class/label) and writes them in
+Model Garden's layout: source ids numbered 1, 2, 3, ... (COCO evaluation needs numbers), the file
+name kept in image/filename, class ids by class name through --labels as the Object Detection API
+takes them (class/label where the name is not in the map), difficult objects as is_crowd. Images
+and boxes are copied unchanged. Any problem: one line per record and exit 2, nothing written.
+
+Examples:
+  od-dist data odapi --config my_model/pipeline.config --out data/my_data
+  od-dist data odapi --train annotations/train.record --val annotations/test.record \\
+      --labels annotations/label_map.pbtxt --out data/my_data
+""",
+    define_odapi_flags,
+)
+def cmd_data_odapi(fv) -> int:
+    from od_dist.data import odapi
+
+    train, val, labels = fv.train, fv.val, fv.labels
+    if fv.config:
+        from od_dist.model import odapi as config_import
+        from od_dist.model import textproto
+
+        if not os.path.isfile(fv.config):
+            raise UsageError(f"--config: '{fv.config}': no such file; pass the model's pipeline.config")
+        with open(fv.config, encoding="utf-8", errors="replace") as f:
+            try:
+                found = config_import.input_paths(f.read())
+            except textproto.TextFormatError as e:
+                raise UsageError(f"--config: '{fv.config}': {e}") from None
+        train, val, labels = train or found[0], val or found[1], labels or found[2]
+    _require(fv, "out")
+    for name, value in (("train", train), ("val", val)):
+        if not value:
+            raise UsageError(
+                f"--{name}: '': required; pass --{name}=FILE.record (or --config pipeline.config)"
+            )
+    code = _convert("data odapi", lambda: odapi.convert(train, val, fv.out, labels), unit="record(s)")
+    if code == EXIT_OK:
+        print(
+            f"next: od-dist pipeline import --config {fv.config or 'pipeline.config'} --data {fv.out} "
+            "--out pipelines/my_model.yaml",
+            flush=True,
+        )
+    return code
+
+
 def define_check_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "pipeline",
@@ -793,6 +871,84 @@ def cmd_data_check(fv) -> int:
     from od_dist.data import check
 
     return EXIT_INVALID if check.check(splits, num_classes, sys.stdout) else EXIT_OK
+
+
+def define_pipeline_import_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string(
+        "config", None, "The Object Detection API pipeline.config (protobuf text format).", flag_values=fv
+    )
+    flags.DEFINE_string("out", None, "The od-dist pipeline YAML to write.", flag_values=fv)
+    flags.DEFINE_string(
+        "data",
+        None,
+        "The folder `od-dist data odapi` wrote the records to: the pipeline reads its "
+        "train-*.tfrecord and val-*.tfrecord. Default: the config's own input paths.",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean("force", False, "Replace --out if it exists.", flag_values=fv)
+
+
+@command(
+    "pipeline import",
+    "Turn an Object Detection API pipeline.config into an od-dist pipeline YAML.",
+    """
+Reads an Object Detection API pipeline.config and writes the pipeline for the closest Model Garden
+experiment: SSD with a MobileNet feature extractor -> retinanet_mobile_coco with a MobileNet
+backbone and FPN; SSD with a ResNet FPN -> retinanet_resnetfpn_coco; Faster R-CNN with a ResNet ->
+fasterrcnn_resnetfpn_coco. Carries num_classes (+1 for the background), image size, batch size,
+steps, learning-rate schedule and warmup, optimizer, the augmentations Model Garden has, anchors,
+NMS, input paths and label map; prints every setting that does not carry over, one line each, with
+why. The YAML is checked with the pipeline loader before it is put in place.
+
+Example:
+  od-dist pipeline import --config my_model/pipeline.config --data data/my_data --out pipelines/my_model.yaml
+""",
+    define_pipeline_import_flags,
+)
+def cmd_pipeline_import(fv) -> int:
+    _require(fv, "config", "out")
+    from od_dist.model import odapi, textproto
+
+    if not os.path.isfile(fv.config):
+        raise UsageError(f"--config: '{fv.config}': no such file; pass the model's pipeline.config")
+    if os.path.exists(fv.out) and not fv.force:
+        raise UsageError(f"--out: '{fv.out}': exists; choose another --out or pass --force to replace it")
+    with open(fv.config, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    try:
+        imported = odapi.convert(text, fv.data)
+    except textproto.TextFormatError as e:
+        raise UsageError(f"--config: '{fv.config}': {e}") from None
+    except odapi.ImportProblem as e:
+        raise UsageError(f"--config: '{fv.config}': {e}") from None
+
+    def check(path):
+        from od_dist.model.pipeline import PipelineError, load_pipeline
+
+        try:
+            load_pipeline(path)
+        except PipelineError as e:
+            raise odapi.ImportProblem(f"the written pipeline does not load ({e}); nothing written") from None
+
+    try:
+        odapi.write(odapi.render(imported, fv.config), fv.out, fv.force, check)
+    except odapi.ImportProblem as e:
+        raise UsageError(str(e)) from None
+    for note in imported.notes:
+        print(f"not carried over: {note}")
+    for warning in imported.warnings:
+        print(f"warning: {warning}")
+    print(
+        f"wrote {fv.out}: experiment {imported.experiment}, {len(imported.notes)} setting(s) not carried over"
+    )
+    if not fv.data:
+        print(
+            "input paths: as in the config; records in the Object Detection API's layout (file names as "
+            f"image/source_id) are rewritten once with: od-dist data odapi --config {fv.config} --out DIR, "
+            "then import again with --data DIR"
+        )
+    print(f"next: od-dist data check --pipeline {fv.out}", flush=True)
+    return EXIT_OK
 
 
 # ----- export / predict / report --------------------------------------------------------------

@@ -65,8 +65,9 @@ def check_record(data: bytes, num_classes: int | None, tf) -> tuple[dict, list[s
             int(sid)
         except ValueError:
             problems.append(
-                f"image/source_id '{sid}' is not a number; COCO evaluation converts it to an "
-                "integer image id: write 1, 2, 3, ..."
+                f"image/source_id '{sid}' is not a number (Object Detection API records hold the "
+                "file name there); COCO evaluation needs integer image ids: rewrite the records "
+                "once with 'od-dist data odapi' (see its --help)"
             )
     encoded = _list(f.get("image/encoded"), "bytes_list")
     if not encoded:

@@ -330,8 +330,9 @@ def encoded_image(path: str, fmt: str) -> tuple[bytes, str]:
     return buf.getvalue(), "png"
 
 
-def print_summary(written: Written, skipped: int, out=sys.stdout, unit: str = "annotation file(s)") -> None:
+def print_summary(written: Written, skipped: int, out=None, unit: str = "annotation file(s)") -> None:
     """What a pipeline needs: the paths and num_classes."""
+    out = out or sys.stdout  # looked up now: a default bound at import would outlive a redirection
     w = written
     print(
         f"wrote {w.images['train']} train and {w.images['val']} validation images "

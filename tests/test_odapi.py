@@ -1,0 +1,928 @@
+"""Coming from the Object Detection API: its records (file names as source ids, class/text beside
+class/label, as generate_tfrecord.py writes them) rewritten by `od-dist data odapi`, its
+pipeline.config (the TF2 Detection Zoo's shapes, written here) turned into a pipeline by
+`od-dist pipeline import`; then, in one slow test, the README's commands from such a folder to a few
+training steps and a COCO line from `od-dist eval`."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from od_dist import cli
+from od_dist.data import shapes
+from od_dist.model import textproto
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The TF2 Detection Zoo's pipeline.config files, as downloaded (placeholders included).
+SSD_MOBILENET_V2_FPNLITE_320 = """# SSD with Mobilenet v2 FPN-lite feature extractor, shared box predictor and focal
+# loss (a.k.a Retinanet).
+model {
+  ssd {
+    inplace_batchnorm_update: true
+    freeze_batchnorm: false
+    num_classes: 90
+    box_coder {
+      faster_rcnn_box_coder {
+        y_scale: 10.0
+        x_scale: 10.0
+        height_scale: 5.0
+        width_scale: 5.0
+      }
+    }
+    matcher {
+      argmax_matcher {
+        matched_threshold: 0.5
+        unmatched_threshold: 0.5
+        ignore_thresholds: false
+        negatives_lower_than_unmatched: true
+        force_match_for_each_row: true
+        use_matmul_gather: true
+      }
+    }
+    similarity_calculator {
+      iou_similarity {
+      }
+    }
+    encode_background_as_zeros: true
+    anchor_generator {
+      multiscale_anchor_generator {
+        min_level: 3
+        max_level: 7
+        anchor_scale: 4.0
+        aspect_ratios: [1.0, 2.0, 0.5]
+        scales_per_octave: 2
+      }
+    }
+    image_resizer {
+      fixed_shape_resizer {
+        height: 320
+        width: 320
+      }
+    }
+    box_predictor {
+      weight_shared_convolutional_box_predictor {
+        depth: 128
+        class_prediction_bias_init: -4.6
+        conv_hyperparams {
+          activation: RELU_6,
+          regularizer {
+            l2_regularizer {
+              weight: 0.00004
+            }
+          }
+          initializer {
+            random_normal_initializer {
+              stddev: 0.01
+              mean: 0.0
+            }
+          }
+          batch_norm {
+            scale: true,
+            decay: 0.997,
+            epsilon: 0.001,
+          }
+        }
+        num_layers_before_predictor: 4
+        share_prediction_tower: true
+        use_depthwise: true
+        kernel_size: 3
+      }
+    }
+    feature_extractor {
+      type: 'ssd_mobilenet_v2_fpn_keras'
+      use_depthwise: true
+      fpn {
+        min_level: 3
+        max_level: 7
+        additional_layer_depth: 128
+      }
+      min_depth: 16
+      depth_multiplier: 1.0
+      conv_hyperparams {
+        activation: RELU_6,
+        regularizer {
+          l2_regularizer {
+            weight: 0.00004
+          }
+        }
+        initializer {
+          random_normal_initializer {
+            stddev: 0.01
+            mean: 0.0
+          }
+        }
+        batch_norm {
+          scale: true,
+          decay: 0.997,
+          epsilon: 0.001,
+        }
+      }
+      override_base_feature_extractor_hyperparams: true
+    }
+    loss {
+      classification_loss {
+        weighted_sigmoid_focal {
+          alpha: 0.25
+          gamma: 2.0
+        }
+      }
+      localization_loss {
+        weighted_smooth_l1 {
+        }
+      }
+      classification_weight: 1.0
+      localization_weight: 1.0
+    }
+    normalize_loss_by_num_matches: true
+    normalize_loc_loss_by_codesize: true
+    post_processing {
+      batch_non_max_suppression {
+        score_threshold: 1e-8
+        iou_threshold: 0.6
+        max_detections_per_class: 100
+        max_total_detections: 100
+      }
+      score_converter: SIGMOID
+    }
+  }
+}
+
+train_config: {
+  fine_tune_checkpoint_version: V2
+  fine_tune_checkpoint: "PATH_TO_BE_CONFIGURED/mobilenet_v2.ckpt-1"
+  fine_tune_checkpoint_type: "classification"
+  batch_size: 128
+  sync_replicas: true
+  startup_delay_steps: 0
+  replicas_to_aggregate: 8
+  num_steps: 50000
+  data_augmentation_options {
+    random_horizontal_flip {
+    }
+  }
+  data_augmentation_options {
+    random_crop_image {
+      min_object_covered: 0.0
+      min_aspect_ratio: 0.75
+      max_aspect_ratio: 3.0
+      min_area: 0.75
+      max_area: 1.0
+      overlap_thresh: 0.0
+    }
+  }
+  optimizer {
+    momentum_optimizer: {
+      learning_rate: {
+        cosine_decay_learning_rate {
+          learning_rate_base: .08
+          total_steps: 50000
+          warmup_learning_rate: .026666
+          warmup_steps: 1000
+        }
+      }
+      momentum_optimizer_value: 0.9
+    }
+    use_moving_average: false
+  }
+  max_number_of_boxes: 100
+  unpad_groundtruth_tensors: false
+}
+
+train_input_reader: {
+  label_map_path: "PATH_TO_BE_CONFIGURED/label_map.txt"
+  tf_record_input_reader {
+    input_path: "PATH_TO_BE_CONFIGURED/train2017-?????-of-00256.tfrecord"
+  }
+}
+
+eval_config: {
+  metrics_set: "coco_detection_metrics"
+  use_moving_averages: false
+}
+
+eval_input_reader: {
+  label_map_path: "PATH_TO_BE_CONFIGURED/label_map.txt"
+  shuffle: false
+  num_epochs: 1
+  tf_record_input_reader {
+    input_path: "PATH_TO_BE_CONFIGURED/val2017-?????-of-00032.tfrecord"
+  }
+}
+"""
+
+SSD_RESNET50_V1_FPN_640 = """# SSD with Resnet 50 v1 FPN feature extractor, shared box predictor and focal
+# loss (a.k.a Retinanet).
+model {
+  ssd {
+    inplace_batchnorm_update: true
+    freeze_batchnorm: false
+    num_classes: 90
+    box_coder {
+      faster_rcnn_box_coder {
+        y_scale: 10.0
+        x_scale: 10.0
+        height_scale: 5.0
+        width_scale: 5.0
+      }
+    }
+    matcher {
+      argmax_matcher {
+        matched_threshold: 0.5
+        unmatched_threshold: 0.5
+        ignore_thresholds: false
+        negatives_lower_than_unmatched: true
+        force_match_for_each_row: true
+        use_matmul_gather: true
+      }
+    }
+    similarity_calculator {
+      iou_similarity {
+      }
+    }
+    encode_background_as_zeros: true
+    anchor_generator {
+      multiscale_anchor_generator {
+        min_level: 3
+        max_level: 7
+        anchor_scale: 4.0
+        aspect_ratios: [1.0, 2.0, 0.5]
+        scales_per_octave: 2
+      }
+    }
+    image_resizer {
+      fixed_shape_resizer {
+        height: 640
+        width: 640
+      }
+    }
+    box_predictor {
+      weight_shared_convolutional_box_predictor {
+        depth: 256
+        class_prediction_bias_init: -4.6
+        conv_hyperparams {
+          activation: RELU_6,
+          regularizer {
+            l2_regularizer {
+              weight: 0.00004
+            }
+          }
+          initializer {
+            random_normal_initializer {
+              stddev: 0.01
+              mean: 0.0
+            }
+          }
+          batch_norm {
+            scale: true,
+            decay: 0.997,
+            epsilon: 0.001,
+          }
+        }
+        num_layers_before_predictor: 4
+        share_prediction_tower: true
+        kernel_size: 3
+      }
+    }
+    feature_extractor {
+      type: 'ssd_resnet50_v1_fpn_keras'
+      fpn {
+        min_level: 3
+        max_level: 7
+        additional_layer_depth: 256
+      }
+      min_depth: 16
+      depth_multiplier: 1.0
+      conv_hyperparams {
+        activation: RELU_6,
+        regularizer {
+          l2_regularizer {
+            weight: 0.00004
+          }
+        }
+        initializer {
+          random_normal_initializer {
+            stddev: 0.01
+            mean: 0.0
+          }
+        }
+        batch_norm {
+          scale: true,
+          decay: 0.997,
+          epsilon: 0.001,
+        }
+      }
+      override_base_feature_extractor_hyperparams: true
+    }
+    loss {
+      classification_loss {
+        weighted_sigmoid_focal {
+          alpha: 0.25
+          gamma: 2.0
+        }
+      }
+      localization_loss {
+        weighted_smooth_l1 {
+        }
+      }
+      classification_weight: 1.0
+      localization_weight: 1.0
+    }
+    normalize_loss_by_num_matches: true
+    normalize_loc_loss_by_codesize: true
+    post_processing {
+      batch_non_max_suppression {
+        score_threshold: 1e-8
+        iou_threshold: 0.6
+        max_detections_per_class: 100
+        max_total_detections: 100
+      }
+      score_converter: SIGMOID
+    }
+  }
+}
+
+train_config: {
+  fine_tune_checkpoint_version: V2
+  fine_tune_checkpoint: "PATH_TO_BE_CONFIGURED/resnet50.ckpt-1"
+  fine_tune_checkpoint_type: "classification"
+  batch_size: 64
+  sync_replicas: true
+  startup_delay_steps: 0
+  replicas_to_aggregate: 8
+  num_steps: 25000
+  data_augmentation_options {
+    random_horizontal_flip {
+    }
+  }
+  data_augmentation_options {
+    random_crop_image {
+      min_object_covered: 0.0
+      min_aspect_ratio: 0.75
+      max_aspect_ratio: 3.0
+      min_area: 0.75
+      max_area: 1.0
+      overlap_thresh: 0.0
+    }
+  }
+  optimizer {
+    momentum_optimizer: {
+      learning_rate: {
+        cosine_decay_learning_rate {
+          learning_rate_base: .04
+          total_steps: 25000
+          warmup_learning_rate: .013333
+          warmup_steps: 2000
+        }
+      }
+      momentum_optimizer_value: 0.9
+    }
+    use_moving_average: false
+  }
+  max_number_of_boxes: 100
+  unpad_groundtruth_tensors: false
+}
+
+train_input_reader: {
+  label_map_path: "PATH_TO_BE_CONFIGURED/label_map.txt"
+  tf_record_input_reader {
+    input_path: "PATH_TO_BE_CONFIGURED/train2017-?????-of-00256.tfrecord"
+  }
+}
+
+eval_config: {
+  metrics_set: "coco_detection_metrics"
+  use_moving_averages: false
+}
+
+eval_input_reader: {
+  label_map_path: "PATH_TO_BE_CONFIGURED/label_map.txt"
+  shuffle: false
+  num_epochs: 1
+  tf_record_input_reader {
+    input_path: "PATH_TO_BE_CONFIGURED/val2017-?????-of-00032.tfrecord"
+  }
+}
+"""
+
+FASTER_RCNN_RESNET50_V1_640 = """# Faster R-CNN with Resnet-50 (v1)
+# Trained on COCO, initialized from Imagenet classification checkpoint
+
+model {
+  faster_rcnn {
+    num_classes: 90
+    image_resizer {
+      keep_aspect_ratio_resizer {
+        min_dimension: 640
+        max_dimension: 640
+        pad_to_max_dimension: true
+      }
+    }
+    feature_extractor {
+      type: 'faster_rcnn_resnet50_keras'
+      batch_norm_trainable: true
+    }
+    first_stage_anchor_generator {
+      grid_anchor_generator {
+        scales: [0.25, 0.5, 1.0, 2.0]
+        aspect_ratios: [0.5, 1.0, 2.0]
+        height_stride: 16
+        width_stride: 16
+      }
+    }
+    first_stage_box_predictor_conv_hyperparams {
+      op: CONV
+      regularizer {
+        l2_regularizer {
+          weight: 0.0
+        }
+      }
+      initializer {
+        truncated_normal_initializer {
+          stddev: 0.01
+        }
+      }
+    }
+    first_stage_nms_score_threshold: 0.0
+    first_stage_nms_iou_threshold: 0.7
+    first_stage_max_proposals: 300
+    first_stage_localization_loss_weight: 2.0
+    first_stage_objectness_loss_weight: 1.0
+    initial_crop_size: 14
+    maxpool_kernel_size: 2
+    maxpool_stride: 2
+    second_stage_box_predictor {
+      mask_rcnn_box_predictor {
+        use_dropout: false
+        dropout_keep_probability: 1.0
+        fc_hyperparams {
+          op: FC
+          regularizer {
+            l2_regularizer {
+              weight: 0.0
+            }
+          }
+          initializer {
+            variance_scaling_initializer {
+              factor: 1.0
+              uniform: true
+              mode: FAN_AVG
+            }
+          }
+        }
+        share_box_across_classes: true
+      }
+    }
+    second_stage_post_processing {
+      batch_non_max_suppression {
+        score_threshold: 0.0
+        iou_threshold: 0.6
+        max_detections_per_class: 100
+        max_total_detections: 300
+      }
+      score_converter: SOFTMAX
+    }
+    second_stage_localization_loss_weight: 2.0
+    second_stage_classification_loss_weight: 1.0
+    use_static_shapes: true
+    use_matmul_crop_and_resize: true
+    clip_anchors_to_image: true
+    use_static_balanced_label_sampler: true
+    use_matmul_gather_in_matcher: true
+  }
+}
+
+train_config: {
+  batch_size: 64
+  sync_replicas: true
+  startup_delay_steps: 0
+  replicas_to_aggregate: 8
+  num_steps: 25000
+  optimizer {
+    momentum_optimizer: {
+      learning_rate: {
+        cosine_decay_learning_rate {
+          learning_rate_base: .04
+          total_steps: 25000
+          warmup_learning_rate: .013333
+          warmup_steps: 2000
+        }
+      }
+      momentum_optimizer_value: 0.9
+    }
+    use_moving_average: false
+  }
+  fine_tune_checkpoint_version: V2
+  fine_tune_checkpoint: "PATH_TO_BE_CONFIGURED/resnet50.ckpt-1"
+  fine_tune_checkpoint_type: "classification"
+  data_augmentation_options {
+    random_horizontal_flip {
+    }
+  }
+
+  max_number_of_boxes: 100
+  unpad_groundtruth_tensors: false
+  use_bfloat16: true  # works only on TPUs
+}
+
+train_input_reader: {
+  label_map_path: "PATH_TO_BE_CONFIGURED/label_map.txt"
+  tf_record_input_reader {
+    input_path: "PATH_TO_BE_CONFIGURED/train2017-?????-of-00256.tfrecord"
+  }
+}
+
+eval_config: {
+  metrics_set: "coco_detection_metrics"
+  use_moving_averages: false
+  batch_size: 1;
+}
+
+eval_input_reader: {
+  label_map_path: "PATH_TO_BE_CONFIGURED/label_map.txt"
+  shuffle: false
+  num_epochs: 1
+  tf_record_input_reader {
+    input_path: "PATH_TO_BE_CONFIGURED/val2017-?????-of-00032.tfrecord"
+  }
+}
+"""
+
+LABEL_MAP = "".join(f"item {{\n  id: {i}\n  name: '{n}'\n}}\n" for i, n in enumerate(shapes.CLASSES, 1))
+
+
+def od_dist(*args, cwd=ROOT, timeout=600):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def run_cli(capsys, *args):
+    """The command in this process (TensorFlow is imported once for the module): (code, out, err)."""
+    code = cli.main(["od-dist", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_odapi_records(path, count, seed, size=96, with_labels=True, rename=None):
+    """Records as the Object Detection API's generate_tfrecord.py writes them: the file name as
+    image/source_id and image/filename, class/text and (unless ``with_labels`` is false) class/label
+    from its class_text_to_int; ``rename`` = {old class name: new} to write unknown names."""
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(seed)
+
+    def feature(kind, values):
+        if kind == "bytes":
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+        if kind == "float":
+            return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(count):
+            image, boxes, labels, _ = shapes.make_image(rng, size)
+            name = f"IMG_{seed}{i:03d}.jpg".encode()
+            texts = [
+                (rename or {}).get(shapes.CLASSES[c - 1], shapes.CLASSES[c - 1]).encode() for c in labels
+            ]
+            f = {
+                "image/height": feature("int", [size]),
+                "image/width": feature("int", [size]),
+                "image/filename": feature("bytes", [name]),
+                "image/source_id": feature("bytes", [name]),
+                "image/encoded": feature("bytes", [shapes.encode_image(image, "jpeg")]),
+                "image/format": feature("bytes", [b"jpg"]),
+                "image/object/bbox/xmin": feature("float", [b[1] / size for b in boxes.tolist()]),
+                "image/object/bbox/xmax": feature("float", [b[3] / size for b in boxes.tolist()]),
+                "image/object/bbox/ymin": feature("float", [b[0] / size for b in boxes.tolist()]),
+                "image/object/bbox/ymax": feature("float", [b[2] / size for b in boxes.tolist()]),
+                "image/object/class/text": feature("bytes", texts),
+            }
+            if with_labels:
+                f["image/object/class/label"] = feature("int", [int(c) for c in labels])
+            writer.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+
+
+def read_examples(pattern):
+    tf = pytest.importorskip("tensorflow")
+    out = []
+    for path in sorted(glob.glob(pattern)):
+        for data in tf.data.TFRecordDataset(path).as_numpy_iterator():
+            out.append(tf.train.Example.FromString(data).features.feature)
+    return out
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """An Object Detection API project folder: annotations/{train,test}.record, label_map.pbtxt."""
+    root = tmp_path_factory.mktemp("odapi_project")
+    os.makedirs(root / "annotations")
+    write_odapi_records(str(root / "annotations" / "train.record"), 12, seed=1)
+    write_odapi_records(str(root / "annotations" / "test.record"), 6, seed=2)
+    (root / "annotations" / "label_map.pbtxt").write_text(LABEL_MAP)
+    return root
+
+
+# ----- the text-format reader -----------------------------------------------------------------
+
+
+def test_textproto_reads_the_zoo_syntax():
+    msg = textproto.parse(
+        "a: 1  # comment\nb: -4.6 c: .04 d: 1e-8 e: 'x\\'y' f: \"z\"\ng: SIGMOID h: true\n"
+        "m: { n { } } m { k: [0.25, 0.5] k: 2 }\nr <s: 1>; t: [{u: 1}, {u: 2}]"
+    )
+    assert msg.get("a") == 1 and msg.get("b") == -4.6 and msg.get("c") == 0.04 and msg.get("d") == 1e-8
+    assert msg.get("e") == "x'y" and msg.get("f") == "z" and msg.get("h") is True
+    assert isinstance(msg.get("g"), textproto.Enum) and msg.get("g") == "SIGMOID"
+    assert len(msg.all("m")) == 2 and msg.all("m")[1].all("k") == [0.25, 0.5, 2]
+    assert msg.message("r").get("s") == 1 and [t.get("u") for t in msg.all("t")] == [1, 2]
+    for text in (SSD_MOBILENET_V2_FPNLITE_320, SSD_RESNET50_V1_FPN_640, FASTER_RCNN_RESNET50_V1_640):
+        assert textproto.parse(text).message("train_config").get("num_steps") in (25000, 50000)
+
+
+@pytest.mark.parametrize(
+    "text, line, column, words",
+    [
+        ("model {\n  ssd {\n    num_classes: 90\n  }\n", 5, 1, "missing '}' for the block opened on line 1"),
+        ("model {\n  ssd {\n    num_classes 90\n", 3, 17, "expected ':' or '{' after 'num_classes'"),
+        ("a: 1\nb: [1, 2\n", 3, 1, "expected ',' or ']'"),
+        ("a: 1\n  b: 'open\n", 2, 6, "string not closed on its line"),
+        ("a: 1 $\n", 1, 6, "unexpected character '$'"),
+        ("a: 1\n}\n", 2, 1, "expected a field name"),
+        ("a: 12abc\n", 1, 4, "bad number"),
+    ],
+)
+def test_textproto_errors_name_line_and_column(text, line, column, words):
+    with pytest.raises(textproto.TextFormatError) as e:
+        textproto.parse(text)
+    assert (e.value.line, e.value.column) == (line, column), str(e.value)
+    assert words in str(e.value) and str(e.value).startswith(f"line {line}, column {column}: ")
+
+
+# ----- pipeline import ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, experiment, size, batch, steps, lr, warmup",
+    [
+        (SSD_MOBILENET_V2_FPNLITE_320, "retinanet_mobile_coco", [384, 384, 3], 128, 50000, 0.08, 1000),
+        (SSD_RESNET50_V1_FPN_640, "retinanet_resnetfpn_coco", [640, 640, 3], 64, 25000, 0.04, 2000),
+        (FASTER_RCNN_RESNET50_V1_640, "fasterrcnn_resnetfpn_coco", [640, 640, 3], 64, 25000, 0.04, 2000),
+    ],
+)
+def test_import_zoo_configs(tmp_path, capsys, text, experiment, size, batch, steps, lr, warmup):
+    from od_dist.model.pipeline import load_pipeline
+
+    (tmp_path / "pipeline.config").write_text(text)
+    out = tmp_path / "pipelines" / "imported.yaml"
+    code, stdout, err = run_cli(
+        capsys, "pipeline", "import", f"--config={tmp_path / 'pipeline.config'}", f"--out={out}"
+    )
+    assert code == 0, err
+    params = load_pipeline(str(out))
+    assert params.task.model.num_classes == 91  # 90 classes + Model Garden's background
+    assert list(params.task.model.input_size) == size
+    assert params.task.train_data.global_batch_size == batch and params.trainer.train_steps == steps
+    assert params.task.train_data.parser.aug_rand_hflip is True
+    opt = params.trainer.optimizer_config
+    assert opt.optimizer.type == "sgd" and opt.optimizer.sgd.momentum == 0.9
+    assert opt.learning_rate.type == "cosine" and opt.learning_rate.cosine.initial_learning_rate == lr
+    # The Object Detection API's cosine ends at total_steps and starts after the warmup.
+    assert (
+        opt.learning_rate.cosine.offset == warmup and opt.learning_rate.cosine.decay_steps == steps - warmup
+    )
+    assert opt.warmup.linear.warmup_steps == warmup
+    assert params.task.init_checkpoint in (None, "")
+    assert "val2017-?????-of-00032.tfrecord" in params.task.validation_data.input_path
+    lines = stdout.splitlines()
+    dropped = [ln for ln in lines if ln.startswith("not carried over: ")]
+    assert any("fine_tune_checkpoint" in ln and "variable names" in ln for ln in dropped)
+    assert any("sync_replicas" in ln for ln in dropped)
+    assert all(": " in ln[len("not carried over: ") :] for ln in dropped)  # each says why
+    if experiment.startswith("retinanet"):
+        assert params.task.model.backbone.type in ("mobilenet", "resnet")
+        assert params.task.losses.focal_loss_alpha == 0.25 and params.task.model.anchor.num_scales == 2
+        assert any("random_crop_image" in ln for ln in dropped)
+        assert params.task.train_data.parser.keep_aspect_ratio is False  # fixed_shape_resizer stretches
+    if experiment == "retinanet_mobile_coco":
+        assert params.task.model.backbone.mobilenet.model_id == "MobileNetV2"
+        assert params.task.model.decoder.fpn.use_separable_conv and params.task.model.head.num_filters == 128
+        assert any("320x320" in ln and "384x384" in ln for ln in dropped)
+    else:
+        assert params.task.model.backbone.resnet.model_id == 50
+    assert experiment in open(out).read() and f"experiment {experiment}" in stdout
+    assert os.listdir(out.parent) == ["imported.yaml"]  # no temporary file left
+
+
+def test_import_bad_input(tmp_path):
+    """Refused in one line, exit 2, before TensorFlow is imported; nothing written or replaced."""
+    config = tmp_path / "pipeline.config"
+    out = tmp_path / "out.yaml"
+    config.write_text(SSD_MOBILENET_V2_FPNLITE_320.replace("num_classes: 90", "num_classes 90"))
+    r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "line 7, column 17: expected ':' or '{' after 'num_classes'" in r.stderr
+    config.write_text("model {\n  center_net {\n    num_classes: 90\n  }\n}\n")
+    r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "CenterNet" in r.stderr and "supported families: SSD with a MobileNet" in r.stderr
+    assert "Faster R-CNN" in r.stderr
+    config.write_text(
+        SSD_MOBILENET_V2_FPNLITE_320.replace("ssd_mobilenet_v2_fpn_keras", "ssd_efficientnet-b0_bifpn_keras")
+    )
+    r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
+    assert r.returncode == 2 and "ssd_efficientnet-b0_bifpn_keras" in r.stderr and "supported:" in r.stderr
+    config.write_text(SSD_MOBILENET_V2_FPNLITE_320.replace("num_steps: 50000", "num_steps: 'many'"))
+    r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "train_config.num_steps: 'many'" in r.stderr
+    assert os.listdir(tmp_path) == ["pipeline.config"]
+    out.write_text("mine\n")
+    config.write_text(SSD_MOBILENET_V2_FPNLITE_320)
+    r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
+    assert r.returncode == 2 and "exists" in r.stderr and "--force" in r.stderr
+    assert out.read_text() == "mine\n"
+
+
+def test_import_never_leaves_a_pipeline_that_does_not_load(tmp_path, capsys):
+    config = tmp_path / "pipeline.config"
+    config.write_text(SSD_RESNET50_V1_FPN_640.replace("batch_size: 64", "batch_size: 0"))
+    out = tmp_path / "p.yaml"
+    code, _, err = run_cli(capsys, "pipeline", "import", f"--config={config}", f"--out={out}")
+    assert code == 2 and "global_batch_size" in err and "nothing written" in err
+    assert sorted(os.listdir(tmp_path)) == ["pipeline.config"]
+
+
+def test_import_warns_when_the_label_map_disagrees(tmp_path, capsys):
+    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
+    config = tmp_path / "pipeline.config"
+    config.write_text(
+        SSD_RESNET50_V1_FPN_640.replace(
+            "PATH_TO_BE_CONFIGURED/label_map.txt", str(tmp_path / "label_map.pbtxt")
+        )
+    )
+    code, out, err = run_cli(
+        capsys, "pipeline", "import", f"--config={config}", f"--out={tmp_path / 'p.yaml'}"
+    )
+    assert code == 0, err
+    assert "warning: model.ssd.num_classes is 90 but the label map" in out and "set it to 4" in out
+
+
+# ----- records --------------------------------------------------------------------------------
+
+
+def test_data_check_points_at_data_odapi(project, capsys):
+    code, out, _ = run_cli(capsys, "data", "check", f"--records={project / 'annotations' / 'test.record'}")
+    assert code == 2
+    assert "image/source_id 'IMG_2000.jpg' is not a number" in out and "od-dist data odapi" in out
+    assert "write 1, 2, 3" not in out
+
+
+def test_data_odapi_rewrites_records(project, tmp_path, capsys):
+    out = tmp_path / "data"
+    ann = project / "annotations"
+    code, stdout, err = run_cli(
+        capsys,
+        "data",
+        "odapi",
+        f"--train={ann / 'train.record'}",
+        f"--val={ann / 'test.record'}",
+        f"--labels={ann / 'label_map.pbtxt'}",
+        f"--out={out}",
+    )
+    assert code == 0, err
+    assert sorted(os.listdir(out)) == [
+        "label_map.pbtxt",
+        "train-00000-of-00001.tfrecord",
+        "val-00000-of-00001.tfrecord",
+    ]
+    before = read_examples(str(ann / "train.record")) + read_examples(str(ann / "test.record"))
+    after = read_examples(str(out / "train-*.tfrecord")) + read_examples(str(out / "val-*.tfrecord"))
+    assert [f["image/source_id"].bytes_list.value[0] for f in after] == [
+        str(i).encode() for i in range(1, 19)
+    ]
+    for old, new in zip(before, after):
+        assert new["image/filename"].bytes_list.value == old["image/source_id"].bytes_list.value
+        assert new["image/encoded"].bytes_list.value == old["image/encoded"].bytes_list.value
+        assert (
+            new["image/object/bbox/xmin"].float_list.value == old["image/object/bbox/xmin"].float_list.value
+        )
+        assert (
+            new["image/object/class/label"].int64_list.value
+            == old["image/object/class/label"].int64_list.value
+        )
+    assert (out / "label_map.pbtxt").read_text() == LABEL_MAP
+    assert "next: od-dist pipeline import" in stdout
+    code, out_check, _ = run_cli(capsys, "data", "check", f"--records={out}/*.tfrecord", "--num_classes=4")
+    assert code == 0, out_check
+    # Without a label map: class/label as written, the names from class/text.
+    code, _, err = run_cli(
+        capsys,
+        "data",
+        "odapi",
+        f"--train={ann / 'train.record'}",
+        f"--val={ann / 'test.record'}",
+        f"--out={out}2",
+    )
+    assert code == 0, err
+    assert (tmp_path / "data2" / "label_map.pbtxt").read_text() == LABEL_MAP
+
+
+def test_data_odapi_labels_from_class_text(tmp_path, capsys):
+    """Records with class/text only: ids through the label map; without --labels: refused."""
+    write_odapi_records(str(tmp_path / "train.record"), 4, seed=3, with_labels=False)
+    write_odapi_records(str(tmp_path / "val.record"), 2, seed=4, with_labels=False)
+    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
+    args = [f"--train={tmp_path / 'train.record'}", f"--val={tmp_path / 'val.record'}"]
+    code, _, err = run_cli(capsys, "data", "odapi", *args, f"--out={tmp_path / 'no'}")
+    assert code == 2 and "pass --labels label_map.pbtxt" in err
+    assert not os.path.exists(tmp_path / "no")
+    code, _, err = run_cli(
+        capsys,
+        "data",
+        "odapi",
+        *args,
+        f"--labels={tmp_path / 'label_map.pbtxt'}",
+        f"--out={tmp_path / 'out'}",
+    )
+    assert code == 0, err
+    by_name = {n: i for i, n in enumerate(shapes.CLASSES, 1)}
+    for f in read_examples(str(tmp_path / "out" / "*.tfrecord")):
+        texts = [t.decode() for t in f["image/object/class/text"].bytes_list.value]
+        assert list(f["image/object/class/label"].int64_list.value) == [by_name[t] for t in texts]
+
+
+def test_data_odapi_writes_nothing_on_a_problem(tmp_path, capsys):
+    write_odapi_records(
+        str(tmp_path / "train.record"), 4, seed=5, rename={"circle": "cirlce"}, with_labels=False
+    )
+    write_odapi_records(str(tmp_path / "val.record"), 2, seed=6)
+    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        capsys,
+        "data",
+        "odapi",
+        f"--train={tmp_path / 'train.record'}",
+        f"--val={tmp_path / 'val.record'}",
+        f"--labels={tmp_path / 'label_map.pbtxt'}",
+        f"--out={out}",
+    )
+    assert code == 2 and "class 'cirlce' is not in --labels" in err and "nothing written" in err
+    assert sorted(os.listdir(tmp_path)) == ["label_map.pbtxt", "train.record", "val.record"]
+
+
+# ----- the README's path, end to end ----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_odapi_project_trains_and_evaluates(project, tmp_path):
+    """A folder with a pipeline.config (the FPNLite shape, CPU-sized), label_map.pbtxt and records
+    in the Object Detection API's layout -> the README's commands -> a COCO line."""
+    folder = tmp_path / "project"
+    os.makedirs(folder / "annotations")
+    for name in ("train.record", "test.record", "label_map.pbtxt"):
+        os.link(project / "annotations" / name, folder / "annotations" / name)
+    small = (
+        SSD_MOBILENET_V2_FPNLITE_320.replace("num_classes: 90", "num_classes: 3")
+        .replace("height: 320", "height: 128")
+        .replace("width: 320", "width: 128")
+        .replace("max_level: 7", "max_level: 5")
+        .replace("batch_size: 128", "batch_size: 4")
+        .replace("num_steps: 50000", "num_steps: 4")
+        .replace("total_steps: 50000", "total_steps: 4")
+        .replace("warmup_steps: 1000", "warmup_steps: 2")
+        .replace("depth_multiplier: 1.0", "depth_multiplier: 0.35")
+        .replace("PATH_TO_BE_CONFIGURED/label_map.txt", "annotations/label_map.pbtxt")
+        .replace("PATH_TO_BE_CONFIGURED/train2017-?????-of-00256.tfrecord", "annotations/train.record")
+        .replace("PATH_TO_BE_CONFIGURED/val2017-?????-of-00032.tfrecord", "annotations/test.record")
+    )
+    (folder / "pipeline.config").write_text(small)
+    r = od_dist("data", "odapi", "--config=pipeline.config", "--out=data/records", cwd=folder)
+    assert r.returncode == 0, r.stderr
+    r = od_dist(
+        "pipeline", "import", "--config=pipeline.config", "--data=data/records", "--out=my.yaml", cwd=folder
+    )
+    assert r.returncode == 0, r.stderr
+    assert "not carried over: train_config.fine_tune_checkpoint" in r.stdout
+    r = od_dist("data", "check", "--pipeline=my.yaml", cwd=folder)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "train: 1 file(s)" in r.stdout and "12 images" in r.stdout and "6 images" in r.stdout
+    r = od_dist("train", "--pipeline=my.yaml", "--model_dir=runs/m", cwd=folder)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert glob.glob(str(folder / "runs" / "m" / "ckpt-4*"))
+    r = od_dist("eval", "--pipeline=my.yaml", "--model_dir=runs/m", cwd=folder)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = [ln for ln in (r.stdout + r.stderr).splitlines() if "AP50" in ln]
+    assert line and "step 4" in line[0], r.stdout + r.stderr
