@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from absl import flags
 
 from od_dist.cluster.spec import InvalidCluster
+from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
 
 EXIT_OK, EXIT_FAILURE, EXIT_INVALID = 0, 1, 2
 
@@ -111,6 +113,7 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         "Replicas per trainer process: the first N GPUs (or N logical "
         "CPU devices with --clone_on_cpu). Default: the cluster file's num_clones, else 1.",
         lower_bound=1,
+        upper_bound=MAX_CLONES,
         flag_values=fv,
     )
     flags.DEFINE_boolean(
@@ -984,7 +987,7 @@ def define_export_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "out",
         None,
-        "The SavedModel folder to write (replaced if it holds an earlier export).",
+        "The SavedModel folder to write (an earlier export there is replaced; other files stay).",
         flag_values=fv,
     )
     flags.DEFINE_string(
@@ -1168,21 +1171,22 @@ Example:
     define_scripts_flags,
 )
 def cmd_scripts(fv) -> int:
-    from od_dist.render import scripts
+    from od_dist.data import records
+    from od_dist.render import quote, scripts
 
     cluster, passed_on = _render_input(fv, "scripts")
     if not fv.out:
         raise UsageError("--out: '': required; pass --out=DIR")
     passed_on += restart_args(fv)
-    command = " ".join(
-        scripts.bash_quote(a)
-        for a in ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"]
-    )
     try:
+        command = " ".join(
+            quote.sh(a)
+            for a in ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"]
+        )
         written = scripts.write_scripts(
             cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout, fv.max_restarts
         )
-    except scripts.ScriptError as e:
+    except (scripts.ScriptError, records.DatasetError) as e:
         raise UsageError(str(e)) from None
     print(f"wrote {len(written) - 1} scripts for {len(cluster.tasks())} tasks and README.md to {fv.out}")
     return EXIT_OK
@@ -1303,6 +1307,10 @@ def main(argv: list[str]) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_overview())
         return EXIT_OK if args else EXIT_INVALID
+    for n, arg in enumerate(args, start=1):
+        if "\x00" in arg:  # no operating system passes one; a caller in Python might
+            print(f"od-dist: argument {n}: '{shown(arg)}' holds a NUL byte; remove it", file=sys.stderr)
+            return EXIT_INVALID
     name, rest = args[0], args[1:]
     if rest and f"{name} {rest[0]}" in COMMANDS:  # e.g. `od-dist data shapes`
         name, rest = f"{name} {rest[0]}", rest[1:]
@@ -1310,7 +1318,7 @@ def main(argv: list[str]) -> int:
     if cmd is None:
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f"did you mean '{close[0]}'?" if close else "run 'od-dist --help' for the list"
-        print(f"od-dist: unknown command '{name}'; {hint}", file=sys.stderr)
+        print(f"od-dist: unknown command '{shown(name)}'; {hint}", file=sys.stderr)
         return EXIT_INVALID
     fv = flags.FlagValues()
     cmd.define(fv)
@@ -1320,14 +1328,15 @@ def main(argv: list[str]) -> int:
     try:
         extra = fv([f"od-dist {name}"] + rest)[1:]
     except flags.Error as e:
-        print(f"od-dist {name}: {e}; see 'od-dist {name} --help'", file=sys.stderr)
+        text = re.sub(rf"\S{{{SHOWN_MAX},}}", lambda m: shown(m.group()), str(e))  # a long value, cut
+        print(f"od-dist {name}: {shown(text, 1000)}; see 'od-dist {name} --help'", file=sys.stderr)
         return EXIT_INVALID
     if extra and cmd.rest:  # `--images a.jpg b.jpg`: absl takes a.jpg, b.jpg is left over
         fv[cmd.rest].value = [*(fv[cmd.rest].value or []), *extra]
         extra = []
     if extra:
         print(
-            f"od-dist {name}: unexpected argument '{extra[0]}'; flags are written --name=value",
+            f"od-dist {name}: unexpected argument '{shown(extra[0])}'; flags are written --name=value",
             file=sys.stderr,
         )
         return EXIT_INVALID

@@ -22,7 +22,7 @@ import mslex
 import pytest
 
 from od_dist.cluster import spec as cluster_mod
-from od_dist.render import scripts
+from od_dist.render import quote, scripts
 from od_dist.render.scripts import PS_SINGLE_QUOTES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -455,8 +455,8 @@ def test_wine_harness_catches_broken_quoting(wine, tmp_path, monkeypatch):
     shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
     cluster = make_cluster(tree)
     (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.task.role == "evaluator"]
-    real = scripts.cmd_escape
-    monkeypatch.setattr(scripts, "cmd_escape", lambda text: real(text).replace("%%", "%"))
+    real = quote.cmd_escape
+    monkeypatch.setattr(quote, "cmd_escape", lambda text: real(text).replace("%%", "%"))
     (tmp_path / "broken.cmd").write_bytes(scripts.render_cmd(launch).encode())
     r, argv, _, _ = run_cmd_script(wine, tmp_path / "broken.cmd", tree, tmp_path / "record")
     assert argv[1:] != list(launch.args)
@@ -500,7 +500,7 @@ def test_firewall_rules():
     win_lines = scripts.firewall_lines(ps_rule, "windows")
     assert win_lines[0].startswith(
         "New-NetFirewallRule -DisplayName 'od-dist ps 0' -Direction Inbound -Protocol TCP "
-        "-LocalPort 2224 -RemoteAddress 192.168.1.108,192.168.1.109,192.168.1.111"
+        "-LocalPort 2224 -RemoteAddress '192.168.1.108','192.168.1.109','192.168.1.111'"
     )
     assert win_lines[1].startswith('netsh advfirewall firewall add rule name="od-dist ps 0" dir=in')
     assert "sudo ufw allow proto tcp from 192.168.1.109 to any port 2224" in scripts.firewall_lines(
@@ -541,7 +541,7 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     assert readme.count("New-NetFirewallRule") == 1
     assert (
         "New-NetFirewallRule -DisplayName 'od-dist master 0' -Direction Inbound -Protocol TCP -LocalPort 2223 "
-        "-RemoteAddress 192.168.1.116,192.168.1.109,192.168.1.111,192.168.1.120 -Action Allow"
+        "-RemoteAddress '192.168.1.116','192.168.1.109','192.168.1.111','192.168.1.120' -Action Allow"
     ) in readme
     assert "### 192.168.1.116: ps 0, port 2224" in readme
     assert "No inbound port: evaluator 0 (192.168.1.120)." in readme

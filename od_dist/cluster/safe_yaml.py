@@ -62,7 +62,13 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_base60(self, node):
         # YAML 1.1 reads 1:20 as 80 (base 60); nobody writing a cluster file means that.
-        value = yaml.SafeLoader.yaml_constructors[node.tag](self, node)
+        try:
+            value = yaml.SafeLoader.yaml_constructors[node.tag](self, node)
+        except ValueError:  # e.g. more digits than Python converts (4300)
+            raise YamlError(
+                f"line {node.start_mark.line + 1}: a number of {len(str(node.value))} characters; "
+                "write a plain number of sensible size"
+            ) from None
         if ":" in str(node.value):
             raise YamlError(
                 f"line {node.start_mark.line + 1}: '{node.value}' is a YAML 1.1 base-60 number "

@@ -6,6 +6,7 @@ TensorFlow's task types (`master` -> `chief`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -82,13 +83,19 @@ class Cluster:
     num_clones: int = 1
     hosts: Mapping[str, HostSettings] = field(default_factory=lambda: MappingProxyType({}))
 
-    def tasks_of(self, role: str) -> tuple[Task, ...]:
-        role = validate.normalize_role(role)
-        if role in ("master", "evaluator"):
+    @functools.cached_property
+    def _tasks_by_role(self) -> dict[str, tuple[Task, ...]]:
+        """Built once: callers ask for a role's tasks once per task (scripts for 20,000 workers)."""
+        out = {}
+        for role in ("master", "evaluator"):
             address = getattr(self, role)
-            return (Task(role, 0, address),) if address else ()
-        addresses = {"worker": self.workers, "ps": self.ps}.get(role, ())
-        return tuple(Task(role, i, a) for i, a in enumerate(addresses))
+            out[role] = (Task(role, 0, address),) if address else ()
+        for role, addresses in (("worker", self.workers), ("ps", self.ps)):
+            out[role] = tuple(Task(role, i, a) for i, a in enumerate(addresses))
+        return out
+
+    def tasks_of(self, role: str) -> tuple[Task, ...]:
+        return self._tasks_by_role.get(validate.normalize_role(role), ())
 
     def tasks(self) -> tuple[Task, ...]:
         """Every task, in the order a launcher would start them (servers first)."""

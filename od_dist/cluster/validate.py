@@ -21,12 +21,37 @@ HOST_OSES = ("linux", "windows")
 ROLES = ("master", "worker", "ps", "evaluator")
 ROLE_ALIASES = {"chief": "master"}
 
-_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+# An IPv6 zone id is an interface name (eth0, enp0s3, br-lan, vlan.10) or a Windows interface
+# index (12): anything else in it would reach shell scripts, READMEs and manifests.
+_ZONE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Characters that end a line in some shell, YAML or Markdown (control characters, NEL, U+2028,
+# U+2029) or reorder how a line reads (bidi controls): no value od-dist writes anywhere may hold one.
+UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+SHOWN_MAX = 80  # characters of a value echoed in a message
+MAX_CLONES = 256  # replicas per process: GPUs of one machine, or logical CPU devices
+
+
+def unsafe_char(text: str) -> str | None:
+    """The first character of `text` that no line of a script, README or manifest may hold, as
+    Python writes it (e.g. '\\n'), else None."""
+    found = UNSAFE_CHARS.search(text)
+    return None if found is None else repr(found.group())[1:-1]
+
+
+def shown(value, limit: int = SHOWN_MAX) -> str:
+    """A value as an error message echoes it: on one line (unsafe characters escaped) and cut."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"  # str() may refuse it
+    text = value if isinstance(value, str) else repr(value)
+    text = UNSAFE_CHARS.sub(lambda m: repr(m.group())[1:-1], text)
+    if len(text) > limit:
+        text = f"{text[: limit - 20]}...({len(text)} characters)"
+    return text
 
 
 def problem(key: str, value, what: str, fix: str) -> str:
-    shown = value if isinstance(value, str) else repr(value)
-    return f"{key}: '{shown}': {what}; {fix}"
+    return f"{shown(key)}: '{shown(value)}': {what}; {fix}"
 
 
 def _did_you_mean(word: str, choices) -> str:
@@ -42,25 +67,37 @@ class AddressError(ValueError):
 
 def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
     """'host:port' -> (normalized host, port). IPv6 hosts come back without brackets."""
+    bad = unsafe_char(text)
+    if bad:
+        raise AddressError(
+            f"contains the control character '{bad}'", "an address is one line of plain text: remove it"
+        )
     if text.startswith("["):
         end = text.find("]")
         if end < 0:
             raise AddressError("unclosed '['", "write IPv6 addresses as [addr]:port, e.g. [fd00::5]:2222")
         host, rest = text[1:end], text[end + 1 :]
+        zone = host.partition("%")[2]
+        if "%" in host and not _ZONE.fullmatch(zone):
+            raise AddressError(
+                f"zone id '{shown(zone)}' is not an interface name",
+                "write the interface after '%' as letters, digits, '_', '.' and '-' (e.g. [fe80::1%eth0]), "
+                "or its number on Windows",
+            )
         try:
             host = str(ipaddress.IPv6Address(host))
         except ValueError:
             raise AddressError(
-                f"'{host}' is not an IPv6 address", "brackets are only for IPv6 addresses"
+                f"'{shown(host)}' is not an IPv6 address", "brackets are only for IPv6 addresses"
             ) from None
         if rest and not rest.startswith(":"):
             raise AddressError("unexpected text after ']'", "write it as [addr]:port")
         port_text = rest[1:] if rest else None
     elif text.count(":") > 1:
         head, tail = text.rsplit(":", 1)
-        fix = f"write it as [{head}]:{tail}"
+        fix = f"write it as [{shown(head)}]:{shown(tail)}"
         if not _is_ipv6(head) and _is_ipv6(text):  # e.g. fe80::1: no port was given
-            fix = f"write it as [{text}]:PORT"
+            fix = f"write it as [{shown(text)}]:PORT"
         raise AddressError("an IPv6 address must be in brackets", fix)
     else:
         host, sep, port_text = text.partition(":")
@@ -72,7 +109,11 @@ def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
             raise AddressError("no port", "write it as host:port, e.g. 10.0.0.5:2222")
         return host, None
     if not (port_text.isascii() and port_text.isdigit()):
-        raise AddressError(f"port '{port_text}' is not a number", "write it as host:port, e.g. 10.0.0.5:2222")
+        raise AddressError(
+            f"port '{shown(port_text)}' is not a number", "write it as host:port, e.g. 10.0.0.5:2222"
+        )
+    if len(port_text.lstrip("0")) > 5:  # int() refuses numbers of more than 4300 digits
+        raise AddressError(f"port '{shown(port_text)}' is out of range", "use a port between 1 and 65535")
     port = int(port_text)
     if not 1 <= port <= 65535:
         raise AddressError(f"port {port} is out of range", "use a port between 1 and 65535")
@@ -95,12 +136,12 @@ def _check_host(host: str) -> str:
             return str(ipaddress.IPv4Address(host))
         except ValueError:
             raise AddressError(
-                f"'{host}' is not a valid IPv4 address", "use four numbers 0-255, e.g. 10.0.0.5"
+                f"'{shown(host)}' is not a valid IPv4 address", "use four numbers 0-255, e.g. 10.0.0.5"
             ) from None
     labels = host.rstrip(".").split(".")
-    if len(host) > 253 or not all(_LABEL.match(label) for label in labels):
+    if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
         raise AddressError(
-            f"'{host}' is not a valid host name",
+            f"'{shown(host)}' is not a valid host name",
             "use an IP address or a name of letters, digits, '-' and '.'",
         )
     return host.lower().rstrip(".")
@@ -305,6 +346,15 @@ def check_strategy(doc: dict) -> list[str]:
 def _check_count(key: str, value) -> list[str]:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return [problem(key, value, "not a positive whole number", f"write e.g. '{key.split('.')[-1]}: 1'")]
+    if value > MAX_CLONES:
+        return [
+            problem(
+                key,
+                value,
+                f"more replicas than any machine has devices (at most {MAX_CLONES})",
+                "give the number of GPUs of the machine",
+            )
+        ]
     return []
 
 
@@ -372,6 +422,13 @@ def check_hosts(doc: dict) -> list[str]:
                 )
             elif name in ("python", "venv", "workdir") and (not isinstance(value, str) or not value.strip()):
                 out.append(problem(f"{key}.{name}", value, "not a path", "write the path as text"))
+            elif name in ("python", "venv", "workdir") and value.strip().startswith("-"):
+                # A shell would read it as an option of cd/exec.
+                out.append(
+                    problem(
+                        f"{key}.{name}", value, "starts with '-'", f"write it as ./{shown(value.strip())}"
+                    )
+                )
             elif name == "num_clones":
                 out.extend(_check_count(f"{key}.num_clones", value))
         if "python" in settings and "venv" in settings:
@@ -391,7 +448,7 @@ def host_key(key) -> str:
     (no port can follow it); a port is refused: the settings are per machine."""
     text = str(key).strip()
     if _is_ipv6(text.split("%", 1)[0]):
-        return str(ipaddress.IPv6Address(text.split("%", 1)[0]))
+        return parse_address(f"[{text}]", need_port=False)[0].split("%", 1)[0]
     host, port = parse_address(text, need_port=False)
     if port is not None:
         raise AddressError(

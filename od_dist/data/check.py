@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import glob
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -100,7 +101,9 @@ def check_record(data: bytes, num_classes: int | None, tf) -> tuple[dict, list[s
     for i in range(n):
         y0, x0, y1, x1 = (coords[k][i] for k in ("ymin", "xmin", "ymax", "xmax"))
         box = f"box {i + 1} (ymin {y0:.4g}, xmin {x0:.4g}, ymax {y1:.4g}, xmax {x1:.4g})"
-        if min(y0, x0) < -_EPS or max(y1, x1) > 1 + _EPS:
+        if not all(math.isfinite(v) for v in (y0, x0, y1, x1)):
+            problems.append(f"{box} is not finite (NaN or infinity); fix or drop the box and convert again")
+        elif min(y0, x0) < -_EPS or max(y1, x1) > 1 + _EPS:
             problems.append(
                 f"{box} outside the image: boxes are normalized to 0..1; divide pixels by the width/height"
             )

@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 
+from od_dist.cluster.validate import shown
 from od_dist.data import records
 from od_dist.data.records import BadAnnotation, DatasetError
 
 _EDGE_TOLERANCE = 1.0  # pixels: COCO tools round, so x + w may pass the edge by a fraction
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _load(path: str) -> dict:
@@ -31,6 +37,10 @@ def _load(path: str) -> dict:
             doc = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetError(f"--annotations: '{path}': not readable JSON ({e}); fix the file") from None
+    except RecursionError:  # json recurses once per level
+        raise DatasetError(
+            f"--annotations: '{path}': JSON nested too deep to be a COCO file; fix the file"
+        ) from None
     if not isinstance(doc, dict):
         raise DatasetError(
             f"--annotations: '{path}': the top level must be an object with images, "
@@ -67,12 +77,17 @@ def _categories(doc: dict, path: str) -> dict[int, str]:
 def _check_image(image: dict, anns: list, images_dir: str, names: dict[int, str], path: str) -> list:
     """Checks one image and its boxes; returns the annotations to write (clipped copies)."""
     fname = image.get("file_name")
-    where = f"{path}: image id {image.get('id')} ('{fname}')"
-    if not fname:
-        raise BadAnnotation(f"{where}: no file_name; add it")
-    file_path = os.path.join(images_dir, fname)
-    if not os.path.isfile(file_path):
+    where = f"{path}: image id {shown(image.get('id'))} ('{shown(fname)}')"
+    if not fname or not isinstance(fname, str):
+        raise BadAnnotation(f"{where}: no file_name (a path as text); add it")
+    file_path, inside = records.image_under(images_dir, fname)
+    if not file_path:
         raise BadAnnotation(f"{where}: not found in '{images_dir}'; put the image there or fix file_name")
+    if not inside:
+        raise BadAnnotation(
+            f"{where}: outside --images '{images_dir}' (a '..', an absolute path or a symlink); put the "
+            "image in that folder and name it from there"
+        )
     _, (width, height) = records.image_format(file_path)
     if (image.get("width"), image.get("height")) != (width, height):
         raise BadAnnotation(
@@ -81,35 +96,45 @@ def _check_image(image: dict, anns: list, images_dir: str, names: dict[int, str]
         )
     out = []
     for a in anns:
-        awhere = f"{where}: annotation id {a.get('id')}"
+        awhere = f"{where}: annotation id {shown(a.get('id'))}"
         bbox = a.get("bbox")
         if (
             not isinstance(bbox, list)
             or len(bbox) != 4
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)
+            or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox
+            )
         ):
             raise BadAnnotation(f"{awhere}: bbox {bbox!r:.60} is not [x, y, width, height]; fix it")
         x, y, w, h = (float(v) for v in bbox)
-        if a.get("category_id") not in names:
+        if not _whole(a.get("category_id")) or a["category_id"] not in names:
             raise BadAnnotation(
-                f"{awhere}: category_id {a.get('category_id')!r} is not among the "
+                f"{awhere}: category_id {shown(a.get('category_id'))} is not among the "
                 f"categories ({', '.join(map(str, sorted(names)))}); fix it or add the "
                 "category"
             )
-        shown = f"bbox [{x:g}, {y:g}, {w:g}, {h:g}]"
+        box = f"bbox [{x:g}, {y:g}, {w:g}, {h:g}]"
         if w <= 0 or h <= 0:
-            raise BadAnnotation(f"{awhere}: {shown} has no size; fix or remove the annotation")
+            raise BadAnnotation(f"{awhere}: {box} has no size; fix or remove the annotation")
         if (
             x < -_EDGE_TOLERANCE
             or y < -_EDGE_TOLERANCE
             or x + w > width + _EDGE_TOLERANCE
             or y + h > height + _EDGE_TOLERANCE
         ):
-            raise BadAnnotation(f"{awhere}: {shown} outside the {width}x{height} image; fix the box")
+            raise BadAnnotation(f"{awhere}: {box} outside the {width}x{height} image; fix the box")
         # Within the tolerance: clip, or create_tf_example would drop the box without a word.
         x0, y0 = max(x, 0.0), max(y, 0.0)
         x1, y1 = min(x + w, float(width)), min(y + h, float(height))
-        fixed = dict(a, bbox=[x0, y0, x1 - x0, y1 - y0], iscrowd=int(a.get("iscrowd", 0) or 0))
+        area = a.get("area")
+        if area is not None and (
+            isinstance(area, bool) or not isinstance(area, (int, float)) or not math.isfinite(area)
+        ):
+            raise BadAnnotation(f"{awhere}: area {area!r:.40} is not a finite number; fix it or leave it out")
+        crowd = a.get("iscrowd", 0) or 0
+        if crowd not in (0, 1):  # also refuses "abc", 1.5 and Infinity, which int() cannot take
+            raise BadAnnotation(f"{awhere}: iscrowd {shown(crowd)} is not 0 or 1; fix it")
+        fixed = dict(a, bbox=[x0, y0, x1 - x0, y1 - y0], iscrowd=int(crowd))
         fixed.setdefault("area", (x1 - x0) * (y1 - y0))
         out.append(fixed)
     return out
@@ -135,17 +160,24 @@ def convert(
     doc = _load(annotations_path)
     names = _categories(doc, annotations_path)
     by_image = collections.defaultdict(list)
-    for a in doc["annotations"]:
-        if isinstance(a, dict):
-            by_image[a.get("image_id")].append(a)
-    problems, good, seen = [], [], set()
+    problems = []
+    for n, a in enumerate(doc["annotations"]):
+        iid = a.get("image_id") if isinstance(a, dict) else None
+        if not _whole(iid):
+            problems.append(
+                f"{annotations_path}: annotations[{n}]: image_id {shown(iid)} is not a whole number; "
+                "COCO image ids are integers"
+            )
+            continue
+        by_image[iid].append(a)
+    good, seen = [], set()
     progress = records.Progress("data coco: checking", len(doc["images"]))
     for n, image in enumerate(doc["images"]):
         progress.step()
         iid = image.get("id") if isinstance(image, dict) else None
-        if not isinstance(iid, int) or isinstance(iid, bool) or iid < 0:
+        if not _whole(iid):
             problems.append(
-                f"{annotations_path}: images[{n}]: id {iid!r} is not a whole number; "
+                f"{annotations_path}: images[{n}]: id {shown(iid)} is not a whole number; "
                 "COCO image ids are integers"
             )
             continue
@@ -159,7 +191,7 @@ def convert(
             problems.append(str(e))
             continue
         good.append(n)
-    orphans = sorted({a.get("image_id") for a in doc["annotations"] if isinstance(a, dict)} - seen, key=str)
+    orphans = sorted(set(by_image) - seen)
     if orphans:
         problems.append(
             f"{annotations_path}: annotations refer to image id(s) "

@@ -11,7 +11,6 @@ Records are Model Garden's detection layout (``TfExampleDecoder``): ``image/enco
 from __future__ import annotations
 
 import difflib
-import glob
 import math
 import os
 import random
@@ -217,12 +216,7 @@ def write_dataset(
     from official.vision.data import tfrecord_lib
 
     out_dir = os.path.normpath(out_dir)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become the dataset's mode
+    staging = staging_dir(out_dir)
     result = Written(out_dir, os.path.join(out_dir, LABEL_MAP_FILE), max(names) + 1 if names else 1)
     progress = Progress(what + ": writing", len(items), stream=progress_stream)
     try:
@@ -254,26 +248,40 @@ def write_dataset(
         with open(os.path.join(staging, LABEL_MAP_FILE), "w", encoding="utf-8") as f:
             f.write(label_map_text(names))
         result.seconds = progress.finish()
-        _move_into_place(staging, out_dir)
+        move_into_place(staging, out_dir, _SHARD_RE)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return result
 
 
-def _move_into_place(staging: str, out_dir: str) -> None:
-    """The new dataset replaces the old one whole: the old folder is moved aside, the new one
-    renamed in, then the old one deleted, so an interrupt leaves the old dataset or the new one
-    (or, between the two renames, the old one beside --out under its `.old-` name), never a mix.
-    Files of the old folder that are not the dataset (not shards, not written anew) are kept."""
-    if not os.path.exists(out_dir):
-        os.rename(staging, out_dir)  # atomic: the whole dataset appears at once
+def staging_dir(out_dir: str) -> str:
+    """A fresh, empty folder beside `out_dir` (same file system, so renames are atomic) to write an
+    output into before `move_into_place`; the caller removes it when done."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become the output's mode
+    return staging
+
+
+def move_into_place(staging: str, out_dir: str, owned: re.Pattern) -> None:
+    """A finished staging folder replaces `out_dir` whole. When `out_dir` exists, its files that
+    are not ours (names not matching `owned` and not written anew) are linked or copied into the
+    staging folder first; then the old folder is moved aside, the new one renamed in, and the old
+    one deleted. An interrupt leaves the old output or the new one, never a mix; an earlier run's
+    files (stale shards or scripts) go; a symlink in the old folder is replaced, never written
+    through."""
+    if not os.path.lexists(out_dir):
+        os.rename(staging, out_dir)  # atomic: the whole output appears at once
         return
     if not os.path.isdir(out_dir):
         raise DatasetError(f"--out: '{out_dir}': exists and is not a directory; choose another --out")
     ours = set(os.listdir(staging))
     for name in os.listdir(out_dir):
-        if _SHARD_RE.match(name) or name in ours:
-            continue  # the old dataset: replaced
+        if owned.fullmatch(name) or name in ours:
+            continue  # the earlier output: replaced
         src, dst = os.path.join(out_dir, name), os.path.join(staging, name)
         if os.path.isdir(src) and not os.path.islink(src):
             shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
@@ -281,12 +289,12 @@ def _move_into_place(staging: str, out_dir: str) -> None:
             _link_or_copy(src, dst)
     parent = os.path.dirname(os.path.abspath(out_dir))
     aside = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
-    os.rmdir(aside)  # a free name beside --out, on the same filesystem
+    os.rmdir(aside)  # a free name beside --out, on the same file system
     os.rename(out_dir, aside)
     try:
         os.rename(staging, out_dir)
     except BaseException:
-        os.rename(aside, out_dir)  # interrupted between the two: the old dataset back in place
+        os.rename(aside, out_dir)  # interrupted between the two: the old output back in place
         raise
     shutil.rmtree(aside, ignore_errors=True)
 
@@ -333,6 +341,11 @@ def image_format(path: str) -> tuple[str, tuple[int, int]]:
     try:
         with Image.open(path) as im:
             return (im.format or "").lower(), im.size
+    except Image.DecompressionBombError:  # a header claiming more pixels than any photo has
+        raise BadAnnotation(
+            f"image '{path}': claims more than {2 * Image.MAX_IMAGE_PIXELS} pixels, not a photo to "
+            "train on; replace the file or remove its annotation"
+        ) from None
     except (UnidentifiedImageError, OSError) as e:
         raise BadAnnotation(
             f"image '{path}': not a readable image ({e.__class__.__name__}); replace "
@@ -404,6 +417,20 @@ def report_problems(
 
 
 def matching_files(directory: str, suffix: str) -> Iterator[str]:
-    for path in sorted(glob.glob(os.path.join(glob.escape(directory), "**", "*"), recursive=True)):
-        if path.lower().endswith(suffix) and os.path.isfile(path):
-            yield path
+    """The files under `directory` whose names end in `suffix`, sorted. Directory symlinks are not
+    followed: a link to a parent would list the same files over and over."""
+    found = []
+    for root, _, files in os.walk(directory):
+        found += [os.path.join(root, f) for f in files if f.lower().endswith(suffix)]
+    yield from (path for path in sorted(found) if os.path.isfile(path))
+
+
+def image_under(images_dir: str, name: str) -> tuple[str | None, bool]:
+    """(`images_dir`/`name` if that is a file, whether it stays inside `images_dir` once `..`, an
+    absolute name and every symlink are resolved). The records embed the file's bytes: a name
+    from an annotation must not pull in a file from elsewhere."""
+    path = os.path.join(images_dir, name)
+    if not os.path.isfile(path):
+        return None, True
+    base = os.path.realpath(images_dir)
+    return path, os.path.commonpath([os.path.realpath(path), base]) == base

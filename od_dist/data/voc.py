@@ -18,10 +18,12 @@ so only the list of file names is held in memory, never the images.
 
 from __future__ import annotations
 
+import math
 import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
+from od_dist.cluster.validate import shown
 from od_dist.data import records
 from od_dist.data.records import BadAnnotation, DatasetError
 
@@ -54,28 +56,33 @@ def _text(node, tag: str) -> str | None:
 def _number(xml_path: str, where: str, node, tag: str) -> float:
     text = _text(node, tag)
     try:
-        return float(text)
+        value = float(text)
     except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):  # NaN or infinity would reach the records as a box
         raise BadAnnotation(
-            f"{xml_path}: {where}: <{tag}> is '{text or ''}', not a number; fix the file"
-        ) from None
+            f"{xml_path}: {where}: <{tag}> is '{shown(text or '')}', not a finite number; fix the file"
+        )
+    return value
 
 
 def _find_image(xml_path: str, filename: str | None, images_dir: str) -> str:
-    if filename:
-        path = os.path.join(images_dir, filename)
-        if os.path.isfile(path):
-            return path
     # labelImg writes <filename>; other tools leave it out or keep an old name: try the XML's stem.
     stem = os.path.splitext(os.path.basename(xml_path))[0]
-    for suffix in IMAGE_SUFFIXES:
-        for s in (suffix, suffix.upper()):
-            path = os.path.join(images_dir, stem + s)
-            if os.path.isfile(path):
-                return path
+    names = [filename] if filename else []
+    names += [stem + s for suffix in IMAGE_SUFFIXES for s in (suffix, suffix.upper())]
+    for name in names:
+        path, inside = records.image_under(images_dir, name)
+        if path and not inside:
+            raise BadAnnotation(
+                f"{xml_path}: image '{shown(name)}' is outside --images '{images_dir}' (a '..', an absolute "
+                "path or a symlink); put the image in that folder and name it from there"
+            )
+        if path:
+            return path
     wanted = filename or stem + ".jpg"
     raise BadAnnotation(
-        f"{xml_path}: image '{wanted}' not found in '{images_dir}'; put the image "
+        f"{xml_path}: image '{shown(wanted)}' not found in '{images_dir}'; put the image "
         "there, fix <filename>, or remove the XML"
     )
 

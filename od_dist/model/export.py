@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
-import tempfile
+
+from od_dist.data import records
 
 LABEL_MAP_FILE = "label_map.pbtxt"
+# What an export writes into --out (a SavedModel and the label map): replaced by the next export.
+WRITTEN = re.compile(r"saved_model\.pb|fingerprint\.pb|keras_metadata\.pb|variables|assets|label_map\.pbtxt")
 
 
 class ExportError(RuntimeError):
@@ -57,6 +61,13 @@ def export(
             f"--model_dir: '{model_dir}': no checkpoint to export; train first "
             "(od-dist train ... --model_dir) or pass --checkpoint"
         )
+    try:  # reads the index only: an empty or foreign file fails here, before the model is built
+        tf.train.load_checkpoint(ckpt)
+    except (tf.errors.OpError, ValueError) as e:
+        raise ExportError(
+            f"checkpoint '{ckpt}': cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "pass another --checkpoint, or train again into a fresh --model_dir"
+        ) from None
     label_map = labels or find_label_map(params)
     if labels and not os.path.isfile(labels):
         raise ExportError(
@@ -76,26 +87,27 @@ def export(
             f"--out: '{out_dir}': exists and is not an earlier export; choose another --out "
             "(an earlier export there would be replaced)"
         )
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
+    staging = records.staging_dir(out_dir)
     try:
-        export_saved_model_lib.export_inference_graph(
-            input_type="image_tensor",
-            batch_size=1,
-            input_image_size=size,
-            params=params,
-            checkpoint_path=ckpt,
-            export_dir=staging,
-        )
+        try:
+            export_saved_model_lib.export_inference_graph(
+                input_type="image_tensor",
+                batch_size=1,
+                input_image_size=size,
+                params=params,
+                checkpoint_path=ckpt,
+                export_dir=staging,
+            )
+        except tf.errors.OpError as e:  # e.g. a checkpoint of another model, or a damaged one
+            raise ExportError(
+                f"checkpoint '{ckpt}': cannot be restored into this pipeline's model "
+                f"({e.message.splitlines()[0] if e.message else type(e).__name__}); pass the pipeline "
+                "it was trained with"
+            ) from None
         if label_map:
             shutil.copyfile(label_map, os.path.join(staging, LABEL_MAP_FILE))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)
-        if os.path.isdir(out_dir):
-            shutil.rmtree(out_dir)
-        os.rename(staging, out_dir)
+        # An earlier export's files are replaced; anything else the user keeps there stays.
+        records.move_into_place(staging, out_dir, WRITTEN)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"checkpoint": ckpt, "out": out_dir, "label_map": label_map, "input_size": size}

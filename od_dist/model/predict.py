@@ -53,6 +53,52 @@ def _out_name(path: str, used: set) -> str:
     return name + ".png"
 
 
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
+def _earlier_outputs(out_dir: str) -> set[str] | None:
+    """The files an earlier `od-dist predict` wrote into out_dir (its PNGs, from its
+    detections.json, and that file), or None when there is no such detections.json."""
+    path = os.path.join(out_dir, JSON_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        # Outputs are written directly into out_dir; their names hold wherever it is run from.
+        folder = os.path.realpath(out_dir)
+        pngs = {
+            os.path.join(folder, os.path.basename(r["output"]))
+            for r in doc
+            if set(r) >= {"image", "output", "detections"}
+        }
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, RecursionError):
+        return None
+    return pngs | {os.path.realpath(path)}
+
+
+def _check_out(out_dir: str, paths: list[str], files: list[str]) -> list[str]:
+    """The output PNG of each image, once out_dir is known to be safe to write: it is not an input
+    and holds none (the drawn images would replace the photos, and be read back as input), and
+    every file it would replace is od-dist's own output from an earlier run."""
+    for given in list(paths) + list(files):
+        if _inside(given, out_dir):
+            raise PredictError(
+                f"--out: '{out_dir}': is or holds the input '{given}'; the drawn images would replace "
+                "the photos: choose another --out"
+            )
+    used: set = set()
+    outputs = [os.path.join(out_dir, _out_name(path, used)) for path in files]
+    ours = _earlier_outputs(out_dir) or set()
+    for path in outputs + [os.path.join(out_dir, JSON_FILE)]:
+        if os.path.lexists(path) and (os.path.islink(path) or os.path.realpath(path) not in ours):
+            raise PredictError(
+                f"--out: '{path}': exists and is not an earlier od-dist predict output; "
+                "choose another --out, or move the file"
+            )
+    return outputs
+
+
 def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0.3) -> dict:
     """Runs the model on each image; writes the drawn PNGs and detections.json into ``out_dir``.
     Returns the JSON document's list and the output paths."""
@@ -61,6 +107,7 @@ def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0
             f"--model: '{model_dir}': not a SavedModel; pass the folder `od-dist export` wrote"
         )
     files = image_paths(paths)
+    outputs = _check_out(out_dir, paths, files)
     import numpy as np
     import tensorflow as tf
     from official.vision.utils.object_detection import visualization_utils as viz
@@ -71,12 +118,12 @@ def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0
     model = tf.saved_model.load(model_dir)
     serve = model.signatures["serving_default"]
     os.makedirs(out_dir, exist_ok=True)
-    results, used, written = [], set(), []
-    for path in files:
+    results, written = [], []
+    for path, png in zip(files, outputs):
         try:
             with Image.open(path) as im:
                 image = np.asarray(im.convert("RGB"))
-        except OSError as e:
+        except (OSError, Image.DecompressionBombError) as e:
             raise PredictError(
                 f"--images: '{path}': not a readable image ({e}); remove it from --images"
             ) from None
@@ -113,8 +160,8 @@ def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0
             min_score_thresh=min_score,
             line_thickness=max(1, round(min(h, w) / 200)),
         )
-        png = os.path.join(out_dir, _out_name(path, used))
-        Image.fromarray(drawn).save(png)
+        Image.fromarray(drawn).save(png + ".tmp", format="PNG")
+        os.replace(png + ".tmp", png)  # replaces a link itself, never the file it points to
         written.append(png)
         results.append({"image": path, "width": w, "height": h, "output": png, "detections": dets})
     json_path = os.path.join(out_dir, JSON_FILE)

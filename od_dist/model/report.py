@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
 
 LOSS_TAGS = ("total_loss", "cls_loss", "box_loss")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class ReportError(RuntimeError):
@@ -47,6 +54,11 @@ def report(model_dir: str, out: str | None = None, title: str | None = None) -> 
     (the tags plotted)."""
     if not os.path.isdir(model_dir):
         raise ReportError(f"--model_dir: '{model_dir}': no such folder; pass the --model_dir of a run")
+    out = out or os.path.join(model_dir, "report.png")
+    if os.path.isdir(out):
+        raise ReportError(
+            f"--out: '{out}': is a folder; --out is the PNG to write, e.g. {os.path.join(out, 'report.png')}"
+        )
     train = read_scalars(os.path.join(model_dir, "train"))
     val = read_scalars(os.path.join(model_dir, "validation"))
     if not train and not val:
@@ -109,10 +121,17 @@ def report(model_dir: str, out: str | None = None, title: str | None = None) -> 
         ax.grid(alpha=0.3)
     fig.suptitle(title or f"od-dist run: {os.path.abspath(model_dir)}", fontsize=11)
     fig.tight_layout()
-    out = out or os.path.join(model_dir, "report.png")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = out + ".tmp.png"
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, out)
+    folder = os.path.dirname(os.path.abspath(out))
+    os.makedirs(folder, exist_ok=True)
+    # A temporary file of its own (never a name the user may have), moved in when complete.
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".png", dir=folder)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, out)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return {"out": out, "train": sorted(train), "validation": sorted(val)}

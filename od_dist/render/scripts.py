@@ -1,25 +1,14 @@
 """Per-machine launch scripts: one cluster file -> a bash, cmd or PowerShell script per task, plus
 a README that says which machine runs which script and which ports each machine must open.
 
-Every value reaches `od-dist train` through exactly one quoting layer per shell, done here by pure
-functions (tested on their own and by running the scripts: bash for real, cmd under Wine):
-
-- bash: `bash_quote` puts anything that is not plainly safe in single quotes (`'` -> `'\\''`);
-  inside single quotes bash expands nothing, and non-ASCII bytes pass through as they are.
-- Windows programs parse their own command line (the C-runtime rules: `"` groups, `\\` escapes a
-  quote). `windows_arg` quotes one argument by those rules.
-- cmd: `cmd_escape` then escapes that command line for a batch file: every `"` becomes `^"`, so
-  cmd never enters its quoted state and every `& | < > ( ) ^` is `^`-escaped with certainty; every
-  `%` is doubled (the only escape for `%` in a batch file); `!` is literal because the script turns
-  delayed expansion off itself; no `call` (it would expand `%` a second time); non-ASCII needs
-  `chcp 65001`, which the script runs first (the file is UTF-8 without BOM; cmd decodes each line
-  with the current code page).
-- PowerShell: `ps_quote` makes a single-quoted literal (nothing expands; `'` and its typographic
-  look-alikes, which PowerShell also ends strings with, are doubled). The script hands the
-  ready-made Windows command line to System.Diagnostics.Process, so PowerShell's own
-  native-argument passing, which drops embedded quotes in 5.1 and changed in 7.3, plays no part:
-  right for Windows PowerShell 5.1 and PowerShell 7.x alike. Files are UTF-8 with BOM (5.1 reads
-  BOM-less files in the ANSI code page).
+Every value reaches `od-dist train` through exactly one quoting layer per shell, done by the
+functions of `od_dist.render.quote` (tested on their own and by running the scripts: bash for
+real, cmd under Wine). The cmd script hands its line to the program as it is (no `call`, which
+would expand `%` a second time) after `chcp 65001` (the file is UTF-8 without BOM; cmd decodes each
+line with the current code page). The PowerShell script hands the ready-made Windows command line
+to System.Diagnostics.Process, so PowerShell's own native-argument passing, which drops embedded
+quotes in 5.1 and changed in 7.3, plays no part: right for Windows PowerShell 5.1 and PowerShell
+7.x alike. Its files are UTF-8 with BOM (5.1 reads BOM-less files in the ANSI code page).
 
 Scripts fit each host's `os` (hosts settings): `.sh` for linux hosts, `.cmd` and `.ps1` for
 windows hosts, all three for a host whose OS is not declared. No TensorFlow here.
@@ -30,99 +19,31 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 from dataclasses import dataclass
 
 from od_dist.cluster.spec import Cluster, HostSettings, Task
 from od_dist.cluster.validate import PARAMETER_SERVER
+from od_dist.data import records
+from od_dist.render import quote
+from od_dist.render.quote import PS_SINGLE_QUOTES, QuoteError, sh_path  # noqa: F401 (re-exported)
 
 CMD_LINE_LIMIT = 8191  # cmd's maximum line length
-_BASH_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_CMD_SPECIAL = set("&|<>()^")
-PS_SINGLE_QUOTES = "'\u2018\u2019\u201a\u201b"  # PowerShell ends a '...' string on any of these
-
-
-class ScriptError(ValueError):
-    """A value that no launch script can carry (e.g. a newline); the message names it and the fix."""
+ScriptError = QuoteError  # a value no launch script can carry; the message names it and the fix
+bash_quote, ps_quote, windows_arg, cmd_escape = quote.sh, quote.ps, quote.windows_arg, quote.cmd_escape
+windows_command_line = quote.windows_command_line
 
 
 def _check(value: str, what: str) -> str:
-    if _CONTROL.search(value):
-        raise ScriptError(
-            f"{what}: {value!r} contains a control character (newline, tab, ...); "
-            "launch scripts pass values on one line: remove it"
-        )
-    return value
-
-
-# ----- quoting ---------------------------------------------------------------------------------
-
-
-def bash_quote(value: str) -> str:
-    """One bash word that is exactly `value`."""
-    if _BASH_SAFE.match(value):
-        return value
-    return "'" + value.replace("'", "'\\''") + "'"
-
-
-def windows_arg(value: str) -> str:
-    """One argument of a Windows command line, as the C runtime (and CommandLineToArgvW) splits it:
-    quoted when empty or holding whitespace (the C runtime splits at space and tab only; quoting
-    any Unicode space as well costs nothing) or a quote; backslashes doubled only before a quote."""
-    if value and not any(c.isspace() or c == '"' for c in value):
-        return value
-    out, backslashes = ['"'], 0
-    for c in value:
-        if c == "\\":
-            backslashes += 1
-            continue
-        out.append("\\" * (2 * backslashes + 1) if c == '"' else "\\" * backslashes)
-        out.append(c)
-        backslashes = 0
-    out.append("\\" * (2 * backslashes) + '"')
-    return "".join(out)
-
-
-def windows_command_line(args: list[str]) -> str:
-    """The arguments after the program name, joined into one Windows command line."""
-    return " ".join(windows_arg(a) for a in args)
-
-
-def cmd_escape(text: str) -> str:
-    """A piece of a command line, escaped for a line of a .cmd/.bat file (delayed expansion off).
-
-    Every `"` is written `^"`: cmd then never enters its quoted state, so escaping every other
-    special character with `^` is always right, and the program still receives the quotes."""
-    out = []
-    for c in text:
-        if c == "%":
-            out.append("%%")
-        elif c == '"' or c in _CMD_SPECIAL:
-            out.append("^" + c)
-        else:
-            out.append(c)
-    return "".join(out)
+    return quote.check(value, what)
 
 
 def cmd_args(args: list[str]) -> str:
-    return " ".join(cmd_escape(windows_arg(a)) for a in args)
-
-
-def cmd_in_quotes(path: str) -> str:
-    """Text for inside real double quotes in a batch file (a program to run, `pushd`, `set "N=..."`):
-    there only `%` is special. Windows paths cannot contain `"`."""
-    if '"' in path:
-        raise ScriptError(f"{path}: a Windows path cannot contain '\"': fix the hosts settings")
-    return path.replace("%", "%%")
+    return " ".join(quote.cmd(a) for a in args)
 
 
 def cmd_path(path: str) -> str:
-    return '"' + cmd_in_quotes(path) + '"'
-
-
-def ps_quote(value: str) -> str:
-    """A PowerShell single-quoted string that is exactly `value`."""
-    return "'" + "".join(c + c if c in PS_SINGLE_QUOTES else c for c in value) + "'"
+    return '"' + quote.cmd_in_quotes(path) + '"'
 
 
 # ----- what each task runs -----------------------------------------------------------------------
@@ -222,15 +143,6 @@ def _check_home(value: str, what: str, os_name: str | None) -> None:
         )
 
 
-def sh_path(value: str) -> str:
-    """A path as one bash word, `~` or `~/` at its start expanded to $HOME as bash would."""
-    if value == "~":
-        return '"$HOME"'
-    if value.startswith("~/"):
-        return '"$HOME"' + bash_quote(value[1:])
-    return bash_quote(value)
-
-
 # ----- renderers ---------------------------------------------------------------------------------
 
 
@@ -238,8 +150,9 @@ def render_sh(launch: Launch) -> str:
     s = launch.settings
     lines = [
         "#!/usr/bin/env bash",
-        f"# od-dist launch script for {launch.describe()}.",
-        f"# Run it on {launch.host}: bash {launch.stem}.sh   (generated by `od-dist scripts`; see README.md)",
+        f"# od-dist launch script for {quote.check(launch.describe())}.",
+        f"# Run it on {quote.check(launch.host)}: bash {launch.stem}.sh   (generated by `od-dist scripts`; "
+        "see README.md)",
         "set -e",
     ]
     if s.workdir:
@@ -251,8 +164,8 @@ def render_sh(launch: Launch) -> str:
             "unset PYTHONHOME",
         ]
     head = list(launch.args[: launch.args.index("train") + 1])  # [-m od_dist] train, then one flag a line
-    words = [" ".join([sh_path(launch.program)] + [bash_quote(w) for w in head])]
-    words += [bash_quote(a) for a in launch.args[len(head) :]]
+    words = [" ".join([sh_path(launch.program)] + [quote.sh(w) for w in head])]
+    words += [quote.sh(a) for a in launch.args[len(head) :]]
     lines.append("exec " + " \\\n  ".join(words))
     return "\n".join(lines) + "\n"
 
@@ -262,8 +175,9 @@ def render_cmd(launch: Launch) -> str:
     program = "od-dist" if launch.program == "od-dist" else cmd_path(launch.program)
     lines = [
         "@echo off",
-        f"rem od-dist launch script for {launch.task.role} {launch.task.index} ({launch.task.address}).",
-        f"rem Run it on {launch.host} (Windows 10 or later): {launch.stem}.cmd",
+        f"rem od-dist launch script for {launch.task.role} {launch.task.index} "
+        f"({quote.cmd_escape(str(launch.task.address))}).",
+        f"rem Run it on {quote.cmd_escape(launch.host)} (Windows 10 or later): {launch.stem}.cmd",
         "rem Generated by `od-dist scripts`; see README.md next to it.",
         "setlocal EnableExtensions DisableDelayedExpansion",
         "rem UTF-8, so that non-ASCII text below reaches od-dist intact; the code page is restored at the end.",
@@ -280,8 +194,8 @@ def render_cmd(launch: Launch) -> str:
         ]
     if s.venv:  # what the venv's activate.bat does; `call` would expand % in the path a second time
         lines += [
-            f'set "VIRTUAL_ENV={cmd_in_quotes(s.venv)}"',
-            f'set "PATH={cmd_in_quotes(launch.venv_bin)};%PATH%"',
+            f'set "VIRTUAL_ENV={quote.cmd_in_quotes(s.venv)}"',
+            f'set "PATH={quote.cmd_in_quotes(launch.venv_bin)};%PATH%"',
             'set "PYTHONHOME="',
         ]
     lines += [
@@ -303,14 +217,14 @@ def render_cmd(launch: Launch) -> str:
 def _ps_program(launch: Launch) -> list[str]:
     program = launch.program
     if re.search(r"[\\/:]", program):  # a path: relative ones are relative to the working directory
-        return [f"$exe = [System.IO.Path]::Combine($PWD.ProviderPath, {ps_quote(program)})"]
+        return [f"$exe = [System.IO.Path]::Combine($PWD.ProviderPath, {quote.ps(program)})"]
     # The name only ever inside single quotes (nothing expands there), escaped for -Name's wildcards.
     return [
-        f"$exe = (Get-Command -Name ([System.Management.Automation.WildcardPattern]::Escape({ps_quote(program)}))"
+        f"$exe = (Get-Command -Name ([System.Management.Automation.WildcardPattern]::Escape({quote.ps(program)}))"
         " -CommandType Application -ErrorAction Stop | Select-Object -First 1).Path",
         "if ([System.IO.Path]::GetExtension($exe) -ne '.exe') {",
-        f"    throw ({ps_quote(program + ' must be an .exe (found ')} + $exe + "
-        f"{ps_quote('): a .cmd/.bat would parse the arguments again')})",
+        f"    throw ({quote.ps(program + ' must be an .exe (found ')} + $exe + "
+        f"{quote.ps('): a .cmd/.bat would parse the arguments again')})",
         "}",
     ]
 
@@ -318,8 +232,8 @@ def _ps_program(launch: Launch) -> list[str]:
 def render_ps1(launch: Launch) -> str:
     s = launch.settings
     lines = [
-        f"# od-dist launch script for {launch.describe()}.",
-        f"# Run it on {launch.host}:  powershell -ExecutionPolicy Bypass -File {launch.stem}.ps1",
+        f"# od-dist launch script for {quote.check(launch.describe())}.",
+        f"# Run it on {quote.check(launch.host)}:  powershell -ExecutionPolicy Bypass -File {launch.stem}.ps1",
         "# Generated by `od-dist scripts`; see README.md next to it.",
         "# Right for Windows PowerShell 5.1 and PowerShell 7.x alike: the Windows command line below is",
         "# built once, by the C-runtime rules od-dist parses it with, and handed to the process as is;",
@@ -327,18 +241,18 @@ def render_ps1(launch: Launch) -> str:
         "$ErrorActionPreference = 'Stop'",
     ]
     if s.workdir:
-        lines.append(f"Set-Location -LiteralPath {ps_quote(s.workdir)}")
+        lines.append(f"Set-Location -LiteralPath {quote.ps(s.workdir)}")
     if s.venv:  # what the venv's Activate.ps1 does, without needing it to be allowed to run
         lines += [
-            f"$env:VIRTUAL_ENV = {ps_quote(s.venv)}",
-            f"$env:PATH = {ps_quote(launch.venv_bin + ';')} + $env:PATH",
+            f"$env:VIRTUAL_ENV = {quote.ps(s.venv)}",
+            f"$env:PATH = {quote.ps(launch.venv_bin + ';')} + $env:PATH",
             "Remove-Item -Path Env:PYTHONHOME -ErrorAction SilentlyContinue",
         ]
     lines += _ps_program(launch)
     lines.append("# od-dist receives exactly these arguments, one per line:")
-    lines += [f"#   {a}" for a in launch.args]
+    lines += [f"#   {quote.check(a)}" for a in launch.args]
     lines += [
-        f"$arguments = {ps_quote(windows_command_line(list(launch.args)))}",
+        f"$arguments = {quote.ps(quote.windows_command_line(list(launch.args)))}",
         "$start = New-Object System.Diagnostics.ProcessStartInfo",
         "$start.FileName = $exe",
         "$start.Arguments = $arguments",
@@ -365,9 +279,13 @@ def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
     masters, workers = cluster.tasks_of("master"), cluster.tasks_of("worker")
     if task.role == "evaluator" or task.address.port is None:
         return ()
-    if cluster.strategy == PARAMETER_SERVER:
-        servers = cluster.tasks_of("ps") + workers
-        peers = {"ps": masters + workers, "worker": masters, "master": servers}.get(task.role, ())
+    if cluster.strategy == PARAMETER_SERVER:  # only the lists this role needs: a worker's is short
+        if task.role == "worker":
+            peers = masters
+        elif task.role == "ps":
+            peers = masters + workers
+        else:
+            peers = cluster.tasks_of("ps") + workers
     else:
         peers = tuple(t for t in masters + workers if t != task)
     if task == cluster.lead_task():
@@ -385,29 +303,34 @@ class InboundRule:
 def inbound_rules(cluster: Cluster) -> list[InboundRule]:
     out = []
     for task in cluster.tasks():
-        sources = []
-        for peer in connecting_peers(cluster, task):
-            if peer.address.host != task.address.host and peer.address.host not in sources:
-                sources.append(peer.address.host)
+        # A dict keeps the peers' order and finds a repeated host at once (a list would make the
+        # rule of a ps or master, which thousands of workers reach, quadratic).
+        sources = dict.fromkeys(
+            p.address.host for p in connecting_peers(cluster, task) if p.address.host != task.address.host
+        )
         if sources:
             out.append(InboundRule(task, task.address.port, tuple(sources)))
     return out
 
 
 def firewall_lines(rule: InboundRule, os_name: str) -> list[str]:
+    """The copy-paste commands of one rule: PowerShell and cmd (netsh) for Windows, bash for Linux;
+    every value quoted for its shell."""
     name = f"od-dist {rule.task.role} {rule.task.index}"
     if os_name == "windows":
         remote = ",".join(rule.sources)
         return [
-            f"New-NetFirewallRule -DisplayName '{name}' -Direction Inbound -Protocol TCP "
-            f"-LocalPort {rule.port} -RemoteAddress {remote} -Action Allow",
+            f"New-NetFirewallRule -DisplayName {quote.ps(name)} -Direction Inbound -Protocol TCP "
+            f"-LocalPort {rule.port} -RemoteAddress {','.join(quote.ps(h) for h in rule.sources)} "
+            "-Action Allow",
             f'netsh advfirewall firewall add rule name="{name}" dir=in action=allow protocol=TCP '
-            f"localport={rule.port} remoteip={remote}",
+            f"localport={rule.port} {quote.cmd('remoteip=' + remote)}",
         ]
-    lines = [f"sudo ufw allow proto tcp from {h} to any port {rule.port}" for h in rule.sources]
+    lines = [f"sudo ufw allow proto tcp from {quote.sh(h)} to any port {rule.port}" for h in rule.sources]
     # -I: before the final REJECT rule that RHEL-family systems ship (-A would land after it).
     lines += [
-        f"sudo {'ip6tables' if ':' in h else 'iptables'} -I INPUT -p tcp -s {h} --dport {rule.port} -j ACCEPT"
+        f"sudo {'ip6tables' if ':' in h else 'iptables'} -I INPUT -p tcp -s {quote.sh(h)} "
+        f"--dport {rule.port} -j ACCEPT"
         for h in rule.sources
     ]
     return lines
@@ -433,11 +356,11 @@ def render_readme(
     max_restarts: int = 0,
 ) -> str:
     md = [
-        f"# Launch scripts for `{cluster_path}`",
+        f"# Launch scripts for {quote.md(cluster_path)}",
         "",
         "Generated by `od-dist scripts` (regenerate after every change to the cluster file):",
         "",
-        f"    {command}",
+        f"    {quote.check(command)}",
         "",
         f"Strategy: `{cluster.strategy}`. One script per task, in the shell of its machine's `os` "
         "(the cluster file's `hosts:` settings): `.sh` for Linux, `.cmd` (cmd) and `.ps1` (PowerShell; "
@@ -453,17 +376,23 @@ def render_readme(
         s = launch.settings
         run = " or ".join(_run_line(launch, f) for f in launch.files)
         source = (
-            f"`{s.python} -m od_dist`" if s.python else f"venv `{s.venv}`" if s.venv else "`od-dist` on PATH"
+            quote.md(f"{s.python} -m od_dist", table=True)
+            if s.python
+            else f"venv {quote.md(s.venv, table=True)}"
+            if s.venv
+            else "`od-dist` on PATH"
         )
+        workdir = quote.md(s.workdir, table=True) if s.workdir else "where you run it"
         md.append(
-            f"| {launch.host} | {s.os or 'not declared'} | {launch.task.role} {launch.task.index} | {launch.task.address} | "
-            f"{run} | {f'`{s.workdir}`' if s.workdir else 'where you run it'} | {source} |"
+            f"| {quote.md_word(launch.host, table=True)} | {s.os or 'not declared'} | {launch.task.role} "
+            f"{launch.task.index} | {quote.md_word(str(launch.task.address), table=True)} | {run} | {workdir} | "
+            f"{source} |"
         )
     md += [
         "",
         "Copy each script to its machine. It changes to the working directory, activates the Python "
         "environment and runs `od-dist train` with the task's `--role`/`--index`; the cluster file "
-        f"(`{cluster_path}`), the pipeline and `--model_dir` are resolved from that working directory, "
+        f"({quote.md(cluster_path)}), the pipeline and `--model_dir` are resolved from that working directory, "
         "so each machine needs them there (the evaluator reads the master's checkpoints: give both the "
         "same model_dir on a shared folder, or run them on one machine).",
         "",
@@ -517,9 +446,9 @@ def render_readme(
             continue
         for rule in by_host.pop(host):
             md += [
-                f"### {host}: {rule.task.role} {rule.task.index}, port {rule.port}",
+                f"### {quote.md_word(host)}: {rule.task.role} {rule.task.index}, port {rule.port}",
                 "",
-                f"Allow TCP port {rule.port} from {', '.join(rule.sources)} "
+                f"Allow TCP port {rule.port} from {', '.join(quote.md_word(h) for h in rule.sources)} "
                 f"({', '.join(t.name for t in connecting_peers(cluster, rule.task) if t.address.host != host)}).",
                 "",
                 "```",
@@ -527,11 +456,12 @@ def render_readme(
             for os_name in launch.oses:
                 md += firewall_lines(rule, os_name)
             md += ["```", ""]
-    no_inbound = [x for x in items if not any(r.task == x.task for r in rules)]
+    ruled = {r.task for r in rules}
+    no_inbound = [x for x in items if x.task not in ruled]
     if no_inbound:
         md.append(
             "No inbound port: "
-            + ", ".join(f"{x.task.role} {x.task.index} ({x.host})" for x in no_inbound)
+            + ", ".join(f"{x.task.role} {x.task.index} ({quote.md_word(x.host)})" for x in no_inbound)
             + "."
         )
         md.append("")
@@ -546,9 +476,13 @@ def render_readme(
 RENDERERS = {".sh": render_sh, ".cmd": render_cmd, ".ps1": render_ps1}
 
 
+# The files `write_scripts` writes: those of an earlier run are replaced, nothing else in --out.
+OWNED = re.compile(r"((master|worker|ps|evaluator)-\d+\.(sh|cmd|ps1)|README\.md)")
+
+
 def write_file(path: str, text: str, suffix: str) -> None:
     encoding = "utf-8-sig" if suffix == ".ps1" else "utf-8"
-    with open(path, "w", encoding=encoding, newline="") as f:
+    with open(path, "x", encoding=encoding, newline="") as f:
         f.write(text)
     if suffix == ".sh":
         os.chmod(path, 0o755)
@@ -563,7 +497,10 @@ def write_scripts(
     wait_timeout: int,
     max_restarts: int = 0,
 ) -> list[str]:
-    """Writes every task's scripts and README.md into out_dir; returns the paths written."""
+    """Writes every task's scripts and README.md into out_dir; returns the paths written. They are
+    written into a fresh folder first and moved in as the converters' datasets are: the scripts of
+    an earlier cluster go, a symlink in out_dir is replaced (never written through), other files
+    stay."""
     items = launches(cluster, cluster_path, passed_on)
     rendered = [
         (f, RENDERERS[os.path.splitext(f)[1]](launch.on(os_name)))
@@ -571,12 +508,15 @@ def write_scripts(
         for os_name in launch.oses
         for f in launch.on(os_name).files
     ]
-    os.makedirs(out_dir, exist_ok=True)
-    written = []
-    for name, text in rendered + [
+    rendered.append(
         ("README.md", render_readme(cluster, cluster_path, items, command, wait_timeout, max_restarts))
-    ]:
-        path = os.path.join(out_dir, name)
-        write_file(path, text, os.path.splitext(name)[1])
-        written.append(path)
-    return written
+    )
+    out_dir = os.path.normpath(out_dir)
+    staging = records.staging_dir(out_dir)
+    try:
+        for name, text in rendered:
+            write_file(os.path.join(staging, name), text, os.path.splitext(name)[1])
+        records.move_into_place(staging, out_dir, OWNED)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [os.path.join(out_dir, name) for name, _ in rendered]
