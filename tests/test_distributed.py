@@ -12,51 +12,13 @@ import time
 
 import psutil
 import pytest
-from loopback import free_ports, write_cluster
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
-# A few steps, a checkpoint every loop: enough to prove the wiring, not to learn.
-TINY = (
-    "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
-    "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
-    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord"
-)
+from loopback import PIPELINE, ROOT, checkpoint_step, clean_env, free_ports, od_dist, tiny, write_cluster
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shapes")
-    run("data", "shapes", f"--out={out}", "--num_train=48", "--num_val=8", check=True)
-    return str(out)
-
-
-def run(*args, cwd=ROOT, timeout=300, check=False):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    r = subprocess.run(
-        [sys.executable, "-m", "od_dist", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=timeout,
-    )
-    if check:
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r
-
-
-def tiny(data_dir, steps=10):
-    return "--params_override=" + TINY.format(steps=steps, data=data_dir)
-
-
-def checkpoint_step(model_dir):
-    import tensorflow as tf
-
-    latest = tf.train.latest_checkpoint(model_dir)
-    return int(latest.rsplit("-", 1)[1]) if latest else None
+def run(*args, cwd=ROOT, timeout=300):
+    return od_dist(*args, cwd=cwd, timeout=timeout)
 
 
 def od_dist_processes():
@@ -216,7 +178,7 @@ def test_port_already_taken(tmp_path):
 
 def test_server_stops_on_sigterm_and_when_master_never_comes(tmp_path):
     cluster = write_cluster(tmp_path, ps=1, workers=1)
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps"],
         stdout=subprocess.PIPE,
@@ -243,7 +205,7 @@ def test_ps_starts_whatever_num_clones_says(tmp_path):
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     with open(cluster, "a") as f:
         f.write("num_clones: 2\n")
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     for extra in ([], ["--num_clones=2"]):
         proc = subprocess.Popen(
             [
@@ -284,7 +246,7 @@ def test_every_role_applies_the_device_policy(tmp_path, data_dir):
     cluster = write_cluster(tmp_path, ps=1, workers=1, evaluator=True)
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     common = [f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), "--wait_timeout=2"]
     commands = {
         "evaluator-0": ["train", f"--cluster={cluster}", "--role=evaluator", *common],
@@ -319,7 +281,7 @@ def test_every_role_applies_the_device_policy(tmp_path, data_dir):
 def test_launch_stops_everything_when_a_task_dies(tmp_path, data_dir):
     cluster = write_cluster(tmp_path)
     model_dir = str(tmp_path / "model")
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     launcher = subprocess.Popen(
         [
             sys.executable,
@@ -389,7 +351,7 @@ def test_a_server_that_cannot_write_its_stop_marker_is_reported_as_such(tmp_path
     ):
         pytest.skip("needs root to mount a read-only directory (root can write into any chmod-ed one)")
     cluster = write_cluster(tmp_path, ps=1, workers=1)
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     procs = {}
     try:
         for role, cwd in (("ps", ro), ("worker", tmp_path)):
@@ -451,7 +413,7 @@ def test_evaluator_without_a_master_watches_worker_0(tmp_path, data_dir):
     cluster = tmp_path / "c.yaml"
     cluster.write_text(f"worker: [127.0.0.1:{w0}, 127.0.0.1:{w1}]\nevaluator: 127.0.0.1\n")
     model_dir = tmp_path / "model"
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     lead = socket.socket()
     lead.bind(("127.0.0.1", w0))
     lead.listen()

@@ -7,10 +7,9 @@ import os
 
 import numpy as np
 import pytest
-from test_data import SIZE, make_voc, od_dist  # the labelImg-style dataset the data tests draw
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+from labelimg import SIZE, make_voc
+from loopback import PIPELINE as DEMO
+from loopback import od_dist
 
 
 @pytest.mark.slow

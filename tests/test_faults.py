@@ -13,28 +13,17 @@ import time
 
 import psutil
 import pytest
-from loopback import write_cluster
-from test_distributed import PIPELINE, data_dir, tiny  # noqa: F401 (data_dir: a fixture)
+from loopback import PIPELINE, checkpoint_step, clean_env, tiny, write_cluster
 
 pytestmark = pytest.mark.slow
 
 
-def saved_step(model_dir):
-    """The step of the latest complete checkpoint, from the state file (no TensorFlow here)."""
-    try:
-        text = open(os.path.join(model_dir, "checkpoint")).read()
-    except OSError:
-        return None
-    m = re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"', text, re.M)
-    return int(m.group(1)) if m else None
-
-
 def wait_for_checkpoint(model_dir, timeout=120):
     deadline = time.monotonic() + timeout
-    while saved_step(model_dir) is None:
+    while checkpoint_step(model_dir) is None:
         assert time.monotonic() < deadline, f"no checkpoint in {model_dir} after {timeout} s"
         time.sleep(0.2)
-    return saved_step(model_dir)
+    return checkpoint_step(model_dir)
 
 
 class Job:
@@ -42,14 +31,13 @@ class Job:
     every process it ever started is remembered and must be gone at the end."""
 
     def __init__(self, *args, cwd):
-        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "od_dist", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             cwd=cwd,
-            env=env,
+            env=clean_env(),
             start_new_session=True,
         )
         self.lines = []  # (time, line)
@@ -201,7 +189,7 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, dat
         f"{first_step - killed:.1f} s after kill -9 (restored {resumed_at - killed:.1f} s)"
     )
     assert job.finish() == 0, job.out[-5000:]
-    assert saved_step(model_dir) == 60
+    assert checkpoint_step(model_dir) == 60
     log = open(os.path.join(model_dir, "logs", "master-0.log")).read()
     assert log.count(" master:0 started -----") == 2  # the restarted master appended to its log
 
@@ -233,7 +221,7 @@ def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, d
         f"{first_step - killed:.1f} s after kill -9"
     )
     assert job.finish() == 0, job.out[-5000:]
-    assert saved_step(model_dir) == 30
+    assert checkpoint_step(model_dir) == 30
     assert job.out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
 
 
@@ -280,7 +268,7 @@ def test_train_max_restarts_restarts_its_own_task(tmp_path, data_dir, jobs):
     _, again, _ = job.wait_for(r"^od-dist train \| step \d+/20", after=i)
     print(f"\ntrain --max_restarts: training again {again - killed:.1f} s after kill -9")
     assert job.finish() == 0, job.out[-5000:]
-    assert saved_step(model_dir) == 20
+    assert checkpoint_step(model_dir) == 20
 
 
 def test_a_permanent_error_is_not_retried(tmp_path, jobs):

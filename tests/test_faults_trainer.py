@@ -13,10 +13,8 @@ import time
 
 import psutil
 import pytest
-from loopback import write_cluster
+from loopback import PIPELINE, ROOT, checkpoint_step, clean_env, write_cluster
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 OVERRIDE = (
     "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
     "trainer.checkpoint_interval={interval},trainer.validation_interval=1000,"
@@ -27,30 +25,13 @@ PROGRESS = re.compile(r"od-dist train \| step (\d+)/")
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    from od_dist.data import shapes
-
-    out = str(tmp_path_factory.mktemp("shapes"))
-    shapes.write_dataset(out, num_train=48, num_val=8, seed=1)
-    return out
-
-
-def checkpoint_step(model_dir):
-    import tensorflow as tf
-
-    latest = tf.train.latest_checkpoint(model_dir)
-    return int(latest.rsplit("-", 1)[1]) if latest else None
-
-
 class Proc:
     """One od-dist process whose output is collected in a file (no pipe to fill up)."""
 
     def __init__(self, tmp_path, name, args, prefix=()):
         self.name = name
         self.log = tmp_path / f"{name}.log"
-        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        env["PYTHONUNBUFFERED"] = "1"
+        env = clean_env(PYTHONUNBUFFERED="1")
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, *prefix, "-m", "od_dist", *args],

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from loopback import PIPELINE
 
 from od_dist.cli import main
 from od_dist.cluster import spec
@@ -14,8 +15,6 @@ from od_dist.cluster.spec import InvalidCluster
 from od_dist.job import config, threads
 from od_dist.job.threads import Threads
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 PS_LOCAL = ["ps", "master", "worker", "worker"]
 
 
@@ -132,8 +131,7 @@ def test_launch_passes_the_thread_flags_on(tmp_path):
 def test_each_launched_task_reports_the_threads_tensorflow_applied(tmp_path):
     """A real launch (1 ps, master, 1 worker, 2 steps): every child prints its budget as
     TensorFlow reports it after applying; a flag given to launch reaches every child."""
-    from loopback import free_ports
-    from test_distributed import tiny
+    from loopback import free_ports, tiny
 
     data = tmp_path / "data"
     subprocess.run(

@@ -9,29 +9,22 @@ import os
 import re
 
 import pytest
+from loopback import PIPELINE as DEMO
+from loopback import ROOT
+from loopback import checkpoint_step as step_of
 
 tf = pytest.importorskip("tensorflow")
 
-from od_dist.data import shapes  # noqa: E402
 from od_dist.job import trainer  # noqa: E402
 from od_dist.model.pipeline import load_pipeline  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 PROGRESS = re.compile(
     r"^od-dist train \| step (\d+)/(\d+) \(\d+%\) \| loss ([\d.]+) \| "
     r"([\d.]+) steps/s \| ([\d.]+) examples/s \| ETA \S+$",
     re.M,
 )
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("shapes"))
-    shapes.write_dataset(out, num_train=48, num_val=16, seed=1)
-    return out
 
 
 def params_for(data_dir, steps, extra=""):
@@ -50,11 +43,6 @@ def trained(data_dir, tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("run"))
     trainer.train(params_for(data_dir, 10), model_dir, tf.distribute.MirroredStrategy())
     return model_dir
-
-
-def step_of(model_dir):
-    latest = tf.train.latest_checkpoint(model_dir)
-    return int(latest.rsplit("-", 1)[1]) if latest else None
 
 
 def test_train_writes_checkpoints_params_summaries(data_dir, tmp_path, capsys):
