@@ -68,13 +68,13 @@ def hang_guard(timeout_s: float, what: str):
         faulthandler.cancel_dump_traceback_later()
 
 
-def wait_with_beacon(task: Task, peers, timeout_s: float) -> None:
+def wait_with_beacon(task: Task, peers, timeout_s: float, beacon=None) -> None:
     """Listens on this task's own port while waiting for the peers, then hands the port over to
     TensorFlow. Under multi_worker_mirrored a trainer's port opens only once its strategy is being
     built, which blocks until every peer is there, so trainers find each other by these beacons.
     Under parameter_server the servers watch the master's port: the beacon tells them the master
-    is alive while it waits for a late peer."""
-    beacon = bind_port(task)
+    is alive while it waits for a late peer. `beacon`: the port, if the caller bound it already."""
+    beacon = beacon or bind_port(task)
     try:
         wait_for_peers(peers, timeout_s)
     finally:
@@ -115,7 +115,12 @@ def _worker_gpus(cluster: Cluster, resolver) -> int:
 
 
 def make(
-    cluster: Cluster | None, task: Task | None, num_clones: int, clone_on_cpu: bool, wait_timeout: float
+    cluster: Cluster | None,
+    task: Task | None,
+    num_clones: int,
+    clone_on_cpu: bool,
+    wait_timeout: float,
+    beacon=None,
 ):
     import tensorflow as tf
 
@@ -124,12 +129,12 @@ def make(
     peers = [t for t in cluster.server_tasks() if t != task]
     if cluster.strategy == PARAMETER_SERVER:
         devices.apply_policy()  # the coordinator runs no replicas, but the same policy
-        wait_with_beacon(task, peers, wait_timeout)
+        wait_with_beacon(task, peers, wait_timeout, beacon)
         with hang_guard(wait_timeout, f"{task.name}: every peer is up; connecting to the cluster"):
             num_gpus = _worker_gpus(cluster, _resolver(cluster, task, 0))
             return tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster, task, num_gpus))
     names = devices.configure(num_clones, clone_on_cpu)
     num_gpus = len(names) if names[0].startswith("/gpu") else 0
-    wait_with_beacon(task, peers, wait_timeout)
+    wait_with_beacon(task, peers, wait_timeout, beacon)
     with hang_guard(wait_timeout, f"{task.name}: every peer is up; joining the all-reduce group"):
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver(cluster, task, num_gpus))
