@@ -173,6 +173,7 @@ class Supervisor:
     max_restarts: int
     grace_s: float  # how long trainers get to save a checkpoint after SIGINT/SIGTERM
     finish: Callable[[Running], None] = lambda r: None
+    backoff: Callable[[int], float] = backoff_s  # seconds before restart number n (1-based)
     running: dict[str, Running] = field(default_factory=dict)
     pending: dict[str, float] = field(default_factory=dict)  # task name -> when to start it
     signals: list[int] = field(default_factory=list)
@@ -326,7 +327,7 @@ class Supervisor:
             )
             return exit_codes.FAILED
         self.restarts += 1
-        wait = backoff_s(self.restarts)
+        wait = self.backoff(self.restarts)
         if p.action == RESTART_ALL:
             # The restart-all message names the lost task first: the others die of it.
             which = " of every task" if len(self.tasks) > 1 else ""
