@@ -10,11 +10,17 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+# The demo's model on 64x64 inputs, 2 images a step: where the model's size does not matter.
+SMALL = (
+    "task.model.input_size=[64,64,3],task.train_data.global_batch_size=2,"
+    "task.validation_data.global_batch_size=2"
+)
 # A few steps, a checkpoint every loop: enough to prove the wiring, not to learn.
 TINY = (
     "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
     "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
-    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord"
+    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord,"
+    + SMALL
 )
 
 
@@ -23,11 +29,11 @@ def tiny(data_dir, steps=10):
 
 
 def clean_env(**extra):
-    """This process's environment without TF_CONFIG (a task takes its role from flags here), plus
-    `extra`."""
+    """This process's environment without TF_CONFIG (a task takes its role from flags here), with
+    `extra` (a None value removes that variable)."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(extra)
-    return env
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def od_dist(*args, cwd=ROOT, timeout=180, env=None):

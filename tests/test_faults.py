@@ -195,6 +195,8 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, dat
 
 
 def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, data_dir, jobs):
+    """The multi_worker_mirrored pair under launch trains with 2 replicas in sync; kill -9 of the
+    worker restarts both trainers, which resume from the last checkpoint and finish."""
     cluster = write_cluster(tmp_path, ps=0, workers=1)
     model_dir = str(tmp_path / "model")
     # Model Garden's own preemption handler restores the chief alone before training, which puts
@@ -223,6 +225,8 @@ def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, d
     assert job.finish() == 0, job.out[-5000:]
     assert checkpoint_step(model_dir) == 30
     assert job.out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
+    for name in ("master:0", "worker:0"):
+        assert f"[{name}] {name}: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in job.out
 
 
 def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, jobs):
