@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 from od_dist.cluster import hostinfo, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
-from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.render.scripts import connecting_peers
 
 OK, WARN, FIX = "ok", "warn", "FIX"
@@ -309,16 +308,8 @@ def count_gpus() -> tuple[int, str]:
     return 0, "no NVIDIA driver found: no nvidia-smi, no /proc/driver/nvidia"
 
 
-def trains_here(cluster: Cluster, task: Task) -> bool:
-    """Roles whose process holds replicas: the workers under parameter_server (the ps holds
-    variables, the master coordinates), the master and workers under multi_worker_mirrored."""
-    if task.role in ("ps", "evaluator"):
-        return False
-    return task.role == "worker" or cluster.strategy != PARAMETER_SERVER
-
-
 def check_gpus(cluster: Cluster, mine, counted=None) -> list[Check]:
-    trainers = [t for t in mine if trains_here(cluster, t)]
+    trainers = [t for t in mine if cluster.runs_replicas(t.role)]
     gpus, how = counted or count_gpus()
     if not trainers:
         return [Check(OK, "GPUs", f"{gpus} here ({how}); none needed: no task here holds replicas")]

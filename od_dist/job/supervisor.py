@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from od_dist.cluster import duties
 from od_dist.cluster.spec import Task
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.job import exit_codes
@@ -54,8 +55,8 @@ def describe(returncode: int) -> str:
 
 
 def is_trainer(strategy: str, role: str) -> bool:
-    """The tasks that train and save: the master, every multi_worker_mirrored worker, a single machine."""
-    return role in ("master", "single") or (role == "worker" and strategy != PARAMETER_SERVER)
+    """The tasks that train and save (cluster/duties.py)."""
+    return duties.of(strategy, role).is_trainer
 
 
 def decide(strategy: str, role: str, returncode: int) -> str:
