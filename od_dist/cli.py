@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from absl import flags
 
 from od_dist.cluster.spec import InvalidCluster
-
-EXIT_OK, EXIT_FAILURE, EXIT_INVALID = 0, 1, 2
+from od_dist.job import exit_codes
 
 
 class UsageError(Exception):
@@ -274,7 +273,7 @@ Example:
 )
 def cmd_validate(fv) -> int:
     print(_summary(select_task(fv, require_task=False)))
-    return EXIT_OK
+    return exit_codes.OK
 
 
 @command(
@@ -295,7 +294,7 @@ def cmd_tf_config(fv) -> int:
 
     selected = select_task(fv)
     print(tf_config_json(selected.cluster, selected.task.role, selected.task.index))
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_doctor_flags(fv: flags.FlagValues) -> None:
@@ -342,7 +341,7 @@ def cmd_doctor(fv) -> int:
         else f"od-dist doctor: nothing to fix ({len(checks)} checks)",
         flush=True,
     )
-    return EXIT_FAILURE if fixes else EXIT_OK
+    return exit_codes.FAILED if fixes else exit_codes.OK
 
 
 # ----- train / eval / launch / data -----------------------------------------------------------
@@ -358,10 +357,10 @@ def _run_role(run, *args) -> int:
         return run(*args)
     except PipelineError as e:
         print(f"od-dist: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     except (RoleError, TrainerError) as e:
         print(f"od-dist: {e}", file=sys.stderr)
-        return EXIT_FAILURE
+        return exit_codes.FAILED
 
 
 @command(
@@ -479,7 +478,7 @@ def cmd_eval(fv) -> int:
         devices.apply_policy()
         # Its result is the trainer's one line: od-dist eval | step N | AP ... | AP50 ... | AP75 ...
         trainer.evaluate_latest(roles.load_params(fv.pipeline, fv.params_override, "mirrored"), fv.model_dir)
-        return EXIT_OK
+        return exit_codes.OK
 
     return _run_role(evaluate)
 
@@ -541,11 +540,11 @@ def cmd_launch(fv) -> int:
         # As `train` does, but once and before any task starts: a bad pipeline is exit 2, not a
         # job whose servers start and whose master then fails.
         code, problem = launch.check_pipeline(fv.pipeline, fv.params_override, cluster.strategy)
-        if code == EXIT_INVALID:
+        if code == exit_codes.INVALID:
             raise UsageError(problem)
         if code:
             print(f"od-dist launch: {problem}", file=sys.stderr)
-            return EXIT_FAILURE
+            return exit_codes.FAILED
     return launch.run(
         fv.cluster,
         cluster.strategy,
@@ -591,7 +590,7 @@ def cmd_data_shapes(fv) -> int:
         f"in {summary.get('seconds', 0):.1f} s",
         flush=True,
     )
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_convert_flags(fv: flags.FlagValues) -> None:
@@ -648,12 +647,12 @@ def _convert(what: str, run, unit: str = "annotation file(s)") -> int:
     except records.DatasetError as e:
         raise UsageError(str(e)) from None
     except records.ProblemsReported:
-        return EXIT_INVALID  # already printed, one line per problem
+        return exit_codes.INVALID  # already printed, one line per problem
     except records.BadAnnotation as e:  # found while writing (a file changed since it was checked)
         print(f"od-dist {what}: {e}; nothing written", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     records.print_summary(written, skipped, unit=unit)
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def _require(fv, *names: str) -> None:
@@ -789,7 +788,7 @@ def cmd_data_check(fv) -> int:
         splits, num_classes = {"records": fv.records}, fv.num_classes
     from od_dist.data import check
 
-    return EXIT_INVALID if check.check(splits, num_classes, sys.stdout) else EXIT_OK
+    return exit_codes.INVALID if check.check(splits, num_classes, sys.stdout) else exit_codes.OK
 
 
 # ----- export / predict / report --------------------------------------------------------------
@@ -849,14 +848,14 @@ def cmd_export(fv) -> int:
         raise UsageError(str(e)) from None
     except export.ExportError as e:
         print(f"od-dist export: {e}", file=sys.stderr)
-        return EXIT_FAILURE if "no checkpoint" in str(e) else EXIT_INVALID
+        return exit_codes.FAILED if "no checkpoint" in str(e) else exit_codes.INVALID
     print(
         f"exported {done['checkpoint']} to {done['out']} (input: uint8 images of any size, resized to "
         f"{done['input_size'][0]}x{done['input_size'][1]} inside; label map: "
         f"{done['label_map'] or 'none found, classes will show as ids'})",
         flush=True,
     )
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_predict_flags(fv: flags.FlagValues) -> None:
@@ -906,7 +905,7 @@ def cmd_predict(fv) -> int:
         f"{fv.out}/*.png and {done['json']}",
         flush=True,
     )
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_report_flags(fv: flags.FlagValues) -> None:
@@ -939,7 +938,7 @@ def cmd_report(fv) -> int:
     except report.ReportError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {done['out']}", flush=True)
-    return EXIT_OK
+    return exit_codes.OK
 
 
 # ----- scripts / k8s (renderers; no TensorFlow) ------------------------------------------------
@@ -1001,7 +1000,7 @@ def cmd_scripts(fv) -> int:
     except scripts.ScriptError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {len(written) - 1} scripts for {len(cluster.tasks())} tasks and README.md to {fv.out}")
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_k8s_flags(fv: flags.FlagValues) -> None:
@@ -1079,7 +1078,7 @@ def cmd_k8s(fv) -> int:
         print(f"wrote {fv.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
-    return EXIT_OK
+    return exit_codes.OK
 
 
 # ----- entry point ----------------------------------------------------------------------------
@@ -1118,7 +1117,7 @@ def main(argv: list[str]) -> int:
     args = argv[1:]
     if not args or args[0] in ("-h", "--help", "help"):
         print(_overview())
-        return EXIT_OK if args else EXIT_INVALID
+        return exit_codes.OK if args else exit_codes.INVALID
     name, rest = args[0], args[1:]
     if rest and f"{name} {rest[0]}" in COMMANDS:  # e.g. `od-dist data shapes`
         name, rest = f"{name} {rest[0]}", rest[1:]
@@ -1127,23 +1126,23 @@ def main(argv: list[str]) -> int:
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f"did you mean '{close[0]}'?" if close else "run 'od-dist --help' for the list"
         print(f"od-dist: unknown command '{name}'; {hint}", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     fv = flags.FlagValues()
     cmd.define(fv)
     if any(a in ("-h", "--help", "-help", "--helpfull") for a in rest):
         print(_help(cmd, fv))
-        return EXIT_OK
+        return exit_codes.OK
     try:
         extra = fv([f"od-dist {name}"] + rest)[1:]
     except flags.Error as e:
         print(f"od-dist {name}: {e}; see 'od-dist {name} --help'", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     if extra:
         print(
             f"od-dist {name}: unexpected argument '{extra[0]}'; flags are written --name=value",
             file=sys.stderr,
         )
-        return EXIT_INVALID
+        return exit_codes.INVALID
     try:
         return cmd.run(fv)
     except InvalidCluster as e:
@@ -1151,14 +1150,14 @@ def main(argv: list[str]) -> int:
         print(f"od-dist {name}: invalid input{where}:", file=sys.stderr)
         for p in e.problems:
             print(f"  {p}", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     except UsageError as e:
         print(f"od-dist {name}: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     except OSError as e:  # e.g. an --out or --model_dir that cannot be written
         where = f" '{e.filename}'" if e.filename else ""
         print(f"od-dist {name}: cannot use{where}: {e.strerror or e}", file=sys.stderr)
-        return EXIT_FAILURE
+        return exit_codes.FAILED
     except KeyboardInterrupt:
         print(f"od-dist {name}: interrupted", file=sys.stderr)
         return 130

@@ -26,7 +26,6 @@ from od_dist.data import records
 from od_dist.data.records import BadAnnotation, DatasetError
 
 MAX_XML_BYTES = 10 * 2**20  # a labelImg file is a few KB; anything this big is not an annotation
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def _find_image(xml_path: str, filename: str | None, images_dir: str) -> str:
             return path
     # labelImg writes <filename>; other tools leave it out or keep an old name: try the XML's stem.
     stem = os.path.splitext(os.path.basename(xml_path))[0]
-    for suffix in IMAGE_SUFFIXES:
+    for suffix in records.IMAGE_SUFFIXES:
         for s in (suffix, suffix.upper()):
             path = os.path.join(images_dir, stem + s)
             if os.path.isfile(path):

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 
-LABEL_MAP_FILE = "label_map.pbtxt"
+from od_dist.data.records import LABEL_MAP_FILE
 
 
 class ExportError(RuntimeError):
