@@ -204,22 +204,18 @@ def check_ports_here(mine) -> list[Check]:
         if task.role == "evaluator" or task.address.port is None:
             continue  # runs no server
         port = task.address.port
-        family = socket.AF_INET6 if ":" in task.address.host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            if os.name != "nt":
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is free
-            try:
-                s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-                checks.append(Check(OK, f"port {port} here", f"free for {task.name}"))
-            except OSError as e:
-                checks.append(
-                    Check(
-                        FIX,
-                        f"port {port} here",
-                        f"in use{_port_owner(port)} ({e.strerror}); "
-                        f"{task.name} cannot start: stop that program, or give {task.key} another port",
-                    )
+        try:
+            hostinfo.bind_port(task.address.host, port).close()
+            checks.append(Check(OK, f"port {port} here", f"free for {task.name}"))
+        except OSError as e:
+            checks.append(
+                Check(
+                    FIX,
+                    f"port {port} here",
+                    f"in use{_port_owner(port)} ({e.strerror}); "
+                    f"{task.name} cannot start: stop that program, or give {task.key} another port",
                 )
+            )
     return checks
 
 
