@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from od_dist.cluster import hostinfo, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
-from od_dist.render.scripts import connecting_peers
+from od_dist.cluster.topology import connecting_peers
 
 OK, WARN, FIX = "ok", "warn", "FIX"
 CONNECT_TIMEOUT_S = 3.0
