@@ -15,8 +15,6 @@ import psutil
 import pytest
 from loopback import PIPELINE, checkpoint_step, clean_env, tiny, write_cluster
 
-pytestmark = pytest.mark.slow
-
 
 def wait_for_checkpoint(model_dir, timeout=120):
     deadline = time.monotonic() + timeout
@@ -153,6 +151,7 @@ def launch_args(tmp_path, data_dir, cluster, steps, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, data_dir, jobs):
     """kill -9 of worker:1: restarted alone, training goes on. kill -9 of the ps: every task
     restarts and resumes from the last checkpoint (never below it). The job finishes, exit 0."""
@@ -194,6 +193,7 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, dat
     assert log.count(" master:0 started -----") == 2  # the restarted master appended to its log
 
 
+@pytest.mark.slow
 def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, data_dir, jobs):
     """The multi_worker_mirrored pair under launch trains with 2 replicas in sync; kill -9 of the
     worker restarts both trainers, which resume from the last checkpoint and finish."""
@@ -229,6 +229,7 @@ def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, d
         assert f"[{name}] {name}: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in job.out
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, jobs):
     """Ctrl+C in a terminal reaches the launcher's whole process group; the tasks, in their own
     groups, hear only what the launcher sends: the master first, the servers after it."""
@@ -251,6 +252,7 @@ def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, 
     assert "stopped by signal 2" not in job.out, job.out[-5000:]
 
 
+@pytest.mark.slow
 def test_train_max_restarts_restarts_its_own_task(tmp_path, data_dir, jobs):
     """One machine's `od-dist train --max_restarts`: its task is killed, restarted, finishes."""
     model_dir = str(tmp_path / "model")
