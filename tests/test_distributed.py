@@ -55,7 +55,12 @@ def ps_job(tmp_path_factory, data_dir):
         env={"TF_NUM_INTRAOP_THREADS": None},
     )
     evaluated = od_dist(
-        "eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), cwd=str(workdir)
+        "eval",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={model_dir}",
+        tiny(data_dir),
+        cwd=str(workdir),
+        timeout=300,
     )
     return PsJob(workdir, model_dir, launched, evaluated)
 
