@@ -31,6 +31,7 @@ class PsJob(typing.NamedTuple):
     workdir: pathlib.Path
     model_dir: str
     launched: subprocess.CompletedProcess
+    logs: list  # the launch's log files, before the eval adds its own
     evaluated: subprocess.CompletedProcess
 
 
@@ -54,6 +55,8 @@ def ps_job(tmp_path_factory, data_dir):
         timeout=600,
         env={"TF_NUM_INTRAOP_THREADS": None},
     )
+    logs_dir = os.path.join(model_dir, "logs")
+    logs = sorted(os.listdir(logs_dir)) if os.path.isdir(logs_dir) else []
     evaluated = od_dist(
         "eval",
         f"--pipeline={PIPELINE}",
@@ -62,7 +65,7 @@ def ps_job(tmp_path_factory, data_dir):
         cwd=str(workdir),
         timeout=300,
     )
-    return PsJob(workdir, model_dir, launched, evaluated)
+    return PsJob(workdir, model_dir, launched, logs, evaluated)
 
 
 def test_parameter_server_job_then_eval(ps_job):
@@ -79,7 +82,7 @@ def test_parameter_server_job_then_eval(ps_job):
     for name in ("ps:0", "worker:0", "worker:1"):
         assert f"[{name}] {name} serving on 127.0.0.1:" in out
         assert f"[{name}] {name}: the master finished training; stopping" in out
-    assert sorted(os.listdir(os.path.join(model_dir, "logs"))) == [
+    assert ps_job.logs == [
         "evaluator-0.log",
         "master-0.log",
         "ps-0.log",
