@@ -21,6 +21,7 @@ import time
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
+sys.path.insert(0, os.path.join(_REPO, "tests"))
 
 
 # `python -m od_dist ARGS` that reports its own peak resident memory when it ends.
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
         "copies under new names (conversion reads every file either way)",
     )
     args = parser.parse_args(argv)
-    from od_dist.data import voc
+    import labelimg  # the tests' labelImg-style folders
 
     try:
         for count in (int(c) for c in args.counts.split(",")):
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
             shutil.rmtree(out, ignore_errors=True)
             t0 = time.time()
             unique = min(count, args.unique)
-            images, anns = voc.write_shapes_folder(
+            images, anns = labelimg.write_shapes_folder(
                 src, unique, seed=count, image_size=args.image_size, difficult_every=20
             )
             for i in range(unique, count):  # copies under new names: drawing 10,000 takes long

@@ -27,6 +27,7 @@ import time
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
+sys.path.insert(0, os.path.join(_REPO, "tests"))
 PIPELINE = os.path.join(_REPO, "pipelines", "shapes_retinanet.yaml")
 RESULT = re.compile(r"step (\d+)[:|\s]+AP ([\d.]+)[|\s]+AP50 ([\d.]+)[|\s]+AP75 ([\d.]+)")
 
@@ -34,8 +35,7 @@ RESULT = re.compile(r"step (\d+)[:|\s]+AP ([\d.]+)[|\s]+AP50 ([\d.]+)[|\s]+AP75 
 def records_to_labelimg(record_path: str, folder: str) -> int:
     """Writes each record's image bytes and boxes as images/<id>.jpg + annotations/<id>.xml."""
     import tensorflow as tf
-
-    from od_dist.data import voc
+    from labelimg import write_xml  # the tests' labelImg writer
 
     images, anns = os.path.join(folder, "images"), os.path.join(folder, "annotations")
     os.makedirs(images, exist_ok=True)
@@ -56,7 +56,7 @@ def records_to_labelimg(record_path: str, folder: str) -> int:
             (t, round(x0 * w) + 1, round(y0 * h) + 1, round(x1 * w), round(y1 * h), False)
             for t, x0, y0, x1, y1 in zip(texts, box["xmin"], box["ymin"], box["xmax"], box["ymax"])
         ]
-        voc.write_xml(os.path.join(anns, f"{sid:06d}.xml"), name, w, h, objs)
+        write_xml(os.path.join(anns, f"{sid:06d}.xml"), name, w, h, objs)
         n += 1
     return n
 

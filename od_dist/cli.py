@@ -18,8 +18,7 @@ from absl import flags
 
 from od_dist.cluster.spec import InvalidCluster
 from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
-
-EXIT_OK, EXIT_FAILURE, EXIT_INVALID = 0, 1, 2
+from od_dist.job import exit_codes
 
 
 class UsageError(Exception):
@@ -289,7 +288,7 @@ Example:
 )
 def cmd_validate(fv) -> int:
     print(_summary(select_task(fv, require_task=False)))
-    return EXIT_OK
+    return exit_codes.OK
 
 
 @command(
@@ -310,7 +309,7 @@ def cmd_tf_config(fv) -> int:
 
     selected = select_task(fv)
     print(tf_config_json(selected.cluster, selected.task.role, selected.task.index))
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_doctor_flags(fv: flags.FlagValues) -> None:
@@ -367,7 +366,7 @@ def cmd_doctor(fv) -> int:
         else f"od-dist doctor: nothing to fix ({len(checks)} checks)",
         flush=True,
     )
-    return EXIT_FAILURE if fixes else EXIT_OK
+    return exit_codes.FAILED if fixes else exit_codes.OK
 
 
 # ----- train / eval / launch / data -----------------------------------------------------------
@@ -383,10 +382,10 @@ def _run_role(run, *args) -> int:
         return run(*args)
     except PipelineError as e:
         print(f"od-dist: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     except (RoleError, TrainerError) as e:
         print(f"od-dist: {e}", file=sys.stderr)
-        return EXIT_FAILURE
+        return exit_codes.FAILED
 
 
 @command(
@@ -505,7 +504,7 @@ def cmd_eval(fv) -> int:
         devices.apply_policy()
         # Its result is the trainer's one line: od-dist eval | step N | AP ... | AP50 ... | AP75 ...
         trainer.evaluate_latest(roles.load_params(fv.pipeline, fv.params_override, "mirrored"), fv.model_dir)
-        return EXIT_OK
+        return exit_codes.OK
 
     return _run_role(evaluate)
 
@@ -568,11 +567,11 @@ def cmd_launch(fv) -> int:
         # As `train` does, but once and before any task starts: a bad pipeline is exit 2, not a
         # job whose servers start and whose master then fails.
         code, problem = launch.check_pipeline(fv.pipeline, fv.params_override, cluster.strategy)
-        if code == EXIT_INVALID:
+        if code == exit_codes.INVALID:
             raise UsageError(problem)
         if code:
             print(f"od-dist launch: {problem}", file=sys.stderr)
-            return EXIT_FAILURE
+            return exit_codes.FAILED
     return launch.run(
         fv.cluster,
         cluster.strategy,
@@ -618,7 +617,7 @@ def cmd_data_shapes(fv) -> int:
         f"in {summary.get('seconds', 0):.1f} s",
         flush=True,
     )
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_convert_flags(fv: flags.FlagValues) -> None:
@@ -675,12 +674,12 @@ def _convert(what: str, run, unit: str = "annotation file(s)") -> int:
     except records.DatasetError as e:
         raise UsageError(str(e)) from None
     except records.ProblemsReported:
-        return EXIT_INVALID  # already printed, one line per problem
+        return exit_codes.INVALID  # already printed, one line per problem
     except records.BadAnnotation as e:  # found while writing (a file changed since it was checked)
         print(f"od-dist {what}: {e}; nothing written", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     records.print_summary(written, skipped, unit=unit)
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def _require(fv, *names: str) -> None:
@@ -824,7 +823,7 @@ def cmd_data_odapi(fv) -> int:
                 f"--{name}: '': required; pass --{name}=FILE.record (or --config pipeline.config)"
             )
     code = _convert("data odapi", lambda: odapi.convert(train, val, fv.out, labels), unit="record(s)")
-    if code == EXIT_OK:
+    if code == exit_codes.OK:
         print(
             f"next: od-dist pipeline import --config {fv.config or 'pipeline.config'} --data {fv.out} "
             "--out pipelines/my_model.yaml",
@@ -894,7 +893,7 @@ def cmd_data_check(fv) -> int:
         splits, num_classes = {"records": fv.records}, fv.num_classes
     from od_dist.data import check
 
-    return EXIT_INVALID if check.check(splits, num_classes, sys.stdout) else EXIT_OK
+    return exit_codes.INVALID if check.check(splits, num_classes, sys.stdout) else exit_codes.OK
 
 
 def define_pipeline_import_flags(fv: flags.FlagValues) -> None:
@@ -973,7 +972,7 @@ def cmd_pipeline_import(fv) -> int:
             "then import again with --data DIR"
         )
     print(f"next: od-dist data check --pipeline {fv.out}", flush=True)
-    return EXIT_OK
+    return exit_codes.OK
 
 
 # ----- export / predict / report --------------------------------------------------------------
@@ -1033,14 +1032,14 @@ def cmd_export(fv) -> int:
         raise UsageError(str(e)) from None
     except export.ExportError as e:
         print(f"od-dist export: {e}", file=sys.stderr)
-        return EXIT_FAILURE if "no checkpoint" in str(e) else EXIT_INVALID
+        return exit_codes.FAILED if "no checkpoint" in str(e) else exit_codes.INVALID
     print(
         f"exported {done['checkpoint']} to {done['out']} (input: uint8 images of any size, resized to "
         f"{done['input_size'][0]}x{done['input_size'][1]} inside; label map: "
         f"{done['label_map'] or 'none found, classes will show as ids'})",
         flush=True,
     )
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_predict_flags(fv: flags.FlagValues) -> None:
@@ -1093,7 +1092,7 @@ def cmd_predict(fv) -> int:
         f"{fv.out}/*.png and {done['json']}",
         flush=True,
     )
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_report_flags(fv: flags.FlagValues) -> None:
@@ -1126,7 +1125,7 @@ def cmd_report(fv) -> int:
     except report.ReportError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {done['out']}", flush=True)
-    return EXIT_OK
+    return exit_codes.OK
 
 
 # ----- scripts / k8s (renderers; no TensorFlow) ------------------------------------------------
@@ -1189,7 +1188,7 @@ def cmd_scripts(fv) -> int:
     except (scripts.ScriptError, records.DatasetError) as e:
         raise UsageError(str(e)) from None
     print(f"wrote {len(written) - 1} scripts for {len(cluster.tasks())} tasks and README.md to {fv.out}")
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def define_k8s_flags(fv: flags.FlagValues) -> None:
@@ -1267,7 +1266,7 @@ def cmd_k8s(fv) -> int:
         print(f"wrote {fv.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
-    return EXIT_OK
+    return exit_codes.OK
 
 
 # ----- entry point ----------------------------------------------------------------------------
@@ -1306,11 +1305,11 @@ def main(argv: list[str]) -> int:
     args = argv[1:]
     if not args or args[0] in ("-h", "--help", "help"):
         print(_overview())
-        return EXIT_OK if args else EXIT_INVALID
+        return exit_codes.OK if args else exit_codes.INVALID
     for n, arg in enumerate(args, start=1):
         if "\x00" in arg:  # no operating system passes one; a caller in Python might
             print(f"od-dist: argument {n}: '{shown(arg)}' holds a NUL byte; remove it", file=sys.stderr)
-            return EXIT_INVALID
+            return exit_codes.INVALID
     name, rest = args[0], args[1:]
     if rest and f"{name} {rest[0]}" in COMMANDS:  # e.g. `od-dist data shapes`
         name, rest = f"{name} {rest[0]}", rest[1:]
@@ -1319,18 +1318,18 @@ def main(argv: list[str]) -> int:
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f"did you mean '{close[0]}'?" if close else "run 'od-dist --help' for the list"
         print(f"od-dist: unknown command '{shown(name)}'; {hint}", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     fv = flags.FlagValues()
     cmd.define(fv)
     if any(a in ("-h", "--help", "-help", "--helpfull") for a in rest):
         print(_help(cmd, fv))
-        return EXIT_OK
+        return exit_codes.OK
     try:
         extra = fv([f"od-dist {name}"] + rest)[1:]
     except flags.Error as e:
         text = re.sub(rf"\S{{{SHOWN_MAX},}}", lambda m: shown(m.group()), str(e))  # a long value, cut
         print(f"od-dist {name}: {shown(text, 1000)}; see 'od-dist {name} --help'", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     if extra and cmd.rest:  # `--images a.jpg b.jpg`: absl takes a.jpg, b.jpg is left over
         fv[cmd.rest].value = [*(fv[cmd.rest].value or []), *extra]
         extra = []
@@ -1339,7 +1338,7 @@ def main(argv: list[str]) -> int:
             f"od-dist {name}: unexpected argument '{shown(extra[0])}'; flags are written --name=value",
             file=sys.stderr,
         )
-        return EXIT_INVALID
+        return exit_codes.INVALID
     try:
         return cmd.run(fv)
     except InvalidCluster as e:
@@ -1347,14 +1346,14 @@ def main(argv: list[str]) -> int:
         print(f"od-dist {name}: invalid input{where}:", file=sys.stderr)
         for p in e.problems:
             print(f"  {p}", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     except UsageError as e:
         print(f"od-dist {name}: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.INVALID
     except OSError as e:  # e.g. an --out or --model_dir that cannot be written
         where = f" '{e.filename}'" if e.filename else ""
         print(f"od-dist {name}: cannot use{where}: {e.strerror or e}", file=sys.stderr)
-        return EXIT_FAILURE
+        return exit_codes.FAILED
     except KeyboardInterrupt:
         print(f"od-dist {name}: interrupted", file=sys.stderr)
         return 130

@@ -1,9 +1,39 @@
-"""Shared fixtures."""
+"""Shared fixtures (the shared plain helpers are in loopback.py)."""
 
 import signal
+import subprocess
+import sys
 
 import netns
 import pytest
+from loopback import ROOT, clean_env
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """A small shapes dataset (48 training, 8 validation images of 64x64), written once per run by
+    `od-dist data shapes`."""
+    out = tmp_path_factory.mktemp("shapes")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "data",
+            "shapes",
+            f"--out={out}",
+            "--num_train=48",
+            "--num_val=8",
+            "--image_size=64",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return str(out)
 
 
 def _interrupt(signum, frame):

@@ -1,6 +1,64 @@
-"""Loopback clusters for the tests that start real TensorFlow servers (and for the benchmark)."""
+"""What the tests that run od-dist share (and the benchmark): the repository's paths, the
+environment a task starts in, loopback clusters on free ports, a tiny training run's overrides and
+the step of a model_dir's latest checkpoint. Fixtures (`data_dir`) are in conftest.py."""
 
+import os
+import re
 import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+# The demo's model on 64x64 inputs, 2 images a step: where the model's size does not matter.
+SMALL = (
+    "task.model.input_size=[64,64,3],task.train_data.global_batch_size=2,"
+    "task.validation_data.global_batch_size=2"
+)
+# A few steps, a checkpoint every loop: enough to prove the wiring, not to learn.
+TINY = (
+    "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
+    "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
+    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord,"
+    + SMALL
+)
+
+
+def tiny(data_dir, steps=10):
+    return "--params_override=" + TINY.format(steps=steps, data=data_dir)
+
+
+def clean_env(**extra):
+    """This process's environment without TF_CONFIG (a task takes its role from flags here), with
+    `extra` (a None value removes that variable)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def od_dist(*args, cwd=ROOT, timeout=180, env=None):
+    """`python -m od_dist ARGS` run to its end as a user runs it (without TF_CONFIG; `env` added):
+    its CompletedProcess, output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=clean_env(**(env or {})),
+        timeout=timeout,
+    )
+
+
+def checkpoint_step(model_dir):
+    """The step of the latest complete checkpoint, from TensorFlow's `checkpoint` state file (no
+    TensorFlow here); None without one."""
+    try:
+        with open(os.path.join(model_dir, "checkpoint")) as f:
+            text = f.read()
+    except OSError:
+        return None
+    m = re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"', text, re.M)
+    return int(m.group(1)) if m else None
 
 
 def free_ports(n):

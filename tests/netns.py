@@ -28,8 +28,9 @@ import subprocess
 import sys
 import time
 
+from loopback import ROOT, clean_env
+
 PREFIX = "odt"  # every namespace of this harness: odt<pid>n<network>-<h|m<i>>
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _counter = itertools.count()
 _open: list[Network] = []
 
@@ -172,7 +173,7 @@ class Machine:
 def machine_env() -> dict:
     """The test run's environment for a machine's processes: the worktree's code (PYTHONPATH), no
     TF_CONFIG left over from the caller."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     return env
 

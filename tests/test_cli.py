@@ -8,23 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from loopback import ROOT, od_dist
 
 from od_dist.cluster import hostinfo
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def od_dist(*args, env=None, cwd=ROOT):
-    full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "od_dist", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=cwd,
-        timeout=60,
-    )
 
 
 def own_private_ip():

@@ -10,68 +10,10 @@ import sys
 
 import numpy as np
 import pytest
+from labelimg import SIZE, labelimg_xml, make_voc
+from loopback import ROOT, od_dist
 
 from od_dist.data import shapes
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIZE = 96
-
-
-def od_dist(*args, cwd=ROOT, timeout=180):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "od_dist", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=timeout,
-    )
-
-
-def labelimg_xml(filename, width, height, objects):
-    """An annotation exactly as labelImg saves it (its PascalVocWriter's layout)."""
-    parts = [
-        f"<annotation>\n\t<folder>images</folder>\n\t<filename>{filename}</filename>\n"
-        f"\t<path>/home/user/my_data/images/{filename}</path>\n\t<source>\n\t\t<database>Unknown"
-        f"</database>\n\t</source>\n\t<size>\n\t\t<width>{width}</width>\n\t\t<height>{height}"
-        "</height>\n\t\t<depth>3</depth>\n\t</size>\n\t<segmented>0</segmented>\n"
-    ]
-    for name, xmin, ymin, xmax, ymax, difficult in objects:
-        parts.append(
-            f"\t<object>\n\t\t<name>{name}</name>\n\t\t<pose>Unspecified</pose>\n"
-            f"\t\t<truncated>0</truncated>\n\t\t<difficult>{int(difficult)}</difficult>\n"
-            f"\t\t<bndbox>\n\t\t\t<xmin>{xmin}</xmin>\n\t\t\t<ymin>{ymin}</ymin>\n"
-            f"\t\t\t<xmax>{xmax}</xmax>\n\t\t\t<ymax>{ymax}</ymax>\n\t\t</bndbox>\n\t</object>\n"
-        )
-    parts.append("</annotation>\n")
-    return "".join(parts)
-
-
-def make_voc(root, count=8, seed=0):
-    """images/*.jpg + annotations/*.xml; object 2 of image 0 is difficult. Returns the truth:
-    {filename: [(name, xmin, ymin, xmax, ymax, difficult), ...]} in VOC pixels."""
-    images, anns = os.path.join(root, "images"), os.path.join(root, "annotations")
-    os.makedirs(images)
-    os.makedirs(anns)
-    rng = np.random.default_rng(seed)
-    truth = {}
-    for i in range(count):
-        image, boxes, labels, _ = shapes.make_image(rng, SIZE)
-        while len(labels) < 2 and i == 0:  # image 0 needs two objects (one difficult)
-            image, boxes, labels, _ = shapes.make_image(rng, SIZE)
-        name = f"photo_{i:03d}.jpg"
-        with open(os.path.join(images, name), "wb") as f:
-            f.write(shapes.encode_image(image, "jpeg"))
-        # shapes' boxes: 0-based, max exclusive -> VOC: 1-based, max inclusive.
-        objs = [
-            (shapes.CLASSES[c - 1], x0 + 1, y0 + 1, x1, y1, i == 0 and k == 1)
-            for k, ((y0, x0, y1, x1), c) in enumerate(zip(boxes.tolist(), labels.tolist()))
-        ]
-        truth[name] = objs
-        with open(os.path.join(anns, name.replace(".jpg", ".xml")), "w") as f:
-            f.write(labelimg_xml(name, SIZE, SIZE, objs))
-    return images, anns, truth
 
 
 def read_records(pattern):

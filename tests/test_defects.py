@@ -4,20 +4,12 @@ exit codes that must say what happened, inputs and outputs that must be what the
 import glob
 import os
 
+import labelimg
 import pytest
 import yaml
+from loopback import ROOT, od_dist
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINES = sorted(glob.glob(os.path.join(ROOT, "pipelines", "*.yaml")))
-
-
-@pytest.fixture(scope="module")
-def shapes_dir(tmp_path_factory):
-    from od_dist.data import shapes
-
-    out = str(tmp_path_factory.mktemp("shapes"))
-    shapes.write_dataset(out, num_train=8, num_val=4, seed=1)
-    return out
 
 
 def small_override(data_dir: str) -> str:
@@ -54,12 +46,12 @@ def small_override(data_dir: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", PIPELINES, ids=[os.path.basename(p) for p in PIPELINES])
-def test_every_shipped_pipeline_trains_one_step(path, shapes_dir, tmp_path):
+def test_every_shipped_pipeline_trains_one_step(path, data_dir, tmp_path):
     tf = pytest.importorskip("tensorflow")
     from od_dist.job import trainer
     from od_dist.model.pipeline import load_pipeline
 
-    params = load_pipeline(path, small_override(shapes_dir), strategy="mirrored")
+    params = load_pipeline(path, small_override(data_dir), strategy="mirrored")
     model_dir = str(tmp_path / "run")
     # Eagerly: the build, the input pipeline, loss, gradients and a checkpoint are all exercised,
     # in a third of the time tracing the step takes.
@@ -72,20 +64,6 @@ def test_every_shipped_pipeline_trains_one_step(path, shapes_dir, tmp_path):
 
 
 # ----- 2: a model that cannot be built is invalid input, found before any task starts -----------
-
-
-def run_od_dist(*args, cwd=ROOT, timeout=900, env=None):
-    import subprocess
-    import sys
-
-    return subprocess.run(
-        [sys.executable, "-m", "od_dist", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=dict(os.environ, **(env or {})),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -109,29 +87,29 @@ def assert_model_problem(r, path):
 
 
 @pytest.mark.slow
-def test_train_refuses_a_model_that_cannot_be_built(unbuildable, shapes_dir, tmp_path):
+def test_train_refuses_a_model_that_cannot_be_built(unbuildable, data_dir, tmp_path):
     model_dir = tmp_path / "run"
-    r = run_od_dist(
+    r = od_dist(
+        timeout=600,
         "train",
         f"--pipeline={unbuildable}",
         f"--model_dir={model_dir}",
-        f"--params_override={small_override(shapes_dir)}",
+        f"--params_override={small_override(data_dir)}",
     )
     assert_model_problem(r, unbuildable)
     assert not glob.glob(str(model_dir / "ckpt-*"))
 
 
 @pytest.mark.slow
-def test_launch_refuses_a_model_that_cannot_be_built_before_any_task_starts(
-    unbuildable, shapes_dir, tmp_path
-):
+def test_launch_refuses_a_model_that_cannot_be_built_before_any_task_starts(unbuildable, data_dir, tmp_path):
     model_dir = tmp_path / "run"
-    r = run_od_dist(
+    r = od_dist(
+        timeout=600,
         "launch",
         "--cluster=clusters/local.yaml",
         f"--pipeline={unbuildable}",
         f"--model_dir={model_dir}",
-        f"--params_override={small_override(shapes_dir)}",
+        f"--params_override={small_override(data_dir)}",
     )
     assert r.returncode == 2, r.stdout[-1500:] + r.stderr[-1500:]
     assert r.stderr.strip().startswith("od-dist launch: ") and len(r.stderr.strip().splitlines()) == 1, (
@@ -221,7 +199,7 @@ _trainer._controller_cls = _slow_controller_cls
 
 
 @pytest.mark.slow
-def test_final_save_outlasts_a_peer_that_finished_first(shapes_dir, tmp_path):
+def test_final_save_outlasts_a_peer_that_finished_first(data_dir, tmp_path):
     tf = pytest.importorskip("tensorflow")
     import loopback
 
@@ -230,11 +208,12 @@ def test_final_save_outlasts_a_peer_that_finished_first(shapes_dir, tmp_path):
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SLOW_FINAL_SAVE)
-    override = yaml.safe_load(small_override(shapes_dir))
+    override = yaml.safe_load(small_override(data_dir))
     # Steps 2 and 4; the interval saves only step 2, so step 4 is the final save's alone.
     override["trainer"].update(train_steps=4, steps_per_loop=2, summary_interval=2, checkpoint_interval=100)
     model_dir = tmp_path / "run"
-    r = run_od_dist(
+    r = od_dist(
+        timeout=900,
         "launch",
         f"--cluster={cluster}",
         "--pipeline=pipelines/shapes_retinanet.yaml",
@@ -412,8 +391,6 @@ def make_labelimg(root, classes, count=4):
     """A labelImg folder: count PNGs, each with one box of each class."""
     from PIL import Image
 
-    from od_dist.data import voc
-
     images, annotations = root / "images", root / "annotations"
     images.mkdir(parents=True)
     annotations.mkdir()
@@ -421,7 +398,7 @@ def make_labelimg(root, classes, count=4):
         name = f"img{i}.png"
         Image.new("RGB", (64, 48), (i * 40, 90, 160)).save(images / name)
         objects = [(c, 5 + 10 * k, 5, 14 + 10 * k, 30, False) for k, c in enumerate(classes)]
-        voc.write_xml(str(annotations / f"img{i}.xml"), name, 64, 48, objects)
+        labelimg.write_xml(str(annotations / f"img{i}.xml"), name, 64, 48, objects)
     return str(images), str(annotations)
 
 
@@ -432,7 +409,7 @@ def test_class_names_with_quotes_and_backslashes_survive_the_label_map(tmp_path)
     classes = ["cat's toy", 'say "hi"', "back\\slash", "}{ brace", "é"]
     images, annotations = make_labelimg(tmp_path / "my_data", classes)
     out = tmp_path / "data"
-    r = run_od_dist("data", "voc", f"--images={images}", f"--annotations={annotations}", f"--out={out}")
+    r = od_dist("data", "voc", f"--images={images}", f"--annotations={annotations}", f"--out={out}")
     assert r.returncode == 0, r.stderr
     by_name = {name: i for i, name in enumerate(sorted(classes), start=1)}
     assert records.read_labels(str(out / "label_map.pbtxt")) == {i: n for n, i in by_name.items()}
@@ -465,9 +442,7 @@ def test_predict_takes_every_path_given(tmp_path, form):
     present = tmp_path / "a.png"
     Image.new("RGB", (8, 8)).save(present)
     missing = tmp_path / "b.png"  # the second path: named in the error only if it was taken
-    r = run_od_dist(
-        "predict", f"--model={model}", f"--out={tmp_path / 'out'}", *form(str(present), str(missing))
-    )
+    r = od_dist("predict", f"--model={model}", f"--out={tmp_path / 'out'}", *form(str(present), str(missing)))
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
         f"od-dist predict: --images: '{missing}': no such file or folder; pass image files or a folder of images"
@@ -523,7 +498,7 @@ def test_firewall_lines_insert_before_a_final_reject_rule(tmp_path):
     cluster.write_text(
         "strategy: parameter_server\nmaster: 10.0.0.1:2222\nworker: [10.0.0.2:2222]\nps: [10.0.0.3:2222]\n"
     )
-    r = run_od_dist(
+    r = od_dist(
         "scripts",
         f"--cluster={cluster}",
         "--pipeline=pipelines/shapes_retinanet.yaml",
@@ -571,7 +546,7 @@ def test_readme_and_code_cite_no_file_outside_the_repository():
 
 
 @pytest.mark.slow
-def test_a_worker_without_the_records_is_one_line_and_the_servers_stop(shapes_dir, tmp_path):
+def test_a_worker_without_the_records_is_one_line_and_the_servers_stop(data_dir, tmp_path):
     """parameter_server: the master's machine has the records (its working directory), the
     worker's does not. The master names the worker, its address and the path, exits 1 and tells
     the ps and the worker to stop, which they do at once, not after --wait_timeout."""
@@ -584,9 +559,9 @@ def test_a_worker_without_the_records_is_one_line_and_the_servers_stop(shapes_di
     cluster = loopback.write_cluster(tmp_path, ps=1, workers=1)
     worker_address = yaml.safe_load(open(cluster))["worker"][0]
     with_data, without_data = tmp_path / "master-machine", tmp_path / "worker-machine"
-    shutil.copytree(shapes_dir, with_data / "data")
+    shutil.copytree(data_dir, with_data / "data")
     without_data.mkdir()
-    override = yaml.safe_load(small_override(shapes_dir))
+    override = yaml.safe_load(small_override(data_dir))
     override["task"]["train_data"]["input_path"] = "data/train.tfrecord"
     override["task"]["validation_data"]["input_path"] = "data/val.tfrecord"
     override["trainer"].update(train_steps=2, steps_per_loop=1)
@@ -630,7 +605,7 @@ def test_a_worker_without_the_records_is_one_line_and_the_servers_stop(shapes_di
                 proc.wait()
 
 
-def test_doctor_checks_the_records_this_machines_tasks_read(shapes_dir, tmp_path):
+def test_doctor_checks_the_records_this_machines_tasks_read(data_dir, tmp_path):
     import shutil
 
     import loopback
@@ -644,15 +619,15 @@ def test_doctor_checks_the_records_this_machines_tasks_read(shapes_dir, tmp_path
     machine = tmp_path / "machine"
     machine.mkdir()
     args = ("doctor", f"--cluster={cluster}", f"--pipeline={pipeline}", "--connect_timeout=0.5")
-    r = run_od_dist(*args, cwd=str(machine))
+    r = od_dist(*args, cwd=str(machine))
     assert r.returncode == 1, r.stdout + r.stderr
     assert (
         f"FIX   task.train_data.input_path: data/train.tfrecord: no such file here (working directory "
         f"{machine}), and worker:0, master:0 read it on this machine" in r.stdout
     ), r.stdout
     assert "FIX   task.validation_data.input_path: data/val.tfrecord: no such file here" in r.stdout
-    shutil.copytree(shapes_dir, machine / "data")
-    r = run_od_dist(*args, cwd=str(machine))
+    shutil.copytree(data_dir, machine / "data")
+    r = od_dist(*args, cwd=str(machine))
     assert (
         "ok    task.train_data.input_path: data/train.tfrecord: 1 file(s) here, for worker:0, master:0"
         in r.stdout

@@ -1,86 +1,77 @@
 """Real distributed jobs on loopback: real TensorFlow servers, the real Model Garden trainer, a
-tiny shapes dataset made here, a handful of steps. Each job runs as the user would run it."""
+tiny shapes dataset made here, a handful of steps. Each job runs as the user would run it; the
+reference parameter_server job runs once for every test that reads it (the multi_worker_mirrored
+pair under launch is in test_faults.py, where it also loses a trainer)."""
 
 import json
 import os
+import pathlib
 import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import typing
 
 import psutil
 import pytest
-from loopback import free_ports, write_cluster
+from loopback import PIPELINE, ROOT, checkpoint_step, clean_env, free_ports, od_dist, tiny, write_cluster
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
-# A few steps, a checkpoint every loop: enough to prove the wiring, not to learn.
-TINY = (
-    "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
-    "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
-    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord"
-)
+from od_dist.job import threads
 
 pytestmark = pytest.mark.slow
 
 
+def run(*args, cwd=ROOT, timeout=300):
+    return od_dist(*args, cwd=cwd, timeout=timeout)
+
+
+class PsJob(typing.NamedTuple):
+    workdir: pathlib.Path
+    model_dir: str
+    launched: subprocess.CompletedProcess
+    logs: list  # the launch's log files, before the eval adds its own
+    evaluated: subprocess.CompletedProcess
+
+
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shapes")
-    run("data", "shapes", f"--out={out}", "--num_train=48", "--num_val=8", check=True)
-    return str(out)
-
-
-def run(*args, cwd=ROOT, timeout=300, check=False):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    r = subprocess.run(
-        [sys.executable, "-m", "od_dist", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=timeout,
-    )
-    if check:
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r
-
-
-def tiny(data_dir, steps=10):
-    return "--params_override=" + TINY.format(steps=steps, data=data_dir)
-
-
-def checkpoint_step(model_dir):
-    import tensorflow as tf
-
-    latest = tf.train.latest_checkpoint(model_dir)
-    return int(latest.rsplit("-", 1)[1]) if latest else None
-
-
-def od_dist_processes():
-    return [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if p.info["cmdline"] and "od_dist" in " ".join(p.info["cmdline"]) and p.pid != os.getpid()
-    ]
-
-
-def test_parameter_server_job_then_eval(tmp_path, data_dir):
-    """1 ps + 2 workers + master + evaluator via launch; the servers stop by themselves, the
-    evaluator after the final checkpoint; eval prints AP."""
-    cluster = write_cluster(tmp_path, evaluator=True)
-    model_dir = str(tmp_path / "model")
-    r = run(
+def ps_job(tmp_path_factory, data_dir):
+    """The reference parameter_server job, run once for the tests that read its output and logs:
+    `od-dist launch` of 1 ps, 2 workers, the master and an evaluator on this machine (with
+    --data_threads 3, which every task must apply), then `od-dist eval` of its model_dir."""
+    workdir = tmp_path_factory.mktemp("ps_job")
+    cluster = write_cluster(workdir, evaluator=True)
+    model_dir = str(workdir / "model")
+    launched = od_dist(
         "launch",
         f"--cluster={cluster}",
         f"--pipeline={PIPELINE}",
         f"--model_dir={model_dir}",
         tiny(data_dir),
+        "--data_threads=3",
         "--wait_timeout=120",
-        cwd=str(tmp_path),
+        cwd=str(workdir),
+        timeout=600,
+        env={"TF_NUM_INTRAOP_THREADS": None},
     )
+    logs_dir = os.path.join(model_dir, "logs")
+    logs = sorted(os.listdir(logs_dir)) if os.path.isdir(logs_dir) else []
+    evaluated = od_dist(
+        "eval",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={model_dir}",
+        tiny(data_dir),
+        cwd=str(workdir),
+        timeout=300,
+    )
+    return PsJob(workdir, model_dir, launched, logs, evaluated)
+
+
+def test_parameter_server_job_then_eval(ps_job):
+    """1 ps + 2 workers + master + evaluator via launch; the servers stop by themselves, the
+    evaluator after the final checkpoint; eval prints AP."""
+    tmp_path, model_dir, r = ps_job.workdir, ps_job.model_dir, ps_job.launched
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert "ParameterServerStrategy" in out
@@ -91,7 +82,7 @@ def test_parameter_server_job_then_eval(tmp_path, data_dir):
     for name in ("ps:0", "worker:0", "worker:1"):
         assert f"[{name}] {name} serving on 127.0.0.1:" in out
         assert f"[{name}] {name}: the master finished training; stopping" in out
-    assert sorted(os.listdir(os.path.join(model_dir, "logs"))) == [
+    assert ps_job.logs == [
         "evaluator-0.log",
         "master-0.log",
         "ps-0.log",
@@ -120,7 +111,7 @@ def test_parameter_server_job_then_eval(tmp_path, data_dir):
     assert "grpc_server_lib.cc" in logs["ps-0.log"] and "Average Precision" in logs["evaluator-0.log"]
     assert "[ps:0] ps:0 serving on" in out and "ps:0 serving on" in logs["ps-0.log"]
 
-    r = run("eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), cwd=str(tmp_path))
+    r = ps_job.evaluated
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     # Its result once, and none of the metrics dict or table around it.
     assert (
@@ -131,23 +122,17 @@ def test_parameter_server_job_then_eval(tmp_path, data_dir):
     assert "Average Precision" in open(os.path.join(model_dir, "logs", "eval.log")).read()
 
 
-def test_multi_worker_mirrored_master_and_worker(tmp_path, data_dir):
-    cluster = write_cluster(tmp_path, ps=0, workers=1)
-    model_dir = str(tmp_path / "model")
-    r = run(
-        "launch",
-        f"--cluster={cluster}",
-        f"--pipeline={PIPELINE}",
-        f"--model_dir={model_dir}",
-        tiny(data_dir),
-        "--wait_timeout=120",
-        cwd=str(tmp_path),
-    )
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
-    assert "[master:0] master:0: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in out
-    assert "[worker:0] worker:0: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in out
-    assert checkpoint_step(model_dir) == 10
+def test_each_launched_task_reports_the_threads_tensorflow_applied(ps_job):
+    """Every child of the launch prints its budget as TensorFlow reports it after applying; a flag
+    given to launch (--data_threads 3) reaches every child."""
+    out = ps_job.launched.stdout + ps_job.launched.stderr
+    assert ps_job.launched.returncode == 0, out[-3000:]
+    cores = threads.machine_cores()
+    roles = ["ps", "master", "worker", "worker", "evaluator"]
+    for name in ("ps:0", "master:0", "worker:0", "worker:1", "evaluator:0"):
+        want = threads.budget(cores, name.split(":")[0], "parameter_server", roles)
+        line = rf"\[{name}\] {name}: threads intra-op {want.intra_op}, inter-op {want.inter_op}, tf.data 3 "
+        assert re.search(line, out), (line, out[-3000:])
 
 
 def test_single_machine_two_cpu_clones_and_resume(tmp_path, data_dir):
@@ -184,6 +169,9 @@ def test_master_names_the_peer_that_never_starts(tmp_path, data_dir):
     ), r.stderr
     assert "Traceback" not in r.stderr
     assert time.monotonic() - start < 60
+    # The device policy is applied (and logged) before the wait.
+    log = (tmp_path / "model" / "logs" / "master-0.log").read_text()
+    assert "od-dist device policy: no GPU visible" in log
 
 
 def test_multi_worker_peer_that_never_starts(tmp_path, data_dir):
@@ -208,7 +196,10 @@ def test_port_already_taken(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port))
         taken.listen()
+        start = time.monotonic()
         r = run("train", f"--cluster={cluster}", "--role=ps", cwd=str(tmp_path), timeout=120)
+    # The port is bound before TensorFlow's import (which alone takes 5 to 30 s here).
+    assert time.monotonic() - start < 10
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"ps:0: port {port} is already in use" in r.stderr and "ps[0]" in r.stderr
     assert "Traceback" not in r.stderr
@@ -216,7 +207,7 @@ def test_port_already_taken(tmp_path):
 
 def test_server_stops_on_sigterm_and_when_master_never_comes(tmp_path):
     cluster = write_cluster(tmp_path, ps=1, workers=1)
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps"],
         stdout=subprocess.PIPE,
@@ -243,7 +234,7 @@ def test_ps_starts_whatever_num_clones_says(tmp_path):
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     with open(cluster, "a") as f:
         f.write("num_clones: 2\n")
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     for extra in ([], ["--num_clones=2"]):
         proc = subprocess.Popen(
             [
@@ -276,50 +267,26 @@ def test_ps_starts_whatever_num_clones_says(tmp_path):
     assert "od-dist device policy: no GPU visible" in (tmp_path / "model" / "logs" / "ps-0.log").read_text()
 
 
-def test_every_role_applies_the_device_policy(tmp_path, data_dir):
+def test_every_role_applies_the_device_policy(ps_job, tmp_path):
     """The same device policy (memory growth on every GPU) in every role that imports TensorFlow;
-    each process writes what it applied to its log. Here: the evaluator, the parameter_server
-    master (the coordinator) and `od-dist eval`; the ps is in the test above, the trainers in the
-    other jobs' logs. (No GPU here: the memory-growth branch itself is not exercised.)"""
-    cluster = write_cluster(tmp_path, ps=1, workers=1, evaluator=True)
+    each process writes what it applied to its log: every task of the reference job and its
+    `od-dist eval`. `od-dist eval` without a checkpoint gives up (1) after applying it too. (No GPU
+    here: the memory-growth branch itself is not exercised.)"""
+    logs = os.path.join(ps_job.model_dir, "logs")
+    for name in ("ps-0", "worker-0", "worker-1", "master-0", "evaluator-0", "eval"):
+        with open(os.path.join(logs, f"{name}.log")) as f:
+            assert "od-dist device policy: no GPU visible" in f.read(), name
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    common = [f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), "--wait_timeout=2"]
-    commands = {
-        "evaluator-0": ["train", f"--cluster={cluster}", "--role=evaluator", *common],
-        "master-0": ["train", f"--cluster={cluster}", "--role=master", *common],
-        "eval": ["eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}"],
-    }
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "od_dist", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=str(tmp_path),
-            env=env,
-        )
-        for name, args in commands.items()
-    }
-    try:
-        for name, proc in procs.items():
-            out = proc.communicate(timeout=240)[0]
-            # No peers (the master: 138, retryable), no checkpoint (1): each gives up, after the policy.
-            assert proc.returncode == (138 if name == "master-0" else 1), out
-            log = (model_dir / "logs" / f"{name}.log").read_text()
-            assert "od-dist device policy: no GPU visible" in log, name
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    r = run("eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", cwd=str(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "od-dist device policy: no GPU visible" in (model_dir / "logs" / "eval.log").read_text()
 
 
 def test_launch_stops_everything_when_a_task_dies(tmp_path, data_dir):
     cluster = write_cluster(tmp_path)
     model_dir = str(tmp_path / "model")
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     launcher = subprocess.Popen(
         [
             sys.executable,
@@ -389,7 +356,7 @@ def test_a_server_that_cannot_write_its_stop_marker_is_reported_as_such(tmp_path
     ):
         pytest.skip("needs root to mount a read-only directory (root can write into any chmod-ed one)")
     cluster = write_cluster(tmp_path, ps=1, workers=1)
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     procs = {}
     try:
         for role, cwd in (("ps", ro), ("worker", tmp_path)):
@@ -451,7 +418,7 @@ def test_evaluator_without_a_master_watches_worker_0(tmp_path, data_dir):
     cluster = tmp_path / "c.yaml"
     cluster.write_text(f"worker: [127.0.0.1:{w0}, 127.0.0.1:{w1}]\nevaluator: 127.0.0.1\n")
     model_dir = tmp_path / "model"
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = clean_env()
     lead = socket.socket()
     lead.bind(("127.0.0.1", w0))
     lead.listen()
@@ -474,12 +441,14 @@ def test_evaluator_without_a_master_watches_worker_0(tmp_path, data_dir):
         env=env,
     )
     try:
+        # TensorFlow logs "Waiting for new checkpoint" when the evaluator starts polling and again
+        # after each --wait_timeout without one: at the third it has outlasted --wait_timeout twice.
         log = model_dir / "logs" / "evaluator-0.log"
         deadline = time.monotonic() + 240
-        while not (log.exists() and "od-dist device policy" in log.read_text()):  # then it polls
+        while not (log.exists() and log.read_text().count("Waiting for new checkpoint") >= 3):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(1)
-        time.sleep(15)  # five times --wait_timeout: it must still be waiting
+            time.sleep(0.5)
+        assert "od-dist device policy" in log.read_text()
         assert proc.poll() is None, proc.stdout.read()
         lead.close()
         assert proc.wait(timeout=120) == 1

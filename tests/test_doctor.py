@@ -1,30 +1,15 @@
 """`od-dist doctor` on loopback (any user; the simulated machines in test_multihost.py cover
 peers on other machines, names and firewalls)."""
 
-import os
 import socket
 import subprocess
 import sys
 import time
 
-from loopback import free_ports
+from loopback import ROOT, free_ports, od_dist
 
 from od_dist.cluster import spec as cluster_mod
 from od_dist.job import doctor
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def od_dist(*args):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "od_dist", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=60,
-    )
 
 
 def loopback_cluster(tmp_path, ports, extra=""):

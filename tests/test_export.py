@@ -7,10 +7,9 @@ import os
 
 import numpy as np
 import pytest
-from test_data import SIZE, make_voc, od_dist  # the labelImg-style dataset the data tests draw
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+from labelimg import SIZE, make_voc
+from loopback import PIPELINE as DEMO
+from loopback import SMALL, od_dist
 
 
 @pytest.mark.slow
@@ -30,7 +29,7 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(tmp_path
         f"trainer.train_steps=6,trainer.steps_per_loop=3,trainer.summary_interval=3,"
         f"trainer.checkpoint_interval=3,task.train_data.input_path={written.pattern('train')},"
         f"task.validation_data.input_path={written.pattern('val')},task.model.num_classes="
-        f"{written.num_classes}"
+        f"{written.num_classes},{SMALL}"
     )
     model_dir = str(tmp_path / "run")
     trainer.train(load_pipeline(DEMO, override, "mirrored"), model_dir, tf.distribute.MirroredStrategy())

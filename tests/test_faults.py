@@ -13,28 +13,15 @@ import time
 
 import psutil
 import pytest
-from loopback import write_cluster
-from test_distributed import PIPELINE, data_dir, tiny  # noqa: F401 (data_dir: a fixture)
-
-pytestmark = pytest.mark.slow
-
-
-def saved_step(model_dir):
-    """The step of the latest complete checkpoint, from the state file (no TensorFlow here)."""
-    try:
-        text = open(os.path.join(model_dir, "checkpoint")).read()
-    except OSError:
-        return None
-    m = re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"', text, re.M)
-    return int(m.group(1)) if m else None
+from loopback import PIPELINE, checkpoint_step, clean_env, tiny, write_cluster
 
 
 def wait_for_checkpoint(model_dir, timeout=120):
     deadline = time.monotonic() + timeout
-    while saved_step(model_dir) is None:
+    while checkpoint_step(model_dir) is None:
         assert time.monotonic() < deadline, f"no checkpoint in {model_dir} after {timeout} s"
         time.sleep(0.2)
-    return saved_step(model_dir)
+    return checkpoint_step(model_dir)
 
 
 class Job:
@@ -42,14 +29,13 @@ class Job:
     every process it ever started is remembered and must be gone at the end."""
 
     def __init__(self, *args, cwd):
-        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "od_dist", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             cwd=cwd,
-            env=env,
+            env=clean_env(),
             start_new_session=True,
         )
         self.lines = []  # (time, line)
@@ -165,6 +151,7 @@ def launch_args(tmp_path, data_dir, cluster, steps, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, data_dir, jobs):
     """kill -9 of worker:1: restarted alone, training goes on. kill -9 of the ps: every task
     restarts and resumes from the last checkpoint (never below it). The job finishes, exit 0."""
@@ -201,12 +188,15 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps(tmp_path, dat
         f"{first_step - killed:.1f} s after kill -9 (restored {resumed_at - killed:.1f} s)"
     )
     assert job.finish() == 0, job.out[-5000:]
-    assert saved_step(model_dir) == 60
+    assert checkpoint_step(model_dir) == 60
     log = open(os.path.join(model_dir, "logs", "master-0.log")).read()
     assert log.count(" master:0 started -----") == 2  # the restarted master appended to its log
 
 
+@pytest.mark.slow
 def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, data_dir, jobs):
+    """The multi_worker_mirrored pair under launch trains with 2 replicas in sync; kill -9 of the
+    worker restarts both trainers, which resume from the last checkpoint and finish."""
     cluster = write_cluster(tmp_path, ps=0, workers=1)
     model_dir = str(tmp_path / "model")
     # Model Garden's own preemption handler restores the chief alone before training, which puts
@@ -233,10 +223,13 @@ def test_a_lost_multi_worker_mirrored_trainer_restarts_every_trainer(tmp_path, d
         f"{first_step - killed:.1f} s after kill -9"
     )
     assert job.finish() == 0, job.out[-5000:]
-    assert saved_step(model_dir) == 30
+    assert checkpoint_step(model_dir) == 30
     assert job.out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
+    for name in ("master:0", "worker:0"):
+        assert f"[{name}] {name}: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in job.out
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, jobs):
     """Ctrl+C in a terminal reaches the launcher's whole process group; the tasks, in their own
     groups, hear only what the launcher sends: the master first, the servers after it."""
@@ -259,6 +252,7 @@ def test_ctrl_c_stops_the_trainers_first_and_leaves_nothing(tmp_path, data_dir, 
     assert "stopped by signal 2" not in job.out, job.out[-5000:]
 
 
+@pytest.mark.slow
 def test_train_max_restarts_restarts_its_own_task(tmp_path, data_dir, jobs):
     """One machine's `od-dist train --max_restarts`: its task is killed, restarted, finishes."""
     model_dir = str(tmp_path / "model")
@@ -280,7 +274,7 @@ def test_train_max_restarts_restarts_its_own_task(tmp_path, data_dir, jobs):
     _, again, _ = job.wait_for(r"^od-dist train \| step \d+/20", after=i)
     print(f"\ntrain --max_restarts: training again {again - killed:.1f} s after kill -9")
     assert job.finish() == 0, job.out[-5000:]
-    assert saved_step(model_dir) == 20
+    assert checkpoint_step(model_dir) == 20
 
 
 def test_a_permanent_error_is_not_retried(tmp_path, jobs):

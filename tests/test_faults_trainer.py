@@ -13,34 +13,17 @@ import time
 
 import psutil
 import pytest
-from loopback import write_cluster
+from loopback import PIPELINE, ROOT, SMALL, checkpoint_step, clean_env, write_cluster
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 OVERRIDE = (
     "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
     "trainer.checkpoint_interval={interval},trainer.validation_interval=1000,"
-    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord"
+    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord,"
+    + SMALL
 )
 PROGRESS = re.compile(r"od-dist train \| step (\d+)/")
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    from od_dist.data import shapes
-
-    out = str(tmp_path_factory.mktemp("shapes"))
-    shapes.write_dataset(out, num_train=48, num_val=8, seed=1)
-    return out
-
-
-def checkpoint_step(model_dir):
-    import tensorflow as tf
-
-    latest = tf.train.latest_checkpoint(model_dir)
-    return int(latest.rsplit("-", 1)[1]) if latest else None
 
 
 class Proc:
@@ -49,8 +32,7 @@ class Proc:
     def __init__(self, tmp_path, name, args, prefix=()):
         self.name = name
         self.log = tmp_path / f"{name}.log"
-        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        env["PYTHONUNBUFFERED"] = "1"
+        env = clean_env(PYTHONUNBUFFERED="1")
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, *prefix, "-m", "od_dist", *args],
@@ -217,15 +199,21 @@ def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data
 
 def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, procs):
     """With no worker left for --wait_timeout the master exits 138 naming them (TensorFlow alone
-    would wait an hour); the ps, its master gone for --wait_timeout, exits 138 naming it."""
-    wait = 45
+    would wait an hour); the ps, its master gone for --wait_timeout, exits 138 naming it. The
+    servers first: the master's port answers (its beacon) before it imports TensorFlow, so a short
+    --wait_timeout covers the servers' wait for it."""
+    wait = 10
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     model_dir = tmp_path / "model"
-    ps, w0, master = (
-        Proc(tmp_path, name, train_args(cluster, role, 0, model_dir, data_dir, wait=wait))
-        for name, role in (("ps", "ps"), ("worker", "worker"), ("master", "master"))
+    ps, w0 = (
+        Proc(tmp_path, role, train_args(cluster, role, 0, model_dir, data_dir, wait=wait))
+        for role in ("ps", "worker")
     )
-    procs.extend([ps, w0, master])
+    procs.extend([ps, w0])
+    for p in (ps, w0):
+        p.wait_for(lambda out: "serving on" in out, 400, "serving")
+    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, data_dir, wait=wait))
+    procs.append(master)
     master.wait_step(0, 400)
     w0.proc.kill()
     killed = time.monotonic()

@@ -11,13 +11,12 @@ import sys
 import mslex
 import pytest
 import yaml
+from loopback import ROOT
 
 from od_dist import cli
 from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster import validate
 from od_dist.render import quote, scripts
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Strings that end a line, start a command or a key, or change meaning in at least one target.
 HOSTILE = [

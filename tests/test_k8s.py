@@ -5,16 +5,14 @@ the cluster file."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
+from loopback import ROOT, od_dist
 
 from od_dist.cluster import spec as cluster_mod
 from od_dist.render import k8s
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
 ROLE_OF = {"PS": "ps", "Chief": "master", "Worker": "worker", "Evaluator": "evaluator"}
 
@@ -23,13 +21,6 @@ master: 10.1.0.1:3000
 worker: [10.1.0.2:3001, 10.1.0.3:3001, 10.1.0.4:3001]
 evaluator: 10.1.0.5
 """
-
-
-def od_dist(*args, cwd=ROOT):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
-    )
 
 
 def render(path, *extra):

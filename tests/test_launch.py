@@ -75,7 +75,6 @@ def test_a_resumed_run_appends_to_its_log(tmp_path):
     assert lines[0].startswith("----- ") and lines[0].endswith(" worker:1 started -----")
 
 
-@pytest.mark.slow
 def test_launch_with_a_bad_pipeline_starts_nothing(tmp_path):
     pipeline = tmp_path / "bad.yaml"
     pipeline.write_text("experiment: retinanet_resnetfpn_coco\ntrainer: {train_stepz: 10}\n")

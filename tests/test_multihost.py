@@ -10,17 +10,11 @@ import time
 
 import netns
 import pytest
+from loopback import PIPELINE, ROOT, TINY, checkpoint_step
 
 from od_dist.job import exit_codes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 PORT = 2222  # every machine has its own address, so every task can use the same port, as on a LAN
-TINY = (
-    "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
-    "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
-    "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord"
-)
 
 
 def write_cluster(tmp_path, text, name="cluster.yaml"):
@@ -258,20 +252,6 @@ def test_doctor_names_what_is_wrong_on_this_machine(tmp_path, machines):
 # ----- real jobs, each machine started by its own generated script (slow) ----------------------
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shapes")
-    r = subprocess.run(
-        [sys.executable, "-m", "od_dist", "data", "shapes", f"--out={out}", "--num_train=48", "--num_val=8"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return str(out)
-
-
 def job_cluster(tmp_path, net, roles):
     """A cluster file for `roles` ({machine index: 'master' | 'worker' | 'ps'}), whose hosts run
     this test's interpreter from a working directory of their own (the namespaces share the file
@@ -369,15 +349,6 @@ class Job:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
-
-
-def checkpoint_step(model_dir):
-    """The step of the latest checkpoint, from TensorFlow's `checkpoint` state file."""
-    path = os.path.join(model_dir, "checkpoint")
-    if not os.path.exists(path):
-        return None
-    m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', open(path).read(), re.M)
-    return int(m.group(1)) if m else None
 
 
 @pytest.mark.slow

@@ -6,16 +6,14 @@ training steps and a COCO line from `od-dist eval`."""
 
 import glob
 import os
-import subprocess
-import sys
 
+import loopback
 import numpy as np
 import pytest
+from loopback import ROOT
 
 from od_dist import cli
 from od_dist.data import records, shapes, textproto
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The TF2 Detection Zoo's pipeline.config files, as downloaded (placeholders included).
 SSD_MOBILENET_V2_FPNLITE_320 = """# SSD with Mobilenet v2 FPN-lite feature extractor, shared box predictor and focal
@@ -555,16 +553,7 @@ LABEL_MAP = "".join(f"item {{\n  id: {i}\n  name: '{n}'\n}}\n" for i, n in enume
 
 
 def od_dist(*args, cwd=ROOT, timeout=600):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run(
-        [sys.executable, "-m", "od_dist", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=timeout,
-    )
+    return loopback.od_dist(*args, cwd=cwd, timeout=timeout)
 
 
 def run_cli(capsys, *args):

@@ -3,19 +3,16 @@ machines; the benchmark itself is benchmarks/scaling.py, its harness checked in
 test_scaling_harness.py): the bytes a step moves, the layout warning, the pipeline's all-reduce
 settings reaching the strategy, --fixed_replica_batch."""
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
-from loopback import free_ports
+from loopback import PIPELINE, ROOT, free_ports
 
 from od_dist.cluster import spec, traffic
 from od_dist.job import config, doctor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 MB = 1e6
 
 
@@ -186,19 +183,6 @@ def test_fixed_replica_batch_counts_every_trainer_and_is_refused_under_parameter
 
 
 # ----- a real job: the master's network line, the settings honoured ------------------------------
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shapes")
-    subprocess.run(
-        [sys.executable, "-m", "od_dist", "data", "shapes", f"--out={out}", "--num_train=48", "--num_val=8"],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    return str(out)
 
 
 @pytest.mark.slow

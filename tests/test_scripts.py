@@ -16,16 +16,15 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 
 import mslex
 import pytest
+from loopback import ROOT, od_dist
 
 from od_dist.cluster import spec as cluster_mod
 from od_dist.render import quote, scripts
 from od_dist.render.scripts import PS_SINGLE_QUOTES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
 
 MODEL_DIR = "runs/a b&c%PATH%^!\"'é"
@@ -505,13 +504,6 @@ def test_firewall_rules():
     assert win_lines[1].startswith('netsh advfirewall firewall add rule name="od-dist ps 0" dir=in')
     assert "sudo ufw allow proto tcp from 192.168.1.109 to any port 2224" in scripts.firewall_lines(
         ps_rule, "linux"
-    )
-
-
-def od_dist(*args, cwd=ROOT):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
     )
 
 

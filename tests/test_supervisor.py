@@ -76,7 +76,8 @@ def test_describe_and_backoff():
 
 
 class Job:
-    """Stand-in tasks: each child runs a small script chosen per (task, start number)."""
+    """Stand-in tasks: each child runs a small script chosen per (task, start number). Restarts
+    come at once (no backoff): the backoff's values are test_describe_and_backoff's."""
 
     def __init__(self, strategy, tasks, scripts, max_restarts=3, grace_s=5.0):
         self.started = []  # (task name, start number)
@@ -84,7 +85,7 @@ class Job:
         self.lines = []
         self.scripts = scripts
         self.sup = supervisor.Supervisor(
-            strategy, tasks, self.start, self.lines.append, max_restarts, grace_s
+            strategy, tasks, self.start, self.lines.append, max_restarts, grace_s, backoff=lambda n: 0.0
         )
 
     def start(self, t):
@@ -103,6 +104,19 @@ class Job:
         assert not thread.is_alive(), self.lines
         assert all(p.poll() is not None for p in self.procs), "a child outlived the supervisor"
         return result[0]
+
+
+def wait_until(condition, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def in_background(fn):
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    return thread
 
 
 def exits(code, after=0.2):
@@ -133,7 +147,7 @@ def test_a_lost_parameter_server_worker_restarts_alone_and_the_job_finishes():
         ("worker:1", 0),
         ("worker:1", 1),
     ]
-    assert "worker:1 died (exit 137, killed); restart 1/3 of worker:1 alone in 2 s" in job.lines
+    assert "worker:1 died (exit 137, killed); restart 1/3 of worker:1 alone in 0 s" in job.lines
 
 
 def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
@@ -154,7 +168,7 @@ def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
         ("worker:0", 0),
         ("worker:0", 1),
     ]
-    assert job.lines[0] == "ps:0 died (exit 137, killed); restart 1/1 of every task in 2 s"
+    assert job.lines[0] == "ps:0 died (exit 137, killed); restart 1/1 of every task in 0 s"
     assert job.lines[1] == (
         "ps:0 died (exit 138, lost a peer); no restart left (--max_restarts 1); stopping every "
         "task; the first failure (root cause): ps:0 died (exit 137, killed)"
@@ -177,24 +191,39 @@ def test_interrupt_stops_the_trainers_first_then_the_servers(tmp_path):
     trainer = (
         f"import signal, sys, time\n"
         f"def stop(*a):\n    time.sleep(0.5); open({str(order)!r}, 'a').write('master\\n'); sys.exit(130)\n"
-        f"signal.signal(signal.SIGINT, stop)\ntime.sleep(60)"
+        f"signal.signal(signal.SIGINT, stop)\nopen({str(tmp_path / 'master')!r}, 'w').close()\ntime.sleep(60)"
     )
     server = (
         f"import signal, sys\n"
         f"def stop(*a):\n    open({str(order)!r}, 'a').write('ps\\n'); sys.exit(0)\n"
-        f"signal.signal(signal.SIGTERM, stop)\nsignal.signal(signal.SIGINT, stop)\nimport time; time.sleep(60)"
+        f"signal.signal(signal.SIGTERM, stop)\nsignal.signal(signal.SIGINT, stop)\n"
+        f"open({str(tmp_path / 'ps')!r}, 'w').close()\nimport time; time.sleep(60)"
     )
     job = Job(PS, [PS0, MASTER], lambda t, n: trainer if t.role == "master" else server)
-    threading.Timer(1.0, job.sup.on_signal, args=(signal.SIGINT,)).start()
+
+    def interrupt_once_both_listen():
+        wait_until(lambda: (tmp_path / "master").exists() and (tmp_path / "ps").exists())
+        job.sup.on_signal(signal.SIGINT)
+
+    in_background(interrupt_once_both_listen)
     assert job.run() == 130
     assert order.read_text() == "master\nps\n"
 
 
-def test_a_second_interrupt_kills_at_once():
-    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
-    job = Job(MWMS, [MASTER, W0], lambda t, n: stubborn, grace_s=50)
-    threading.Timer(1.0, job.sup.on_signal, args=(signal.SIGTERM,)).start()
-    threading.Timer(2.0, job.sup.on_signal, args=(signal.SIGTERM,)).start()
+def test_a_second_interrupt_kills_at_once(tmp_path):
+    def stubborn(t, n):
+        ready = str(tmp_path / t.name)
+        return f"import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen({ready!r}, 'w').close()\ntime.sleep(60)"
+
+    job = Job(MWMS, [MASTER, W0], stubborn, grace_s=50)
+
+    def interrupt_twice():
+        wait_until(lambda: (tmp_path / "master:0").exists() and (tmp_path / "worker:0").exists())
+        job.sup.on_signal(signal.SIGTERM)  # ignored by both: the second must not wait out grace_s
+        wait_until(lambda: any("asking" in line for line in job.lines))
+        job.sup.on_signal(signal.SIGTERM)
+
+    in_background(interrupt_twice)
     start = time.monotonic()
     assert job.run() == 143
     assert time.monotonic() - start < 10

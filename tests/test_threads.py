@@ -1,12 +1,8 @@
-"""CPU thread budgets: the pure rule (cores, tasks on this machine -> threads), the flags over it,
-and one real launch whose children report the threads TensorFlow applied."""
-
-import os
-import re
-import subprocess
-import sys
+"""CPU thread budgets: the pure rule (cores, tasks on this machine -> threads) and the flags over
+it. The threads TensorFlow applied in each task of a real launch: test_distributed.py."""
 
 import pytest
+from loopback import PIPELINE
 
 from od_dist.cli import main
 from od_dist.cluster import spec
@@ -14,8 +10,6 @@ from od_dist.cluster.spec import InvalidCluster
 from od_dist.job import config, threads
 from od_dist.job.threads import Threads
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 PS_LOCAL = ["ps", "master", "worker", "worker"]
 
 
@@ -126,52 +120,3 @@ def test_launch_passes_the_thread_flags_on(tmp_path):
     define_train_flags(fv)
     fv(["x", "--intra_op_threads=2", "--data_threads=0"])
     assert passed_on_args(fv) == ["--intra_op_threads=2", "--data_threads=0"]
-
-
-@pytest.mark.slow
-def test_each_launched_task_reports_the_threads_tensorflow_applied(tmp_path):
-    """A real launch (1 ps, master, 1 worker, 2 steps): every child prints its budget as
-    TensorFlow reports it after applying; a flag given to launch reaches every child."""
-    from loopback import free_ports
-    from test_distributed import tiny
-
-    data = tmp_path / "data"
-    subprocess.run(
-        [sys.executable, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=16", "--num_val=8"],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    m, w, ps = free_ports(3)
-    cluster = tmp_path / "c.yaml"
-    cluster.write_text(f"master: 127.0.0.1:{m}\nworker: [127.0.0.1:{w}]\nps: [127.0.0.1:{ps}]\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_NUM_INTRAOP_THREADS")}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "od_dist",
-            "launch",
-            f"--cluster={cluster}",
-            f"--pipeline={PIPELINE}",
-            f"--model_dir={tmp_path / 'model'}",
-            tiny(str(data), steps=2),
-            "--data_threads=3",
-            "--wait_timeout=60",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=str(tmp_path),
-        env=env,
-        timeout=300,
-    )
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
-    cores = threads.machine_cores()
-    roles = ["ps", "master", "worker"]
-    for role in roles:
-        want = threads.budget(cores, role, "parameter_server", roles)
-        line = (
-            rf"\[{role}:0\] {role}:0: threads intra-op {want.intra_op}, inter-op {want.inter_op}, tf.data 3 "
-        )
-        assert re.search(line, out), (line, out[-3000:])

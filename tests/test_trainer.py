@@ -3,23 +3,28 @@
 Tiny runs (a few steps on a few dozen images): they prove the wiring, not the accuracy;
 benchmarks/demo_accuracy.py measures that."""
 
+import contextlib
 import glob
+import io
 import json
 import os
 import re
+import subprocess
+import sys
+import typing
 
 import pytest
+from loopback import PIPELINE as DEMO
+from loopback import ROOT, SMALL
+from loopback import checkpoint_step as step_of
 
 tf = pytest.importorskip("tensorflow")
 
-from od_dist.data import shapes  # noqa: E402
 from od_dist.job import trainer  # noqa: E402
 from od_dist.model.pipeline import load_pipeline  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
 PROGRESS = re.compile(
     r"^od-dist train \| step (\d+)/(\d+) \(\d+%\) \| loss ([\d.]+) \| "
     r"([\d.]+) steps/s \| ([\d.]+) examples/s \| ETA \S+$",
@@ -27,46 +32,78 @@ PROGRESS = re.compile(
 )
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("shapes"))
-    shapes.write_dataset(out, num_train=48, num_val=16, seed=1)
-    return out
-
-
-def params_for(data_dir, steps, extra=""):
-    override = (
+def override_for(data_dir, steps):
+    return (
         f"trainer.train_steps={steps},trainer.steps_per_loop=5,"
         "trainer.summary_interval=5,trainer.checkpoint_interval=5,"
         f"task.train_data.input_path={data_dir}/train.tfrecord,"
-        f"task.validation_data.input_path={data_dir}/val.tfrecord"
+        f"task.validation_data.input_path={data_dir}/val.tfrecord,{SMALL}"
     )
-    return load_pipeline(DEMO, override + extra, strategy="mirrored")
+
+
+def params_for(data_dir, steps, extra=""):
+    return load_pipeline(DEMO, override_for(data_dir, steps) + extra, strategy="mirrored")
+
+
+# The evaluator sidecar: continuous_eval in its own process, following the trainer's checkpoints.
+FOLLOWER = """
+import json, sys
+from od_dist.job import trainer
+from od_dist.model.pipeline import load_pipeline
+p = load_pipeline(sys.argv[1], sys.argv[2], "mirrored")
+m = trainer.continuous_eval(p, sys.argv[3], timeout_s=240)
+print("RESULT " + json.dumps(m))
+"""
 
 
 @pytest.fixture(scope="module")
-def trained(data_dir, tmp_path_factory):
-    """A model_dir trained for 10 steps (two loops) under MirroredStrategy."""
+def first_run(data_dir, tmp_path_factory):
+    """One run for the module: 10 steps (two loops) under MirroredStrategy, an evaluator process
+    following it. Returns the model_dir, the trainer's output, its step when it returned, and the
+    evaluator's exit status and output."""
     model_dir = str(tmp_path_factory.mktemp("run"))
-    trainer.train(params_for(data_dir, 10), model_dir, tf.distribute.MirroredStrategy())
-    return model_dir
+    evaluator = subprocess.Popen(
+        [sys.executable, "-c", FOLLOWER, DEMO, override_for(data_dir, 10), model_dir],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            trainer.train(params_for(data_dir, 10), model_dir, tf.distribute.MirroredStrategy())
+        step = step_of(model_dir)
+        evaluated, _ = evaluator.communicate(timeout=280)
+    finally:
+        if evaluator.poll() is None:
+            evaluator.kill()
+            evaluator.wait()
+    return Run(model_dir, out.getvalue(), step, evaluator.returncode, evaluated)
 
 
-def step_of(model_dir):
-    latest = tf.train.latest_checkpoint(model_dir)
-    return int(latest.rsplit("-", 1)[1]) if latest else None
+class Run(typing.NamedTuple):
+    model_dir: str
+    out: str
+    step: int
+    eval_code: int
+    eval_out: str
 
 
-def test_train_writes_checkpoints_params_summaries(data_dir, tmp_path, capsys):
-    model_dir = str(tmp_path / "run")
-    trainer.train(params_for(data_dir, 10), model_dir, tf.distribute.MirroredStrategy())
-    out = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def trained(first_run):
+    """The first run's model_dir (the tests below train it further)."""
+    return first_run.model_dir
+
+
+def test_train_writes_checkpoints_params_summaries(first_run):
+    model_dir, out = first_run.model_dir, first_run.out
     lines = PROGRESS.findall(out)
     assert [(int(s), int(t)) for s, t, *_ in lines] == [(5, 10), (10, 10)], out[-2000:]
     for _, _, loss, rate, examples in lines:
         assert float(loss) > 0 and float(rate) > 0
-        assert float(examples) == pytest.approx(8 * float(rate), rel=0.02, abs=0.1)
-    assert step_of(model_dir) == 10
+        assert float(examples) == pytest.approx(2 * float(rate), rel=0.02, abs=0.1)  # batch 2
+    assert first_run.step == 10
     assert os.path.exists(os.path.join(model_dir, "params.yaml"))
     assert glob.glob(os.path.join(model_dir, "train", "events.out.tfevents.*"))
     saved = load_pipeline(DEMO)  # params.yaml is Model Garden's own format
@@ -74,6 +111,18 @@ def test_train_writes_checkpoints_params_summaries(data_dir, tmp_path, capsys):
 
     hyperparams.override_params_dict(saved, os.path.join(model_dir, "params.yaml"), is_strict=True)
     assert saved.trainer.train_steps == 10
+
+
+def test_continuous_eval_follows_a_running_trainer(first_run):
+    """The evaluator sidecar (its own process) evaluates each checkpoint as the trainer
+    writes it, and returns right after the final one."""
+    out = first_run.eval_out
+    assert first_run.eval_code == 0, out[-3000:]
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["step"] == 10
+    steps = [int(s) for s in re.findall(r"^od-dist eval \| step (\d+) \|", out, re.M)]
+    assert steps[-1] == 10 and steps == sorted(set(steps)), out[-3000:]
+    assert os.path.exists(os.path.join(first_run.model_dir, "validation", "metrics-10.json"))
 
 
 def test_resume_continues_from_the_latest_checkpoint(data_dir, trained, capsys):
@@ -100,7 +149,11 @@ def test_evaluate_latest_returns_and_writes_coco_metrics(data_dir, trained, caps
     assert metrics["step"] == step
     for key in ("AP", "AP50", "AP75", "ARmax100", "validation_loss"):
         assert isinstance(metrics[key], float)
-    assert -1.0 <= metrics["AP"] <= 1.0 and -1.0 <= metrics["AP50"] <= 1.0
+    # COCO's -1 means no ground truth reached the evaluation; AP (over IoU 0.5 to 0.95) and AP75
+    # are at most AP50, every recall and AP within [0, 1].
+    assert 0.0 <= metrics["AP"] <= metrics["AP50"] <= 1.0, metrics
+    assert 0.0 <= metrics["AP75"] <= metrics["AP50"] and 0.0 <= metrics["ARmax100"] <= 1.0, metrics
+    assert metrics["validation_loss"] > 0, metrics
     with open(os.path.join(trained, "eval_metrics.json")) as f:
         assert json.load(f) == pytest.approx(metrics)
     assert os.path.exists(os.path.join(trained, "validation", f"metrics-{step}.json"))
@@ -126,45 +179,6 @@ def test_continuous_eval_times_out_without_checkpoints(data_dir, tmp_path):
 def test_evaluate_latest_without_checkpoint_is_a_clear_error(data_dir, tmp_path):
     with pytest.raises(trainer.TrainerError, match="no checkpoint"):
         trainer.evaluate_latest(params_for(data_dir, 10), str(tmp_path))
-
-
-def test_continuous_eval_follows_a_running_trainer(data_dir, tmp_path):
-    """The evaluator sidecar (its own process) evaluates each checkpoint as the trainer
-    writes it, and returns right after the final one."""
-    import subprocess
-    import sys
-
-    model_dir = str(tmp_path / "run")
-    os.makedirs(model_dir)
-    override = (
-        f"trainer.train_steps=10,trainer.steps_per_loop=5,trainer.summary_interval=5,"
-        f"trainer.checkpoint_interval=5,task.train_data.input_path={data_dir}/train.tfrecord,"
-        f"task.validation_data.input_path={data_dir}/val.tfrecord"
-    )
-    code = (
-        "import json, sys\n"
-        "from od_dist.job import trainer\n"
-        "from od_dist.model.pipeline import load_pipeline\n"
-        f"p = load_pipeline({DEMO!r}, {override!r}, 'mirrored')\n"
-        f"m = trainer.continuous_eval(p, {model_dir!r}, timeout_s=240)\n"
-        "print('RESULT ' + json.dumps(m))\n"
-    )
-    evaluator = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        trainer.train(params_for(data_dir, 10), model_dir, tf.distribute.MirroredStrategy())
-        out, _ = evaluator.communicate(timeout=280)
-    finally:
-        if evaluator.poll() is None:
-            evaluator.kill()
-            evaluator.wait()
-    assert evaluator.returncode == 0, out[-3000:]
-    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
-    assert result["step"] == 10
-    steps = [int(s) for s in re.findall(r"^od-dist eval \| step (\d+) \|", out, re.M)]
-    assert steps[-1] == 10 and steps == sorted(set(steps)), out[-3000:]
-    assert os.path.exists(os.path.join(model_dir, "validation", "metrics-10.json"))
 
 
 def test_continuous_eval_waits_while_asked(tmp_path, data_dir):

@@ -1,4 +1,5 @@
-"""The cluster file: its frozen model, validation rules, safe YAML and this machine's addresses.
+"""The cluster file: its frozen model, validation rules, safe YAML, what each role does (duties),
+who connects to whom (topology), and this machine's addresses and ports.
 
 Nothing here imports TensorFlow, so validate, tf-config and --help stay fast.
 """

@@ -1,8 +1,11 @@
-"""This machine's own addresses, to check that a task really runs where the cluster file says."""
+"""This machine's own addresses, to check that a task really runs where the cluster file says, and
+its ports, bound as a task's server binds them."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import os
 import socket
 import threading
 import time
@@ -11,6 +14,25 @@ from dataclasses import dataclass
 import psutil
 
 RESOLVE_TIMEOUT_S = 3.0
+# A port another program holds (Windows says so with its own code; a privileged one is EACCES).
+PORT_TAKEN = frozenset({errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1), errno.EACCES})
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """Binds `port` on every interface of `host`'s address family, as TensorFlow's server will,
+    and listens; raises OSError (errno in PORT_TAKEN: another program has it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    # SO_REUSEADDR as gRPC sets it, so a port in TIME_WAIT after a previous run is not "taken".
+    if os.name != "nt":
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        s.listen()
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from od_dist.cluster import safe_yaml, validate
+from od_dist.cluster import duties, safe_yaml, validate
 from od_dist.cluster.validate import MULTI_WORKER_MIRRORED, PARAMETER_SERVER  # noqa: F401 (re-exported)
 
 TF_JOB = {"master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
@@ -150,10 +150,9 @@ class Cluster:
         return leads[0] if leads else None
 
     def runs_replicas(self, role: str) -> bool:
-        """Whether this role's processes run --num_clones replicas: the workers, and the master under
-        multi_worker_mirrored. A ps holds variables, the parameter_server master coordinates and the
-        evaluator evaluates on its own: they start whatever num_clones says."""
-        return role == "worker" or (role == "master" and self.strategy != PARAMETER_SERVER)
+        """Whether this role's processes run --num_clones replicas (cluster/duties.py): the others
+        start whatever num_clones says."""
+        return duties.of(self.strategy, role).runs_replicas
 
     def loopback_only(self) -> bool:
         return all(validate.is_loopback(t.address.host) for t in self.tasks())

@@ -54,9 +54,15 @@ def problem(key: str, value, what: str, fix: str) -> str:
     return f"{shown(key)}: '{shown(value)}': {what}; {fix}"
 
 
-def _did_you_mean(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(choices)}"
+def did_you_mean(word, choices, what: str = "keys") -> str:
+    """The closest of `choices` to a misspelt `word`, else the first dozen `choices` (the cluster
+    file's keys, a pipeline's)."""
+    choices = list(choices)
+    close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    shown = ", ".join(choices[:12]) + (", ..." if len(choices) > 12 else "")
+    return f"known {what}: {shown}"
 
 
 class AddressError(ValueError):
@@ -193,7 +199,7 @@ def check_keys(doc: dict) -> list[str]:
     out = []
     for key in doc:
         if not isinstance(key, str) or key not in TOP_KEYS:
-            out.append(problem(str(key), key, "unknown key", _did_you_mean(str(key), TOP_KEYS)))
+            out.append(problem(str(key), key, "unknown key", did_you_mean(str(key), TOP_KEYS)))
     if "master" in doc and "chief" in doc:
         out.append(
             problem(
@@ -290,7 +296,7 @@ def check_strategy(doc: dict) -> list[str]:
                 "strategy",
                 strategy,
                 "unknown strategy",
-                _did_you_mean(str(strategy), STRATEGIES).replace("known keys", "known strategies"),
+                did_you_mean(strategy, STRATEGIES, "strategies"),
             )
         ]
     strategy = infer_strategy(doc)
@@ -411,9 +417,7 @@ def check_hosts(doc: dict) -> list[str]:
             continue
         for name, value in settings.items():
             if name not in HOST_KEYS:
-                out.append(
-                    problem(f"{key}.{name}", value, "unknown key", _did_you_mean(str(name), HOST_KEYS))
-                )
+                out.append(problem(f"{key}.{name}", value, "unknown key", did_you_mean(str(name), HOST_KEYS)))
             elif name == "os" and value not in HOST_OSES:
                 out.append(
                     problem(

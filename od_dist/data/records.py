@@ -355,6 +355,8 @@ def image_format(path: str) -> tuple[str, tuple[int, int]]:
 
 # Formats tf.io.decode_image reads; any other is re-encoded as PNG.
 DECODABLE = ("jpeg", "png", "gif", "bmp")
+# Image files the converters and `predict` pick up: PIL opens each (the others re-encoded as above).
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def encoded_image(path: str, fmt: str) -> tuple[bytes, str]:

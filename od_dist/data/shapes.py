@@ -33,11 +33,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from od_dist.data.records import LABEL_MAP_FILE
+
 DEFAULT_DIR = os.path.join("data", "shapes")
 CLASSES: tuple[str, ...] = ("circle", "square", "triangle")  # label ids 1, 2, 3
 TRAIN_FILE = "train.tfrecord"
 VAL_FILE = "val.tfrecord"
-LABEL_MAP_FILE = "label_map.pbtxt"
 SUMMARY_FILE = "summary.json"
 
 _MAX_OBJECTS = 4

@@ -28,7 +28,6 @@ from od_dist.data import records
 from od_dist.data.records import BadAnnotation, DatasetError
 
 MAX_XML_BYTES = 10 * 2**20  # a labelImg file is a few KB; anything this big is not an annotation
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def _find_image(xml_path: str, filename: str | None, images_dir: str) -> str:
     # labelImg writes <filename>; other tools leave it out or keep an old name: try the XML's stem.
     stem = os.path.splitext(os.path.basename(xml_path))[0]
     names = [filename] if filename else []
-    names += [stem + s for suffix in IMAGE_SUFFIXES for s in (suffix, suffix.upper())]
+    names += [stem + s for suffix in records.IMAGE_SUFFIXES for s in (suffix, suffix.upper())]
     for name in names:
         path, inside = records.image_under(images_dir, name)
         if path and not inside:
@@ -231,89 +230,3 @@ def convert(
     splits = records.split(len(good), val_fraction, seed)
     written = records.write_dataset(out_dir, good, splits, make_example, labels, "data voc", progress_stream)
     return written, len(problems)
-
-
-def write_xml(
-    path: str,
-    image_filename: str,
-    width: int,
-    height: int,
-    objects,
-    folder: str = "images",
-    image_path: str | None = None,
-) -> None:
-    """Writes one annotation the way labelImg does (used by tests and benchmarks).
-
-    ``objects``: (name, xmin, ymin, xmax, ymax, difficult) with VOC's 1-based inclusive pixels."""
-    lines = [
-        "<annotation>",
-        f"\t<folder>{folder}</folder>",
-        f"\t<filename>{image_filename}</filename>",
-        f"\t<path>{image_path or image_filename}</path>",
-        "\t<source>",
-        "\t\t<database>Unknown</database>",
-        "\t</source>",
-        "\t<size>",
-        f"\t\t<width>{width}</width>",
-        f"\t\t<height>{height}</height>",
-        "\t\t<depth>3</depth>",
-        "\t</size>",
-        "\t<segmented>0</segmented>",
-    ]
-    for name, xmin, ymin, xmax, ymax, difficult in objects:
-        lines += [
-            "\t<object>",
-            f"\t\t<name>{name}</name>",
-            "\t\t<pose>Unspecified</pose>",
-            "\t\t<truncated>0</truncated>",
-            f"\t\t<difficult>{int(difficult)}</difficult>",
-            "\t\t<bndbox>",
-            f"\t\t\t<xmin>{xmin}</xmin>",
-            f"\t\t\t<ymin>{ymin}</ymin>",
-            f"\t\t\t<xmax>{xmax}</xmax>",
-            f"\t\t\t<ymax>{ymax}</ymax>",
-            "\t\t</bndbox>",
-            "\t</object>",
-        ]
-    lines.append("</annotation>")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-
-
-def write_shapes_folder(
-    out_dir: str, count: int, seed: int = 0, image_size: int = 128, difficult_every: int = 0
-) -> tuple[str, str]:
-    """A labelImg-style folder (images/*.jpg, annotations/*.xml) of ``count`` shapes images, drawn
-    by ``od_dist.data.shapes``. Every ``difficult_every``-th object is marked difficult (0: none).
-    Returns (images_dir, annotations_dir)."""
-    import numpy as np
-
-    from od_dist.data import shapes
-
-    images_dir = os.path.join(out_dir, "images")
-    ann_dir = os.path.join(out_dir, "annotations")
-    os.makedirs(images_dir, exist_ok=True)
-    os.makedirs(ann_dir, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    n_obj = 0
-    for i in range(count):
-        image, boxes, labels, _ = shapes.make_image(rng, image_size)
-        name = f"img_{i:05d}"
-        with open(os.path.join(images_dir, name + ".jpg"), "wb") as f:
-            f.write(shapes.encode_image(image, "jpeg"))
-        objs = []
-        for (y0, x0, y1, x1), label in zip(boxes.tolist(), labels.tolist()):
-            n_obj += 1
-            # shapes' boxes are 0-based with the max exclusive: VOC's 1-based inclusive is +1 on min.
-            objs.append(
-                (
-                    shapes.CLASSES[label - 1],
-                    x0 + 1,
-                    y0 + 1,
-                    x1,
-                    y1,
-                    bool(difficult_every) and n_obj % difficult_every == 0,
-                )
-            )
-        write_xml(os.path.join(ann_dir, name + ".xml"), name + ".jpg", image_size, image_size, objs)
-    return images_dir, ann_dir

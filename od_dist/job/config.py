@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from od_dist.cluster import duties as duties_mod
 from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster import validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
@@ -166,15 +167,17 @@ class TrainConfig:
         return self.selected.cluster.strategy if self.selected.cluster else "mirrored"
 
     @property
+    def duties(self) -> duties_mod.Duties:
+        """What this task does (cluster/duties.py)."""
+        return duties_mod.of(self.strategy_name, self.role)
+
+    @property
     def is_coordinator(self) -> bool:
-        return self.role == "master" and self.strategy_name == validate.PARAMETER_SERVER
+        return self.duties.is_coordinator
 
     @property
     def is_server(self) -> bool:
-        """ps always; workers under parameter_server only execute what the master schedules."""
-        return self.role == "ps" or (
-            self.role == "worker" and self.strategy_name == validate.PARAMETER_SERVER
-        )
+        return self.duties.is_server
 
 
 def train_config(

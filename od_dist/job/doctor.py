@@ -31,8 +31,7 @@ from dataclasses import dataclass
 
 from od_dist.cluster import hostinfo, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
-from od_dist.cluster.validate import PARAMETER_SERVER
-from od_dist.render.scripts import connecting_peers
+from od_dist.cluster.topology import connecting_peers
 
 OK, WARN, FIX = "ok", "warn", "FIX"
 CONNECT_TIMEOUT_S = 3.0
@@ -205,22 +204,18 @@ def check_ports_here(mine) -> list[Check]:
         if task.role == "evaluator" or task.address.port is None:
             continue  # runs no server
         port = task.address.port
-        family = socket.AF_INET6 if ":" in task.address.host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            if os.name != "nt":
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is free
-            try:
-                s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-                checks.append(Check(OK, f"port {port} here", f"free for {task.name}"))
-            except OSError as e:
-                checks.append(
-                    Check(
-                        FIX,
-                        f"port {port} here",
-                        f"in use{_port_owner(port)} ({e.strerror}); "
-                        f"{task.name} cannot start: stop that program, or give {task.key} another port",
-                    )
+        try:
+            hostinfo.bind_port(task.address.host, port).close()
+            checks.append(Check(OK, f"port {port} here", f"free for {task.name}"))
+        except OSError as e:
+            checks.append(
+                Check(
+                    FIX,
+                    f"port {port} here",
+                    f"in use{_port_owner(port)} ({e.strerror}); "
+                    f"{task.name} cannot start: stop that program, or give {task.key} another port",
                 )
+            )
     return checks
 
 
@@ -309,16 +304,8 @@ def count_gpus() -> tuple[int, str]:
     return 0, "no NVIDIA driver found: no nvidia-smi, no /proc/driver/nvidia"
 
 
-def trains_here(cluster: Cluster, task: Task) -> bool:
-    """Roles whose process holds replicas: the workers under parameter_server (the ps holds
-    variables, the master coordinates), the master and workers under multi_worker_mirrored."""
-    if task.role in ("ps", "evaluator"):
-        return False
-    return task.role == "worker" or cluster.strategy != PARAMETER_SERVER
-
-
 def check_gpus(cluster: Cluster, mine, counted=None) -> list[Check]:
-    trainers = [t for t in mine if trains_here(cluster, t)]
+    trainers = [t for t in mine if cluster.runs_replicas(t.role)]
     gpus, how = counted or count_gpus()
     if not trainers:
         return [Check(OK, "GPUs", f"{gpus} here ({how}); none needed: no task here holds replicas")]

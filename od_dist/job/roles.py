@@ -56,8 +56,8 @@ def run_server(config: TrainConfig) -> int:
         raise RoleError(str(e)) from None
 
 
-def run_trainer(config: TrainConfig) -> int:
-    """The master, an all-reduce worker, or a single machine."""
+def run_trainer(config: TrainConfig, beacon=None) -> int:
+    """The master, an all-reduce worker, or a single machine; `beacon`: its port, already bound."""
     from od_dist.job import devices, server, strategy, trainer, watch
     from od_dist.model import pipeline
 
@@ -72,6 +72,7 @@ def run_trainer(config: TrainConfig) -> int:
             config.wait_timeout,
             params.runtime.all_reduce_alg,
             params.runtime.num_packs,
+            beacon=beacon,
         )
     except strategy.PeerTimeout as e:
         # Retryable, like a peer lost later: a peer that is late (a pod still scheduling, a machine
@@ -260,12 +261,28 @@ def run_evaluator(config: TrainConfig) -> int:
 
 
 def run(config: TrainConfig) -> int:
-    from od_dist.job import threads
+    from od_dist.job import server, threads
 
-    # Before anything initialises TensorFlow's thread pools (devices, servers, strategies).
-    threads.apply(config.threads, config.selected.task.name if config.selected.task else "single")
-    if config.is_server:
-        return run_server(config)
-    if config.role == "evaluator":
-        return run_evaluator(config)
-    return run_trainer(config)
+    task = config.selected.task
+    # The port before TensorFlow's import (seconds): a taken port fails at once. The coordinator
+    # keeps it as its beacon from here, so the servers see it alive while it loads.
+    beacon = None
+    if task is not None and task.address.port is not None:
+        try:
+            beacon = server.bind_port(task)
+        except server.ServerError as e:
+            raise RoleError(str(e)) from None
+        if not config.is_coordinator:
+            beacon.close()
+            beacon = None
+    try:
+        # Before anything initialises TensorFlow's thread pools (devices, servers, strategies).
+        threads.apply(config.threads, task.name if task else "single")
+        if config.is_server:
+            return run_server(config)
+        if config.role == "evaluator":
+            return run_evaluator(config)
+        return run_trainer(config, beacon)
+    finally:
+        if beacon is not None:
+            beacon.close()

@@ -14,7 +14,6 @@ to reuse, which is TensorFlow's recovery rule.
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ import time
 
 from absl import logging
 
+from od_dist.cluster import hostinfo
 from od_dist.cluster.spec import Cluster, Task
 from od_dist.job import exit_codes
 
@@ -56,24 +56,16 @@ def bind_port(task: Task) -> socket.socket:
     """Binds this task's port on every interface, as TensorFlow's server will, and returns the
     listening socket. TensorFlow reports a taken port as a bare 'Could not start gRPC server' (or
     crashes), so this names the port and the fix instead."""
-    family = socket.AF_INET6 if ":" in task.address.host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    # SO_REUSEADDR as gRPC sets it, so a port in TIME_WAIT after a previous run is not "taken".
-    if os.name != "nt":
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", task.address.port))
-        s.listen()
+        return hostinfo.bind_port(task.address.host, task.address.port)
     except OSError as e:
-        s.close()
-        if e.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1), errno.EACCES):
+        if e.errno in hostinfo.PORT_TAKEN:
             raise ServerError(
                 f"{task.name}: port {task.address.port} is already in use on this machine "
                 f"({e.strerror}); stop the program using it, or give {task.key} another port "
                 "in the cluster file"
             ) from None
         raise
-    return s
 
 
 def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> int:

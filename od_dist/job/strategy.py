@@ -105,13 +105,13 @@ def hang_guard(timeout_s: float, what: str):
         watchdog.wait()
 
 
-def wait_with_beacon(task: Task, peers, timeout_s: float) -> None:
+def wait_with_beacon(task: Task, peers, timeout_s: float, beacon=None) -> None:
     """Listens on this task's own port while waiting for the peers, then hands the port over to
     TensorFlow. Under multi_worker_mirrored a trainer's port opens only once its strategy is being
     built, which blocks until every peer is there, so trainers find each other by these beacons.
     Under parameter_server the servers watch the master's port: the beacon tells them the master
-    is alive while it waits for a late peer."""
-    beacon = bind_port(task)
+    is alive while it waits for a late peer. `beacon`: the port, if the caller bound it already."""
+    beacon = beacon or bind_port(task)
     try:
         wait_for_peers(peers, timeout_s)
     finally:
@@ -192,6 +192,7 @@ def make(
     wait_timeout: float,
     all_reduce_alg: str | None = None,
     num_packs: int = 1,
+    beacon=None,
 ):
     import tensorflow as tf
 
@@ -203,7 +204,7 @@ def make(
     peers = [t for t in cluster.server_tasks() if t != task]
     if cluster.strategy == PARAMETER_SERVER:
         devices.apply_policy()  # the coordinator runs no replicas, but the same policy
-        wait_with_beacon(task, peers, wait_timeout)
+        wait_with_beacon(task, peers, wait_timeout, beacon)
         with hang_guard(wait_timeout, f"{task.name}: every peer is up; connecting to the cluster"):
             num_gpus = _worker_gpus(cluster, _resolver(cluster, task, 0))
             return tf.distribute.experimental.ParameterServerStrategy(
@@ -212,7 +213,7 @@ def make(
             )
     names = devices.configure(num_clones, clone_on_cpu)
     num_gpus = len(names) if names[0].startswith("/gpu") else 0
-    wait_with_beacon(task, peers, wait_timeout)
+    wait_with_beacon(task, peers, wait_timeout, beacon)
     with hang_guard(wait_timeout, f"{task.name}: every peer is up; joining the all-reduce group"):
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=_resolver(cluster, task, num_gpus),

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from od_dist.cluster import duties
 from od_dist.cluster.spec import Task
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.job import exit_codes
@@ -57,8 +58,8 @@ def describe(returncode: int) -> str:
 
 
 def is_trainer(strategy: str, role: str) -> bool:
-    """The tasks that train and save: the master, every multi_worker_mirrored worker, a single machine."""
-    return role in ("master", "single") or (role == "worker" and strategy != PARAMETER_SERVER)
+    """The tasks that train and save (cluster/duties.py)."""
+    return duties.of(strategy, role).is_trainer
 
 
 def decide(strategy: str, role: str, returncode: int) -> str:
@@ -179,6 +180,7 @@ class Supervisor:
     max_restarts: int
     grace_s: float  # how long trainers get to save a checkpoint after SIGINT/SIGTERM
     finish: Callable[[Running], None] = lambda r: None
+    backoff: Callable[[int], float] = backoff_s  # seconds before restart number n (1-based)
     running: dict[str, Running] = field(default_factory=dict)
     pending: dict[str, float] = field(default_factory=dict)  # task name -> when to start it
     signals: list[int] = field(default_factory=list)
@@ -360,7 +362,7 @@ class Supervisor:
             )
             return exit_codes.FAILED
         self.restarts += 1
-        wait = backoff_s(self.restarts)
+        wait = self.backoff(self.restarts)
         if p.action == RESTART_ALL:
             # The restart-all message names the lost task first: the others die of it.
             which = " of every task" if len(self.tasks) > 1 else ""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from od_dist.cluster import validate
+from od_dist.cluster import duties, validate
 from od_dist.cluster.spec import Cluster, Task
 
 MIN_INTER_OP = 2  # 1 deadlocks the parameter_server coordinator
@@ -56,8 +56,8 @@ def machine_cores() -> int:
 
 
 def is_light(role: str, strategy: str) -> bool:
-    """Tasks that mostly wait while the others compute."""
-    return role in ("ps", "evaluator") or (role == "master" and strategy == validate.PARAMETER_SERVER)
+    """Tasks that mostly wait while the others compute (cluster/duties.py)."""
+    return duties.of(strategy, role).is_light
 
 
 def budget(cores: int, role: str, strategy: str, roles_here: list[str]) -> Threads:

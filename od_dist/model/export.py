@@ -17,8 +17,8 @@ import re
 import shutil
 
 from od_dist.data import records
+from od_dist.data.records import LABEL_MAP_FILE
 
-LABEL_MAP_FILE = "label_map.pbtxt"
 # What an export writes into --out (a SavedModel and the label map): replaced by the next export.
 WRITTEN = re.compile(r"saved_model\.pb|fingerprint\.pb|keras_metadata\.pb|variables|assets|label_map\.pbtxt")
 

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from od_dist.cluster import safe_yaml
+from od_dist.cluster.validate import did_you_mean
 
 STRATEGIES = ("parameter_server", "multi_worker_mirrored", "mirrored")
 # Model Garden's own name for "one device, no strategy"; fine wherever 'mirrored' is.
@@ -60,15 +61,6 @@ _Loader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
-
-
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    choices = sorted(choices)
-    close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
-    if close:
-        return f"did you mean '{close[0]}'?"
-    shown = ", ".join(choices[:12]) + (", ..." if len(choices) > 12 else "")
-    return f"known keys: {shown}"
 
 
 def _read_file(path: str) -> dict:
@@ -150,7 +142,7 @@ def _check_keys(config, override: dict, source: str, prefix: str = "") -> None:
         dotted = f"{prefix}{key}"
         if not isinstance(key, str) or key not in config.__dict__ or key.startswith("_"):
             known = [k for k in config.__dict__ if not k.startswith("_")]
-            raise PipelineError(f"{source}: {dotted}: unknown key; {_did_you_mean(key, known)}")
+            raise PipelineError(f"{source}: {dotted}: unknown key; {did_you_mean(key, sorted(known))}")
         current = config.__dict__[key]
         if isinstance(value, dict):
             if _is_config(current):
@@ -323,7 +315,9 @@ def load_pipeline(path: str, params_override: str | None = None, strategy: str |
     source = f"pipeline '{path}'"
     for key in doc:
         if key not in _TOP_LEVEL:
-            raise PipelineError(f"{source}: {key}: unknown top-level key; {_did_you_mean(key, _TOP_LEVEL)}")
+            raise PipelineError(
+                f"{source}: {key}: unknown top-level key; {did_you_mean(key, sorted(_TOP_LEVEL))}"
+            )
     name = doc.get("experiment")
     if not isinstance(name, str) or not name:
         raise PipelineError(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+from od_dist.data.records import IMAGE_SUFFIXES
+
 JSON_FILE = "detections.json"
 
 
@@ -32,14 +33,14 @@ def image_paths(paths: list[str]) -> list[str]:
                 f"--images: '{p}': no such file or folder; pass image files or a folder of images"
             )
     if not found:
-        raise PredictError(f"--images: '{','.join(paths)}': no images (.jpg, .png, .bmp, .gif) found")
+        raise PredictError(f"--images: '{','.join(paths)}': no images ({', '.join(IMAGE_SUFFIXES)}) found")
     return found
 
 
 def read_label_map(model_dir: str) -> dict[int, str]:
     from od_dist.data import records
 
-    path = os.path.join(model_dir, "label_map.pbtxt")
+    path = os.path.join(model_dir, records.LABEL_MAP_FILE)
     return records.read_labels(path) if os.path.isfile(path) else {}
 
 

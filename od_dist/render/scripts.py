@@ -23,6 +23,7 @@ import shutil
 from dataclasses import dataclass
 
 from od_dist.cluster.spec import Cluster, HostSettings, Task
+from od_dist.cluster.topology import connecting_peers
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.data import records
 from od_dist.render import quote
@@ -266,31 +267,7 @@ def render_ps1(launch: Launch) -> str:
     return "\r\n".join(lines) + "\r\n"
 
 
-# ----- who talks to whom --------------------------------------------------------------------------
-
-
-def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
-    """The tasks that open connections to `task`'s port. Under parameter_server the master connects
-    to every ps and worker and the workers reach the ps, and every ps and worker checks that the
-    master's port is still open (od-dist's servers stop once the master stays gone past
-    --wait_timeout); under multi_worker_mirrored every trainer talks to every other. The evaluator
-    runs no server: nothing connects to it; it probes the lead task's port (the master, else
-    worker 0) to know training is alive, so that port is open to it too."""
-    masters, workers = cluster.tasks_of("master"), cluster.tasks_of("worker")
-    if task.role == "evaluator" or task.address.port is None:
-        return ()
-    if cluster.strategy == PARAMETER_SERVER:  # only the lists this role needs: a worker's is short
-        if task.role == "worker":
-            peers = masters
-        elif task.role == "ps":
-            peers = masters + workers
-        else:
-            peers = cluster.tasks_of("ps") + workers
-    else:
-        peers = tuple(t for t in masters + workers if t != task)
-    if task == cluster.lead_task():
-        peers += cluster.tasks_of("evaluator")
-    return peers
+# ----- who talks to whom (cluster/topology.py) -----------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,48 @@
+"""What each role does under each strategy: the one table the cluster model, a task's set-up, the
+supervisor, the thread budgets, doctor and the generated scripts and manifests read.
+
+Roles are the cluster file's words; `single` is one machine without a cluster (strategy
+`mirrored`). No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from od_dist.cluster.validate import MULTI_WORKER_MIRRORED, PARAMETER_SERVER
+
+MIRRORED = "mirrored"
+
+
+@dataclass(frozen=True)
+class Duties:
+    runs_replicas: bool  # holds the model's replicas: --num_clones devices are its own
+    is_server: bool  # a TensorFlow server that runs what the master schedules, until told to stop
+    reads_training_data: bool  # opens the training records
+    is_coordinator: bool  # drives the steps from outside the replicas (the parameter_server client)
+    is_light: bool  # mostly waits while the others compute: a small thread budget
+    is_trainer: bool  # trains and saves checkpoints: stopped first, given time to save
+
+
+#                               replicas server  data   coord  light  trainer
+_PS_MASTER = Duties(False, False, False, True, True, True)
+_PS_WORKER = Duties(True, True, True, False, False, False)
+_PS = Duties(False, True, False, False, True, False)
+_EVALUATOR = Duties(False, False, False, False, True, False)
+_TRAINER = Duties(True, False, True, False, False, True)
+
+TABLE: dict[tuple[str, str], Duties] = {
+    (PARAMETER_SERVER, "master"): _PS_MASTER,
+    (PARAMETER_SERVER, "worker"): _PS_WORKER,
+    (PARAMETER_SERVER, "ps"): _PS,
+    (PARAMETER_SERVER, "evaluator"): _EVALUATOR,
+    (MULTI_WORKER_MIRRORED, "master"): _TRAINER,
+    (MULTI_WORKER_MIRRORED, "worker"): _TRAINER,
+    (MULTI_WORKER_MIRRORED, "evaluator"): _EVALUATOR,
+    (MIRRORED, "single"): _TRAINER,
+}
+
+
+def of(strategy: str, role: str) -> Duties:
+    """The duties of `role` under `strategy` (KeyError for a pair no cluster file can make)."""
+    return TABLE[(strategy, role)]

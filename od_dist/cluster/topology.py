@@ -1,0 +1,26 @@
+"""Who connects to whom: the peers that open connections to a task's port, for the firewall lines
+of the generated scripts and doctor's probes. No TensorFlow here."""
+
+from __future__ import annotations
+
+from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
+
+
+def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
+    """The tasks that open connections to `task`'s port. Under parameter_server the master connects
+    to every ps and worker and the workers reach the ps, and every ps and worker checks that the
+    master's port is still open (od-dist's servers stop once the master stays gone past
+    --wait_timeout); under multi_worker_mirrored every trainer talks to every other. The evaluator
+    runs no server: nothing connects to it; it probes the lead task's port (the master, else
+    worker 0) to know training is alive, so that port is open to it too."""
+    masters, workers = cluster.tasks_of("master"), cluster.tasks_of("worker")
+    if task.role == "evaluator" or task.address.port is None:
+        return ()
+    if cluster.strategy == PARAMETER_SERVER:
+        servers = cluster.tasks_of("ps") + workers
+        peers = {"ps": masters + workers, "worker": masters, "master": servers}.get(task.role, ())
+    else:
+        peers = tuple(t for t in masters + workers if t != task)
+    if task == cluster.lead_task():
+        peers += cluster.tasks_of("evaluator")
+    return peers
