@@ -90,11 +90,11 @@ def assert_model_problem(r, path):
 def test_train_refuses_a_model_that_cannot_be_built(unbuildable, data_dir, tmp_path):
     model_dir = tmp_path / "run"
     r = od_dist(
-        timeout=600,
         "train",
         f"--pipeline={unbuildable}",
         f"--model_dir={model_dir}",
         f"--params_override={small_override(data_dir)}",
+        timeout=600,
     )
     assert_model_problem(r, unbuildable)
     assert not glob.glob(str(model_dir / "ckpt-*"))
@@ -104,12 +104,12 @@ def test_train_refuses_a_model_that_cannot_be_built(unbuildable, data_dir, tmp_p
 def test_launch_refuses_a_model_that_cannot_be_built_before_any_task_starts(unbuildable, data_dir, tmp_path):
     model_dir = tmp_path / "run"
     r = od_dist(
-        timeout=600,
         "launch",
         "--cluster=clusters/local.yaml",
         f"--pipeline={unbuildable}",
         f"--model_dir={model_dir}",
         f"--params_override={small_override(data_dir)}",
+        timeout=600,
     )
     assert r.returncode == 2, r.stdout[-1500:] + r.stderr[-1500:]
     assert r.stderr.strip().startswith("od-dist launch: ") and len(r.stderr.strip().splitlines()) == 1, (
@@ -213,7 +213,6 @@ def test_final_save_outlasts_a_peer_that_finished_first(data_dir, tmp_path):
     override["trainer"].update(train_steps=4, steps_per_loop=2, summary_interval=2, checkpoint_interval=100)
     model_dir = tmp_path / "run"
     r = od_dist(
-        timeout=900,
         "launch",
         f"--cluster={cluster}",
         "--pipeline=pipelines/shapes_retinanet.yaml",
@@ -225,6 +224,7 @@ def test_final_save_outlasts_a_peer_that_finished_first(data_dir, tmp_path):
             "OD_DIST_TEST_WORKER_PORT": worker_port,
             "OD_DIST_TEST_MODEL_DIR": str(model_dir),
         },
+        timeout=900,
     )
     out = r.stdout + r.stderr
     assert "test: the final save goes on" in (model_dir / "logs" / "master-0.log").read_text(), out[-3000:]
