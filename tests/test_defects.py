@@ -268,40 +268,6 @@ def test_hang_guard_lets_a_call_that_returns_go_on():
     assert r.returncode == 0 and r.stdout.splitlines() == ["x: joining (giving up after 5 s)", "after"], r
 
 
-@pytest.mark.slow
-def test_a_server_stopped_by_sigterm_without_the_masters_word_exits_143(tmp_path):
-    """SIGTERM alone (a drained node) is a stop for a supervisor to restart, not the end of the job."""
-    import signal
-    import subprocess
-    import sys
-
-    import loopback
-
-    cluster = loopback.write_cluster(tmp_path, ps=1, workers=1)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=str(tmp_path),
-        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
-    )
-    try:
-        lines = []
-        while not lines or "serving on" not in lines[-1]:
-            lines.append(proc.stdout.readline())
-            assert lines[-1], "ps exited before serving:\n" + "".join(lines)
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
-        out = "".join(lines) + proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert code == 143, out[-2000:]
-    assert "ps:0: stopped by signal 15; exit 143" in out
-
-
 # ----- 8: the evaluator is a sidecar: its failure never stops training ---------------------------
 
 

@@ -221,7 +221,9 @@ def test_server_stops_on_sigterm_and_when_master_never_comes(tmp_path):
         line = proc.stdout.readline()
         assert line, "ps exited before serving"
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 143  # stopped without the master's word: retryable
+    # Stopped without the master's word (a drained node): retryable, for a supervisor to restart.
+    assert proc.wait(timeout=30) == 143
+    assert "ps:0: stopped by signal 15; exit 143" in proc.stdout.read()
     # No master ever comes: the server gives up after --wait_timeout instead of waiting forever.
     r = run("train", f"--cluster={cluster}", "--role=ps", "--wait_timeout=2", cwd=str(tmp_path), timeout=120)
     assert r.returncode == 138  # LOST_PEER: retryable
