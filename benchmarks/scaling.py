@@ -30,6 +30,15 @@ sent per step (interface counters over the steady loops), and a step breakdown p
 busy (CPU seconds used / what its cap allows: computing, serialising, gRPC) and idle (waiting for
 the network or a peer), with the share of its link's rate its traffic used.
 
+Time to accuracy (`--accuracy`; cases default one,mwm2,mwm3, links unshaped): the demo as shipped
+(1000 steps of 8 images on one machine, `--steps` to change) on a 2000-image training split; an
+N-machine case trains steps/N steps with `--fixed_replica_batch` (8 images per machine, the
+learning rate x N), its schedule and warmup shortened to match, so every case sees the same
+examples. Every case keeps a checkpoint every tenth of its steps; after all cases trained, each
+checkpoint is evaluated (COCO AP50 on the 200 held-out images, outside the caps) and the table
+gives the time from the start to the write of the first checkpoint with AP50 >= --target_ap50,
+and the last checkpoint's AP50 against one machine's.
+
 Needs root (namespaces, cgroups, tc); says why and exits 0 otherwise. Run it at normal priority: the
 caps then hold against niced background load. Figures are noisy; compare only within one run.
 """
@@ -60,6 +69,7 @@ PORT = 2222
 PER_MACHINE_BATCH = 8
 DEFAULT_CASES = "one,mwm2,mwm3,ps2"
 DEFAULT_LINKS = "unshaped,100mbit"
+ACCURACY_CASES = "one,mwm2,mwm3"
 PROGRESS = re.compile(r"od-dist train \| step (\d+)/\d+ .*?\| ([\d.]+) steps/s \| ([\d.]+) examples/s")
 
 
@@ -125,7 +135,29 @@ def cluster_text(case: Case, net, work: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def accuracy_override(case: Case, args, data_dir: str) -> str:
+    """The demo's own schedule, shortened N times for N machines (each step sees N times the
+    examples under --fixed_replica_batch); a checkpoint kept every tenth of the run."""
+    steps = -(-args.steps // case.n)
+    parts = [
+        f"trainer.train_steps={steps}",
+        f"trainer.steps_per_loop={max(1, steps // 10)}",
+        f"trainer.summary_interval={max(1, steps // 10)}",
+        f"trainer.checkpoint_interval={max(1, steps // 10)}",
+        "trainer.max_to_keep=100",
+        f"trainer.validation_interval={steps}",
+        f"trainer.optimizer_config.learning_rate.cosine.decay_steps={steps}",
+        f"trainer.optimizer_config.warmup.linear.warmup_steps={max(1, 100 // case.n)}",
+        f"task.train_data.global_batch_size={PER_MACHINE_BATCH}",
+        f"task.train_data.input_path={data_dir}/train.tfrecord",
+        f"task.validation_data.input_path={data_dir}/val.tfrecord",
+    ]
+    return ",".join(parts + ([case.override] if case.override else []))
+
+
 def params_override(case: Case, args, data_dir: str) -> str:
+    if args.accuracy:
+        return accuracy_override(case, args, data_dir)
     parts = [
         f"trainer.train_steps={args.steps}",
         f"trainer.steps_per_loop={args.steps_per_loop}",
@@ -195,6 +227,8 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
             if link != "unshaped":
                 capped.shape(m, link)
         override = params_override(case, args, data_dir)
+        if args.accuracy and case.kind != "one":
+            case = Case(case.name, case.kind, case.n, case.override, case.flags + ["--fixed_replica_batch"])
         commands: dict[str, tuple] = {}
         if case.kind == "one":
             commands["single"] = (
@@ -225,7 +259,7 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         lead = "single" if case.kind == "one" else "master:0"
         logs = {name: os.path.join(cdir, name.replace(":", "-") + ".log") for name in commands}
         monitor = Monitor(logs[lead], net, caps)
-        start = time.monotonic()
+        start, start_time = time.monotonic(), time.time()
         for name, (i, argv) in commands.items():
             with open(logs[name], "w") as log:
                 procs[name] = net[i].popen(
@@ -241,6 +275,8 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         monitor.done.set()
         monitor.join()
         result["wall_s"] = time.monotonic() - start
+        result["model_dir"], result["override"] = model_dir, override
+        result["start_time"] = start_time
         result["codes"] = {n: p.poll() for n, p in procs.items()}
         result["load_after"] = os.getloadavg()
         result["failed"] = any(c != 0 for c in result["codes"].values())
@@ -255,6 +291,76 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         for c in caps:
             c.close()
     return result
+
+
+# Evaluates each checkpoint of a model_dir in turn, in one process (TensorFlow imported once): a
+# scratch model_dir whose checkpoint state names that checkpoint. Prints one JSON line per checkpoint.
+EVAL_EACH = """
+import glob, json, os, re, sys, tempfile
+from od_dist.job import devices, trainer
+from od_dist.model import pipeline
+model_dir, override = sys.argv[1], sys.argv[2]
+devices.apply_policy()
+params = pipeline.load_pipeline(sys.argv[3], override, "mirrored")
+paths = sorted(glob.glob(os.path.join(model_dir, "ckpt-*.index")), key=lambda p: int(re.search(r"ckpt-(\\d+)", p).group(1)))
+for index in paths:
+    ckpt = index[: -len(".index")]
+    scratch = tempfile.mkdtemp(prefix="od-dist-eval-")
+    with open(os.path.join(scratch, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "{ckpt}"\\nall_model_checkpoint_paths: "{ckpt}"\\n')
+    m = trainer.evaluate_latest(params, scratch)
+    print(json.dumps({"ckpt": ckpt, "written": os.path.getmtime(index), "step": m["step"], "AP50": m["AP50"]}), flush=True)
+"""
+
+
+def evaluate_checkpoints(result: dict, args) -> None:
+    """AP50 of every checkpoint the case kept, and the time from its start to each one's write."""
+    r = subprocess.run(
+        [PY, "-c", EVAL_EACH, result["model_dir"], result["override"], PIPELINE],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=3600,
+    )
+    curve = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    if r.returncode != 0 or not curve:
+        result["eval_error"] = (r.stdout + r.stderr)[-1500:]
+        return
+    for point in curve:
+        point["seconds"] = point.pop("written") - result["start_time"]
+    result["curve"] = curve
+    reached = [p for p in curve if p["AP50"] >= args.target_ap50]
+    result["time_to_target_s"] = reached[0]["seconds"] if reached else None
+    result["final_ap50"] = curve[-1]["AP50"]
+
+
+def accuracy_report(results: list[dict], args) -> str:
+    base = next((r for r in results if r["case"] == "one" and "curve" in r), None)
+    lines = [
+        f"time to AP50 >= {args.target_ap50} (from the start to the write of the first checkpoint "
+        "that reaches it), and the last checkpoint's AP50",
+        f"{'case':<10} {'steps':>5} {'batch':>5} {'examples/s':>10} {'to target':>10} {'speed-up':>8} "
+        f"{'final AP50':>10} {'vs one':>7}",
+    ]
+    for r in results:
+        if "curve" not in r:
+            lines.append(f"{r['case']:<10} failed: {r.get('codes')} {r.get('eval_error', '')[-300:]}")
+            continue
+        t = r["time_to_target_s"]
+        speed = base["time_to_target_s"] / t if base and t and base["time_to_target_s"] else None
+        lines.append(
+            f"{r['case']:<10} {r['curve'][-1]['step']:>5} {r.get('batch', 0):>5} "
+            f"{r.get('steady_examples_s', 0):>10.1f} "
+            + (f"{t:>9.0f}s" if t else f"{'not reached':>10}")
+            + (f" {speed:>7.2f}x" if speed else f" {'-':>8}")
+            + f" {r['final_ap50']:>10.3f} "
+            + (f"{r['final_ap50'] - base['final_ap50']:>+7.3f}" if base else "")
+        )
+        lines.append(
+            "           AP50 by checkpoint (s: AP50): "
+            + ", ".join(f"{p['seconds']:.0f}: {p['AP50']:.3f}" for p in r["curve"])
+        )
+    return "\n".join(lines)
 
 
 def summarise(points, case: Case, link: str, layout, caps, args) -> dict:
@@ -359,9 +465,14 @@ def report(results: list[dict], cases: list[Case], links: list[str], args) -> st
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated (default {DEFAULT_CASES})")
-    parser.add_argument("--links", default=DEFAULT_LINKS, help="unshaped or tc rates, e.g. 1gbit,100mbit")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument(
+        "--cases", help=f"comma-separated (default {DEFAULT_CASES}; with --accuracy {ACCURACY_CASES})"
+    )
+    parser.add_argument(
+        "--links",
+        help=f"unshaped or tc rates, e.g. 1gbit,100mbit (default {DEFAULT_LINKS}; --accuracy unshaped)",
+    )
+    parser.add_argument("--steps", type=int, help="one machine's steps (default 150; --accuracy 1000)")
     parser.add_argument("--steps_per_loop", type=int, default=25)
     parser.add_argument("--cores", type=float, default=0.6, help="CPU cap of a trainer machine")
     parser.add_argument(
@@ -375,9 +486,20 @@ def main(argv=None) -> int:
         "60%% of each period and is stopped for the rest",
     )
     parser.add_argument("--timeout", type=float, default=600, help="seconds a case may take")
+    parser.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="time to accuracy instead: one,mwm2,mwm3 by default, the demo's 1000 steps (see above)",
+    )
+    parser.add_argument("--target_ap50", type=float, default=0.95)
     parser.add_argument("--json", help="also write every figure here")
     parser.add_argument("--keep", help="keep logs and models in this directory")
     args = parser.parse_args(argv)
+    args.cases = args.cases or (ACCURACY_CASES if args.accuracy else DEFAULT_CASES)
+    args.links = args.links or ("unshaped" if args.accuracy else DEFAULT_LINKS)
+    args.steps = args.steps or (1000 if args.accuracy else 150)
+    if args.accuracy and args.timeout == 600:
+        args.timeout = 1800
     why = (
         netns.unavailable() if os.geteuid() == 0 else "simulated machines need root (namespaces, cgroups, tc)"
     )
@@ -395,7 +517,8 @@ def main(argv=None) -> int:
     os.makedirs(work, exist_ok=True)
     data_dir = os.path.join(work, "data")
     subprocess.run(
-        [PY, "-m", "od_dist", "data", "shapes", f"--out={data_dir}", "--num_train=500", "--num_val=8"],
+        [PY, "-m", "od_dist", "data", "shapes", f"--out={data_dir}"]
+        + (["--num_train=2000", "--num_val=200"] if args.accuracy else ["--num_train=500", "--num_val=8"]),
         cwd=REPO,
         check=True,
         stdout=subprocess.DEVNULL,
@@ -423,6 +546,12 @@ def main(argv=None) -> int:
     print(f"load average after: {os.getloadavg()}")
     print()
     print(report(results, cases, links, args))
+    if args.accuracy:
+        for r in results:
+            if not r.get("failed"):
+                evaluate_checkpoints(r, args)
+        print()
+        print(accuracy_report(results, args))
     print(f"total {time.time() - started:.0f} s; {args.cores} cores per trainer machine, {args.steps} steps")
     if args.json:
         with open(args.json, "w") as f:

@@ -19,6 +19,7 @@ from absl import flags
 from od_dist.cluster.spec import InvalidCluster
 from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
 from od_dist.job import exit_codes
+from od_dist.job.strategy import ALL_REDUCE_PACKS
 
 
 class UsageError(Exception):
@@ -138,6 +139,15 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_integer(
+        "all_reduce_packs",
+        ALL_REDUCE_PACKS,
+        "multi_worker_mirrored: all-reduce the gradients in this many packs, each started as soon "
+        "as its gradients are computed, so the network works during the backward pass (1: one "
+        "all-reduce after it, TensorFlow's default).",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
         "wait_timeout",
         300,
         "Seconds to wait for every peer (and for servers: for the "
@@ -216,6 +226,7 @@ def restart_args(fv: flags.FlagValues) -> list[str]:
 PASS_ON_FLAGS = (
     "pipeline",
     "fixed_replica_batch",
+    "all_reduce_packs",
     "model_dir",
     "num_clones",
     "clone_on_cpu",
@@ -430,6 +441,7 @@ def cmd_train(fv) -> int:
         fv.wait_timeout,
         *_thread_flags(fv),
         fixed_replica_batch=fv.fixed_replica_batch,
+        all_reduce_packs=fv.all_reduce_packs,
     )
     if fv.max_restarts:
         from od_dist.cluster.spec import Address, Task

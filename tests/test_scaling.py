@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from loopback import PIPELINE, ROOT, free_ports
+from loopback import PIPELINE, ROOT, SMALL, free_ports
 
 from od_dist.cluster import spec, traffic
 from od_dist.job import config, doctor
@@ -116,7 +116,7 @@ def test_doctor_prints_the_layout_warning(tmp_path):
             "runtime.num_packs: '2': parameter_server has no all-reduce",
         ),
         ("multi_worker_mirrored", "runtime.all_reduce_alg=hierarchical_copy", "use one of ring, nccl under"),
-        ("multi_worker_mirrored", "runtime.num_packs=4", "multi_worker_mirrored packs gradients by size"),
+        ("multi_worker_mirrored", "runtime.num_packs=4", "pass --all_reduce_packs N to od-dist train"),
         ("mirrored", "runtime.all_reduce_alg=ring", "use one of nccl, hierarchical_copy under mirrored"),
         ("mirrored", "runtime.num_packs=2", "applies with runtime.all_reduce_alg nccl or hierarchical_copy"),
     ],
@@ -193,7 +193,8 @@ def test_multi_worker_master_prints_the_bytes_each_step_moves(tmp_path, data_dir
     override = (
         "trainer.train_steps=2,trainer.steps_per_loop=1,trainer.summary_interval=1,"
         "trainer.checkpoint_interval=2,runtime.all_reduce_alg=ring,"
-        f"task.train_data.input_path={data_dir}/train.tfrecord,task.validation_data.input_path={data_dir}/val.tfrecord"
+        f"task.train_data.input_path={data_dir}/train.tfrecord,task.validation_data.input_path={data_dir}/val.tfrecord,"
+        + SMALL  # the weights, so the bytes, do not depend on the input size or the batch
     )
     r = subprocess.run(
         [sys.executable, "-m", "od_dist", "launch", f"--cluster={path}", f"--pipeline={PIPELINE}"]
@@ -212,4 +213,13 @@ def test_multi_worker_master_prints_the_bytes_each_step_moves(tmp_path, data_dir
     )
     assert m, out[-4000:]
     assert 1.0 < float(m.group(1)) < 3.0 and m.group(1) == m.group(2)  # the demo: about 1.8 MB
-    assert "--fixed_replica_batch: global batch 8 x 2 replicas = 16, learning rate x2" in out
+    assert "--fixed_replica_batch: global batch 2 x 2 replicas = 4, learning rate x2" in out
+    # The gradients go in 4 packs (--all_reduce_packs' default), each all-reduced as the backward
+    # pass computes it: the master says so, and TensorFlow's own log line on every trainer.
+    packs = re.search(r"all-reduced in 4 packs of ([\d.]+) MB as the backward pass computes them", out)
+    assert packs and float(packs.group(1)) == pytest.approx(float(m.group(1)) / 4, abs=0.01), out[-4000:]
+    for task in ("master-0", "worker-0"):
+        log = (tmp_path / "m" / "logs" / f"{task}.log").read_text()
+        launched = re.findall(r"Collective all_reduce tensors: (\d+) all_reduces, .*num_packs = (\d+)", log)
+        gradients = max(launched, key=lambda x: int(x[0]))  # the largest: the gradients
+        assert int(gradients[0]) > 100 and gradients[1] == "4", launched

@@ -147,6 +147,7 @@ class TrainConfig:
     wait_timeout: int
     threads: threads_mod.Threads = threads_mod.Threads()  # this task's CPU thread budget
     fixed_replica_batch: bool = False  # --fixed_replica_batch
+    all_reduce_packs: int = 1  # --all_reduce_packs (multi_worker_mirrored)
 
     @property
     def replicas(self) -> int:
@@ -192,6 +193,7 @@ def train_config(
     inter_op_threads: int | None = None,
     data_threads: int | None = None,
     fixed_replica_batch: bool = False,
+    all_reduce_packs: int = 1,
 ) -> TrainConfig:
     cluster, task = selected.cluster, selected.task
     if num_clones is None:
@@ -208,6 +210,7 @@ def train_config(
         wait_timeout,
         threads,
         fixed_replica_batch,
+        all_reduce_packs,
     )
     problems = []
     if fixed_replica_batch and strategy == validate.PARAMETER_SERVER:

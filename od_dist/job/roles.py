@@ -102,7 +102,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
                 dist,
                 data_threads=config.threads.data,
                 who=who,
-                on_model=_traffic_printer(cluster, who) if task and task.role == "master" else None,
+                on_model=_model_built(config, dist, who),
                 on_last_loop=peers_watch.stop,
             )
     except trainer.Stopped as e:
@@ -139,18 +139,26 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
     return 0
 
 
-def _traffic_printer(cluster, who: str):
-    """Prints, once the model exists, the bytes each step moves for this model and layout, so a
-    user can hold it against the network before waiting an hour."""
+def _model_built(config: TrainConfig, dist, who: str):
+    """What is done once the model exists, before the first step: the all-reduce's packs, whose
+    size follows the model's, and on the master a line with the bytes each step moves for this
+    model and layout, so a user can hold it against the network before waiting an hour."""
 
-    def show(model) -> None:
+    def built(model) -> None:
         from od_dist.cluster import traffic
-        from od_dist.job import trainer
+        from od_dist.job import strategy, trainer
 
         weights, grads = trainer.variable_bytes(model)
-        print(f"{who}: {traffic.describe(cluster, weights, grads)}", flush=True)
+        per_pack = strategy.pack_gradients(dist, grads, config.all_reduce_packs)
+        if config.role == "master":
+            packs = (
+                f"; all-reduced in {config.all_reduce_packs} packs of {per_pack / 1e6:.2f} MB as the backward pass computes them"
+                if per_pack
+                else ""
+            )
+            print(f"{who}: {traffic.describe(config.selected.cluster, weights, grads)}{packs}", flush=True)
 
-    return show
+    return built
 
 
 _NO_SUCH_FILE = re.compile(r"([^\s;'\"]+)[;:]\s*No such file or directory")

@@ -241,8 +241,8 @@ def _check_communication(params, strategy: str | None, source: str) -> None:
     if rt.num_packs != 1 and (strategy != "mirrored" or rt.all_reduce_alg is None):
         fix = {
             "parameter_server": "parameter_server has no all-reduce; remove it",
-            "multi_worker_mirrored": "multi_worker_mirrored packs gradients by size, not count "
-            "(TensorFlow's CommunicationOptions); remove it",
+            "multi_worker_mirrored": "under multi_worker_mirrored od-dist sets the packs: remove it and "
+            "pass --all_reduce_packs N to od-dist train",
         }.get(
             strategy, "it applies with runtime.all_reduce_alg nccl or hierarchical_copy; set one or remove it"
         )
