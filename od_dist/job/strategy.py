@@ -179,8 +179,8 @@ def collective_options(all_reduce_alg: str | None):
 
 # multi_worker_mirrored all-reduces the gradients in this many packs by default (--all_reduce_packs):
 # each pack starts as soon as its gradients are computed, so the communication overlaps the rest of
-# the backward pass instead of following it. TensorFlow's default is one pack. With 4, two 0.6-core
-# machines at 100 Mbit/s went from 38.5 to 46.0 examples/s (benchmarks/scaling.py, BENCHMARKS.md).
+# the backward pass instead of following it. TensorFlow's default is one pack. Two 0.6-core machines
+# at 100 Mbit/s: 38.8 examples/s with one pack, 45.9 with 4 (benchmarks/scaling.py, BENCHMARKS.md).
 ALL_REDUCE_PACKS = 4
 
 
