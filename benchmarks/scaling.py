@@ -31,10 +31,12 @@ busy (CPU seconds used / what its cap allows: computing, serialising, gRPC) and 
 the network or a peer), with the share of its link's rate its traffic used.
 
 Time to accuracy (`--accuracy`; cases default one,mwm2,mwm3, links unshaped): the demo as shipped
-(1000 steps of 8 images on one machine, `--steps` to change) on a 2000-image training split; an
-N-machine case trains steps/N steps with `--fixed_replica_batch` (8 images per machine, the
-learning rate x N), its schedule and warmup shortened to match, so every case sees the same
-examples. Every case keeps a checkpoint every tenth of its steps; after all cases trained, each
+(1000 steps of 8 images on one machine, `--steps` to change) on a 2000-image training split. With
+`--recipe examples` (the default) an N-machine case trains steps/N steps with
+`--fixed_replica_batch` (8 images per machine, the learning rate x N), its schedule and warmup
+shortened to match, so every case sees the same examples; with `--recipe steps` every case trains
+the demo's steps and schedule at its global batch of 8, split over the machines (the default
+without `--fixed_replica_batch`): the same training, each step faster. Every case keeps a checkpoint every tenth of its steps; after all cases trained, each
 checkpoint is evaluated (COCO AP50 on the 200 held-out images, outside the caps) and the table
 gives the time from the start to the write of the first checkpoint with AP50 >= --target_ap50,
 and the last checkpoint's AP50 against one machine's.
@@ -136,9 +138,11 @@ def cluster_text(case: Case, net, work: str) -> str:
 
 
 def accuracy_override(case: Case, args, data_dir: str) -> str:
-    """The demo's own schedule, shortened N times for N machines (each step sees N times the
-    examples under --fixed_replica_batch); a checkpoint kept every tenth of the run."""
-    steps = -(-args.steps // case.n)
+    """--recipe examples: the demo's own schedule, shortened N times for N machines (each step sees
+    N times the examples under --fixed_replica_batch). --recipe steps: the demo as it is, its
+    global batch split over the machines. A checkpoint kept every tenth of the run."""
+    split = args.recipe == "steps" or case.kind == "one"
+    steps = args.steps if split else -(-args.steps // case.n)
     parts = [
         f"trainer.train_steps={steps}",
         f"trainer.steps_per_loop={max(1, steps // 10)}",
@@ -147,7 +151,7 @@ def accuracy_override(case: Case, args, data_dir: str) -> str:
         "trainer.max_to_keep=100",
         f"trainer.validation_interval={steps}",
         f"trainer.optimizer_config.learning_rate.cosine.decay_steps={steps}",
-        f"trainer.optimizer_config.warmup.linear.warmup_steps={max(1, 100 // case.n)}",
+        f"trainer.optimizer_config.warmup.linear.warmup_steps={100 if split else max(1, 100 // case.n)}",
         f"task.train_data.global_batch_size={PER_MACHINE_BATCH}",
         f"task.train_data.input_path={data_dir}/train.tfrecord",
         f"task.validation_data.input_path={data_dir}/val.tfrecord",
@@ -227,7 +231,7 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
             if link != "unshaped":
                 capped.shape(m, link)
         override = params_override(case, args, data_dir)
-        if args.accuracy and case.kind != "one":
+        if args.accuracy and args.recipe == "examples" and case.kind != "one":
             case = Case(case.name, case.kind, case.n, case.override, case.flags + ["--fixed_replica_batch"])
         commands: dict[str, tuple] = {}
         if case.kind == "one":
@@ -492,6 +496,15 @@ def main(argv=None) -> int:
         help="time to accuracy instead: one,mwm2,mwm3 by default, the demo's 1000 steps (see above)",
     )
     parser.add_argument("--target_ap50", type=float, default=0.95)
+    parser.add_argument(
+        "--recipe",
+        choices=("examples", "steps"),
+        default="examples",
+        help="--accuracy: `examples`: N machines train steps/N steps of N x 8 images with "
+        "--fixed_replica_batch; `steps`: every case trains the demo's steps at its global batch of 8, "
+        "split over the machines (a case whose replicas do not divide it needs its own, e.g. "
+        "mwm3[task.train_data.global_batch_size=9])",
+    )
     parser.add_argument("--json", help="also write every figure here")
     parser.add_argument("--keep", help="keep logs and models in this directory")
     args = parser.parse_args(argv)
