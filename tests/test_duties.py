@@ -7,6 +7,7 @@ from od_dist.cluster.validate import ROLES, STRATEGIES
 from od_dist.job import supervisor, threads
 
 PS, MWMS = "parameter_server", "multi_worker_mirrored"
+BOTH, VAL = ("train_data", "validation_data"), ("validation_data",)
 
 
 def test_every_role_a_cluster_file_can_make_is_in_the_table():
@@ -22,19 +23,19 @@ def test_every_role_a_cluster_file_can_make_is_in_the_table():
 @pytest.mark.parametrize(
     "strategy, role, replicas, server, data, coordinator, light, trainer",
     [
-        (PS, "master", False, False, False, True, True, True),
-        (PS, "worker", True, True, True, False, False, False),
-        (PS, "ps", False, True, False, False, True, False),
-        (PS, "evaluator", False, False, False, False, True, False),
-        (MWMS, "master", True, False, True, False, False, True),
-        (MWMS, "worker", True, False, True, False, False, True),
-        (MWMS, "evaluator", False, False, False, False, True, False),
-        ("mirrored", "single", True, False, True, False, False, True),
+        (PS, "master", False, False, BOTH, True, True, True),
+        (PS, "worker", True, True, BOTH, False, False, False),
+        (PS, "ps", False, True, (), False, True, False),
+        (PS, "evaluator", False, False, VAL, False, True, False),
+        (MWMS, "master", True, False, BOTH, False, False, True),
+        (MWMS, "worker", True, False, BOTH, False, False, True),
+        (MWMS, "evaluator", False, False, VAL, False, True, False),
+        ("mirrored", "single", True, False, BOTH, False, False, True),
     ],
 )
 def test_what_each_role_does(strategy, role, replicas, server, data, coordinator, light, trainer):
     d = duties.of(strategy, role)
-    assert (d.runs_replicas, d.is_server, d.reads_training_data) == (replicas, server, data)
+    assert (d.runs_replicas, d.is_server, d.reads_records) == (replicas, server, data)
     assert (d.is_coordinator, d.is_light, d.is_trainer) == (coordinator, light, trainer)
     # The places that used to decide it themselves now read the table.
     assert supervisor.is_trainer(strategy, role) == trainer

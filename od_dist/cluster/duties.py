@@ -18,18 +18,19 @@ MIRRORED = "mirrored"
 class Duties:
     runs_replicas: bool  # holds the model's replicas: --num_clones devices are its own
     is_server: bool  # a TensorFlow server that runs what the master schedules, until told to stop
-    reads_training_data: bool  # opens the training records
+    reads_records: tuple[str, ...]  # the pipeline's record splits it opens (or lists) on its machine
     is_coordinator: bool  # drives the steps from outside the replicas (the parameter_server client)
     is_light: bool  # mostly waits while the others compute: a small thread budget
     is_trainer: bool  # trains and saves checkpoints: stopped first, given time to save
 
 
-#                               replicas server  data   coord  light  trainer
-_PS_MASTER = Duties(False, False, False, True, True, True)
-_PS_WORKER = Duties(True, True, True, False, False, False)
-_PS = Duties(False, True, False, False, True, False)
-_EVALUATOR = Duties(False, False, False, False, True, False)
-_TRAINER = Duties(True, False, True, False, False, True)
+_BOTH = ("train_data", "validation_data")
+#                    replicas server records                coord  light  trainer
+_PS_MASTER = Duties(False, False, _BOTH, True, True, True)  # lists the files its workers read
+_PS_WORKER = Duties(True, True, _BOTH, False, False, False)
+_PS = Duties(False, True, (), False, True, False)
+_EVALUATOR = Duties(False, False, ("validation_data",), False, True, False)
+_TRAINER = Duties(True, False, _BOTH, False, False, True)
 
 TABLE: dict[tuple[str, str], Duties] = {
     (PARAMETER_SERVER, "master"): _PS_MASTER,

@@ -29,7 +29,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
-from od_dist.cluster import hostinfo, validate
+from od_dist.cluster import duties, hostinfo, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.cluster.topology import connecting_peers
 
@@ -338,15 +338,15 @@ def check_gpus(cluster: Cluster, mine, counted=None) -> list[Check]:
 def check_data(cluster: Cluster, mine, pipeline_path: str) -> list[Check]:
     """The pipeline's input files, on this machine, for its tasks that read them: the master and
     the workers open (or, a parameter_server master, list) the training and validation records,
-    the evaluator the validation records. Paths resolve in the working directory, as in training.
+    the evaluator the validation records (cluster/duties.py). Paths resolve in the working directory, as in training.
     Reads the pipeline file itself (no TensorFlow): values from --params_override are not seen."""
     import glob
 
     from od_dist.model import pipeline
 
     readers = {
-        "train_data": [t for t in mine if t.role in ("master", "worker")],
-        "validation_data": [t for t in mine if t.role in ("master", "worker", "evaluator")],
+        split: [t for t in mine if split in duties.of(cluster.strategy, t.role).reads_records]
+        for split in ("train_data", "validation_data")
     }
     if not readers["validation_data"]:
         return [Check(OK, "data", "no task here reads records")]
