@@ -211,7 +211,6 @@ def test_final_save_outlasts_a_peer_that_finished_first(data_dir, tmp_path):
     override = yaml.safe_load(small_override(data_dir))
     # Steps 2 and 4; the interval saves only step 2, so step 4 is the final save's alone.
     override["trainer"].update(train_steps=4, steps_per_loop=2, summary_interval=2, checkpoint_interval=100)
-    override["task"]["model"]["input_size"] = [64, 64, 3]  # the demo's model: its size does not matter here
     model_dir = tmp_path / "run"
     r = od_dist(
         "launch",
