@@ -1,7 +1,8 @@
 """Real distributed jobs on loopback: real TensorFlow servers, the real Model Garden trainer, a
 tiny shapes dataset made here, a handful of steps. Each job runs as the user would run it; the
 reference parameter_server job runs once for every test that reads it (the multi_worker_mirrored
-pair under launch is in test_faults.py, where it also loses a trainer)."""
+pair under launch is in test_faults.py, where it also loses a trainer; one machine's two CPU
+clones in test_faults_trainer.py, where SIGTERM stops them and they resume)."""
 
 import json
 import os
@@ -133,21 +134,6 @@ def test_each_launched_task_reports_the_threads_tensorflow_applied(ps_job):
         want = threads.budget(cores, name.split(":")[0], "parameter_server", roles)
         line = rf"\[{name}\] {name}: threads intra-op {want.intra_op}, inter-op {want.inter_op}, tf.data 3 "
         assert re.search(line, out), (line, out[-3000:])
-
-
-def test_single_machine_two_cpu_clones_and_resume(tmp_path, data_dir):
-    model_dir = str(tmp_path / "model")
-    args = [f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", "--num_clones=2", "--clone_on_cpu"]
-    r = run("train", *args, tiny(data_dir, steps=5), cwd=str(tmp_path))
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "single: training with MirroredStrategy, 2 replica(s) in sync" in r.stdout
-    assert checkpoint_step(model_dir) == 5
-    # The same command with more steps resumes from step 5 rather than starting over.
-    r = run("train", *args, tiny(data_dir, steps=10), cwd=str(tmp_path))
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "step 5/10" not in r.stdout and "step 10/10" in r.stdout
-    assert re.search(r"train \| step:\s+5 \| training until step 10", r.stdout + r.stderr)
-    assert checkpoint_step(model_dir) == 10
 
 
 def test_master_names_the_peer_that_never_starts(tmp_path, data_dir):

@@ -92,13 +92,14 @@ def procs():
         p.kill()
 
 
-def train_args(cluster, role, index, model_dir, data, steps=100000, interval=1000, wait=60):
+def train_args(cluster, role, index, model_dir, data, steps=100000, interval=1000, wait=60, extra=()):
     args = [
         "train",
         f"--pipeline={PIPELINE}",
         f"--model_dir={model_dir}",
         f"--wait_timeout={wait}",
         "--params_override=" + OVERRIDE.format(steps=steps, interval=interval, data=data),
+        *extra,
     ]
     if cluster:
         args += [f"--cluster={cluster}", f"--role={role}", f"--index={index}"]
@@ -170,8 +171,13 @@ STOPPED = re.compile(
 
 
 def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data_dir, procs):
+    """One machine's trainer with two CPU clones (--num_clones 2 --clone_on_cpu: MirroredStrategy,
+    2 replicas in sync): SIGTERM saves a checkpoint where it stopped, at most a loop after the
+    signal, and exits 143; the same command with more steps resumes there rather than starting
+    over, and finishes. (Two clones here rather than in a run of their own: one start proves both.)"""
     model_dir = tmp_path / "model"
-    first = Proc(tmp_path, "first", train_args(None, None, None, model_dir, data_dir))
+    clones = ("--num_clones=2", "--clone_on_cpu")
+    first = Proc(tmp_path, "first", train_args(None, None, None, model_dir, data_dir, extra=clones))
     procs.append(first)
     before = first.wait_step(5, 400)
     first.proc.send_signal(signal.SIGTERM)
@@ -181,6 +187,7 @@ def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data
     assert first.wait(180) == 143, first.out[-3000:]
     took = time.monotonic() - sent
     out = first.out
+    assert "single: training with MirroredStrategy, 2 replica(s) in sync" in out, out[-3000:]
     assert "single: SIGTERM received; saving a checkpoint at the end of this loop" in out
     m = STOPPED.search(out)
     assert m and m.group(1) == "single" and m.group(3) == "SIGTERM" and m.group(6) == "143", out[-3000:]
@@ -190,11 +197,16 @@ def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data
     assert checkpoint_step(str(model_dir)) == step and m.group(5).endswith(f"ckpt-{step}")
     print(f"\nsingle machine: SIGTERM to ckpt-{step} saved in {saved:.1f} s, exit 143 in {took:.1f} s")
 
-    second = Proc(tmp_path, "second", train_args(None, None, None, model_dir, data_dir, steps=step + 5))
+    second = Proc(
+        tmp_path, "second", train_args(None, None, None, model_dir, data_dir, steps=step + 5, extra=clones)
+    )
     procs.append(second)
     assert second.wait(400) == 0, second.out[-3000:]
-    assert re.search(rf"restored (model )?from .*ckpt-{step}\b", second.out), second.out[-3000:]
-    assert [int(s) for s in PROGRESS.findall(second.out)] == [step + 5]
+    out = second.out
+    assert re.search(rf"restored (model )?from .*ckpt-{step}\b", out), out[-3000:]
+    assert re.search(rf"train \| step:\s+{step} \| training until step {step + 5}", out), out[-3000:]
+    assert [int(s) for s in PROGRESS.findall(out)] == [step + 5]
+    assert checkpoint_step(str(model_dir)) == step + 5
 
 
 def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, procs):
@@ -233,31 +245,6 @@ def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, 
         f"\nparameter_server: master exit 138 {took:.1f} s after kill -9 of its only worker "
         f"(--wait_timeout {wait}); ps exit 138 {time.monotonic() - master_gone:.1f} s after the master"
     )
-
-
-def test_multi_worker_mirrored_trainer_lost(tmp_path, data_dir, procs):
-    """The worker killed once both trainers train: the master exits 138 naming it, within
-    seconds, instead of waiting on a collective."""
-    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
-    model_dir = tmp_path / "model"
-    master, worker = (
-        Proc(tmp_path, role, train_args(cluster, role, 0, model_dir, data_dir))
-        for role in ("master", "worker")
-    )
-    procs.extend([master, worker])
-    for p in (master, worker):  # past the start-up check and the restore: in the first loop
-        p.wait_for(lambda out: "training until step" in out, 600, "training")
-    worker.proc.kill()
-    killed = time.monotonic()
-    assert master.wait(60) == 138, master.out[-3000:]
-    print(
-        f"\nmulti_worker_mirrored: master exit 138 {time.monotonic() - killed:.1f} s after kill -9 of the worker"
-    )
-    assert re.search(
-        r"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ .*restart all of them.*; exit 138$",
-        master.out,
-        re.M,
-    ), master.out[-3000:]
 
 
 def cpu_seconds(proc):
@@ -345,36 +332,30 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
         assert "the master was stopped (Ctrl+C); stopping" in p.out, p.out[-2000:]
 
 
-def test_multi_worker_mirrored_trainers_must_share_model_dir(tmp_path, data_dir, procs):
-    """The master finds ckpt-5 in its model_dir, the worker (another folder) none: both exit 2
-    naming the steps, before any restore (which is collective and would fail inside TensorFlow)."""
+def test_multi_worker_mirrored_pair_stop_mismatch_and_lost_trainer(tmp_path, data_dir, procs):
+    """One multi_worker_mirrored pair, started three times on one model_dir:
+
+    1. SIGTERM to the worker only: at the next loop boundary both trainers save the same step
+       (the master into model_dir) and exit 143.
+    2. The master finds that checkpoint in its model_dir, the worker (another folder) none: both
+       exit 2 naming the steps, before any restore (which is collective and would fail inside
+       TensorFlow).
+    3. The pair on the shared model_dir again resumes there; the worker killed once both
+       trainers train: the master exits 138 naming it, within seconds, instead of waiting on a
+       collective."""
+    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
     model_dir, elsewhere = tmp_path / "model", tmp_path / "not-shared"
-    single = Proc(tmp_path, "single", train_args(None, None, None, model_dir, data_dir, steps=5, interval=5))
-    procs.append(single)
-    assert single.wait(600) == 0, single.out[-3000:]
-    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
-    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, data_dir))
-    worker = Proc(tmp_path, "worker", train_args(cluster, "worker", 0, elsewhere, data_dir))
-    procs.extend([master, worker])
-    for p in (master, worker):
-        assert p.wait(600) == 2, p.out[-3000:]
-        assert re.search(
-            r"--model_dir: .*: the trainers would resume from different steps \(master:0 at step 5, "
-            r"worker:0 at step 0; 0: no checkpoint\)",
-            p.out,
-        ), p.out[-3000:]
 
+    def pair(name, worker_dir=model_dir):
+        started = (
+            Proc(tmp_path, f"master-{name}", train_args(cluster, "master", 0, model_dir, data_dir)),
+            Proc(tmp_path, f"worker-{name}", train_args(cluster, "worker", 0, worker_dir, data_dir)),
+        )
+        procs.extend(started)
+        return started
 
-def test_multi_worker_mirrored_stop_saves_the_same_step_on_every_trainer(tmp_path, data_dir, procs):
-    """SIGTERM to the worker only: at the next loop boundary both trainers save the same step
-    (the master into model_dir) and exit 143."""
-    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
-    model_dir = tmp_path / "model"
-    master, worker = (
-        Proc(tmp_path, role, train_args(cluster, role, 0, model_dir, data_dir))
-        for role in ("master", "worker")
-    )
-    procs.extend([master, worker])
+    # 1. The stop saves the same step on every trainer.
+    master, worker = pair("stop")
     worker.wait_step(0, 600)
     worker.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
@@ -384,4 +365,31 @@ def test_multi_worker_mirrored_stop_saves_the_same_step_on_every_trainer(tmp_pat
     m, w = STOPPED.search(master.out), STOPPED.search(worker.out)
     assert m and w, master.out[-2000:] + worker.out[-2000:]
     assert m.group(2) == w.group(2) and m.group(3) == "worker:0 was stopped" and w.group(3) == "SIGTERM"
-    assert checkpoint_step(str(model_dir)) == int(m.group(2)) and w.group(4) == "the master saved it"
+    stopped = int(m.group(2))
+    assert checkpoint_step(str(model_dir)) == stopped and w.group(4) == "the master saved it"
+
+    # 2. The trainers must share model_dir.
+    for p in pair("not-shared", worker_dir=elsewhere):
+        assert p.wait(600) == 2, p.out[-3000:]
+        assert re.search(
+            rf"--model_dir: .*: the trainers would resume from different steps \(master:0 at step {stopped}, "
+            r"worker:0 at step 0; 0: no checkpoint\)",
+            p.out,
+        ), p.out[-3000:]
+
+    # 3. A lost trainer ends the other with 138.
+    master, worker = pair("lost")
+    for p in (master, worker):  # past the start-up check and the restore: in the first loop
+        p.wait_for(lambda out: "training until step" in out, 600, "training")
+    assert re.search(rf"restored (model )?from .*ckpt-{stopped}\b", master.out), master.out[-3000:]
+    worker.proc.kill()
+    killed = time.monotonic()
+    assert master.wait(60) == 138, master.out[-3000:]
+    print(
+        f"multi_worker_mirrored: master exit 138 {time.monotonic() - killed:.1f} s after kill -9 of the worker"
+    )
+    assert re.search(
+        r"od-dist: master:0: lost worker:0 at 127\.0\.0\.1:\d+ .*restart all of them.*; exit 138$",
+        master.out,
+        re.M,
+    ), master.out[-3000:]
