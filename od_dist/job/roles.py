@@ -114,6 +114,10 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             # SIGTERM is a pause (a drained node, an orchestrator's restart): they stay up for the
             # master's return, as after a crash.
             _stop_servers(cluster, "was stopped (Ctrl+C)")
+        if cluster is not None:
+            # The checkpoint is saved and the line printed. A peer that stopped first leaves
+            # TensorFlow's shutdown waiting about a minute for its heartbeats: end here instead.
+            watch.exit_now(e.code)
         return e.code
     except trainer.ResumeMismatch as e:
         print(f"od-dist: {who}: {e}", file=sys.stderr, flush=True)

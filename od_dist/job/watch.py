@@ -67,11 +67,19 @@ class Watch:
                     exit_lost(self.who, f"lost {_names(lost)} (unreachable for {timeout_s:.0f} s); {why}")
 
 
+def exit_now(code: int) -> None:
+    """Ends the process at once with `code`, its output flushed, skipping interpreter shutdown
+    (where TensorFlow may wait for peers that are gone)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def exit_lost(who: str, message: str) -> None:
     """One line, then exit LOST_PEER at once (the main thread may be blocked inside TensorFlow)."""
-    sys.stdout.flush()
+    sys.stdout.flush()  # what it printed before, then this line
     print(f"od-dist: {who}: {message}; exit {exit_codes.LOST_PEER}", file=sys.stderr, flush=True)
-    os._exit(exit_codes.LOST_PEER)
+    exit_now(exit_codes.LOST_PEER)
 
 
 TF_TASK = re.compile(r"/job:(chief|worker|ps)/replica:\d+/task:(\d+)")
