@@ -3,6 +3,7 @@
     sudo .venv/bin/python benchmarks/scaling.py [--cases one,mwm2,mwm3,ps2] [--links unshaped,100mbit]
         [--steps 150] [--steps_per_loop 25] [--cores 0.6] [--ps_cores 0.4] [--period_ms 100]
         [--json out.json] [--keep DIR]
+    sudo .venv/bin/python benchmarks/scaling.py --accuracy [--recipe examples|steps] [--target_ap50 0.95]
 
 Each machine is a network namespace (tests/netns.py) with its own address, a CPU cap (a cgroup:
 cgroup v1 `cpu.cfs_quota_us` or v2 `cpu.max`, whichever the box has) and, per link setting, a rate
