@@ -23,7 +23,8 @@ tf = pytest.importorskip("tensorflow")
 from od_dist.job import trainer  # noqa: E402
 from od_dist.model.pipeline import load_pipeline  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module (pytest-xdist): its tests read one training run (module-scoped fixtures).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_trainer")]
 
 PROGRESS = re.compile(
     r"^od-dist train \| step (\d+)/(\d+) \(\d+%\) \| loss ([\d.]+) \| "
