@@ -338,8 +338,9 @@ def check_gpus(cluster: Cluster, mine, counted=None) -> list[Check]:
 def check_data(cluster: Cluster, mine, pipeline_path: str) -> list[Check]:
     """The pipeline's input files, on this machine, for its tasks that read them: the master and
     the workers open (or, a parameter_server master, list) the training and validation records,
-    the evaluator the validation records (cluster/duties.py). Paths resolve in the working directory, as in training.
-    Reads the pipeline file itself (no TensorFlow): values from --params_override are not seen."""
+    the evaluator the validation records (cluster/duties.py). Paths resolve in the working
+    directory, as in training. Reads the pipeline file itself (no TensorFlow): values from
+    --params_override are not seen."""
     import glob
 
     from od_dist.model import pipeline

@@ -156,7 +156,8 @@ def _model_built(config: TrainConfig, dist, who: str):
         per_pack = strategy.pack_gradients(dist, grads, config.all_reduce_packs)
         if config.role == "master":
             packs = (
-                f"; all-reduced in {config.all_reduce_packs} packs of {per_pack / 1e6:.2f} MB as the backward pass computes them"
+                f"; all-reduced in {config.all_reduce_packs} packs of {per_pack / 1e6:.2f} MB "
+                "as the backward pass computes them"
                 if per_pack
                 else ""
             )
