@@ -9,10 +9,6 @@ import pytest
 import yaml
 from loopback import ROOT, od_dist
 
-# One worker runs the whole module (pytest-xdist): its tests share one unbuildable pipeline (a
-# module-scoped fixture).
-pytestmark = pytest.mark.xdist_group("test_defects")
-
 PIPELINES = sorted(glob.glob(os.path.join(ROOT, "pipelines", "*.yaml")))
 
 

@@ -21,8 +21,7 @@ from loopback import PIPELINE, ROOT, checkpoint_step, clean_env, free_ports, od_
 
 from od_dist.job import threads
 
-# One worker runs the whole module (pytest-xdist): its tests read one parameter_server job (a module-scoped fixture).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_distributed")]
+pytestmark = pytest.mark.slow
 
 
 def run(*args, cwd=ROOT, timeout=300):

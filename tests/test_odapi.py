@@ -15,10 +15,6 @@ from loopback import ROOT
 from od_dist import cli
 from od_dist.data import records, shapes, textproto
 
-# One worker runs the whole module (pytest-xdist): its tests share one converted project (a
-# module-scoped fixture).
-pytestmark = pytest.mark.xdist_group("test_odapi")
-
 # The TF2 Detection Zoo's pipeline.config files, as downloaded (placeholders included).
 SSD_MOBILENET_V2_FPNLITE_320 = """# SSD with Mobilenet v2 FPN-lite feature extractor, shared box predictor and focal
 # loss (a.k.a Retinanet).

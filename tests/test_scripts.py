@@ -25,10 +25,6 @@ from od_dist.cluster import spec as cluster_mod
 from od_dist.render import quote, scripts
 from od_dist.render.scripts import PS_SINGLE_QUOTES
 
-# One worker runs the whole module (pytest-xdist): its tests share one set of generated scripts (a
-# module-scoped fixture).
-pytestmark = pytest.mark.xdist_group("test_scripts")
-
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
 
 MODEL_DIR = "runs/a b&c%PATH%^!\"'é"

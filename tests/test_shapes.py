@@ -9,10 +9,6 @@ tf = pytest.importorskip("tensorflow")
 
 from od_dist.data import shapes  # noqa: E402
 
-# One worker runs the whole module (pytest-xdist): its tests share one generated dataset (a
-# module-scoped fixture).
-pytestmark = pytest.mark.xdist_group("test_shapes")
-
 
 def _records(path):
     return [tf.train.Example.FromString(r) for r in tf.data.TFRecordDataset(path).as_numpy_iterator()]

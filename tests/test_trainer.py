@@ -23,8 +23,7 @@ tf = pytest.importorskip("tensorflow")
 from od_dist.job import trainer  # noqa: E402
 from od_dist.model.pipeline import load_pipeline  # noqa: E402
 
-# One worker runs the whole module (pytest-xdist): its tests read one training run (module-scoped fixtures).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_trainer")]
+pytestmark = pytest.mark.slow
 
 PROGRESS = re.compile(
     r"^od-dist train \| step (\d+)/(\d+) \(\d+%\) \| loss ([\d.]+) \| "
