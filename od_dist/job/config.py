@@ -10,6 +10,7 @@ from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster import validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.job import threads as threads_mod
+from od_dist.job.strategy import ALL_REDUCE_PACKS
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class TrainConfig:
     wait_timeout: int
     threads: threads_mod.Threads = threads_mod.Threads()  # this task's CPU thread budget
     fixed_replica_batch: bool = False  # --fixed_replica_batch
-    all_reduce_packs: int = 1  # --all_reduce_packs (multi_worker_mirrored)
+    all_reduce_packs: int = ALL_REDUCE_PACKS  # --all_reduce_packs (multi_worker_mirrored)
 
     @property
     def replicas(self) -> int:
@@ -193,7 +194,7 @@ def train_config(
     inter_op_threads: int | None = None,
     data_threads: int | None = None,
     fixed_replica_batch: bool = False,
-    all_reduce_packs: int = 1,
+    all_reduce_packs: int = ALL_REDUCE_PACKS,
 ) -> TrainConfig:
     cluster, task = selected.cluster, selected.task
     if num_clones is None:
