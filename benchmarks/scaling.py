@@ -37,10 +37,11 @@ Time to accuracy (`--accuracy`; cases default one,mwm2,mwm3, links unshaped): th
 `--fixed_replica_batch` (8 images per machine, the learning rate x N), its schedule and warmup
 shortened to match, so every case sees the same examples; with `--recipe steps` every case trains
 the demo's steps and schedule at its global batch of 8, split over the machines (the default
-without `--fixed_replica_batch`): the same training, each step faster. Every case keeps a checkpoint every tenth of its steps; after all cases trained, each
-checkpoint is evaluated (COCO AP50 on the 200 held-out images, outside the caps) and the table
-gives the time from the start to the write of the first checkpoint with AP50 >= --target_ap50,
-and the last checkpoint's AP50 against one machine's.
+without `--fixed_replica_batch`): the same training, each step faster. Every case keeps a
+checkpoint every tenth of its steps; after all cases trained, each checkpoint is evaluated (COCO
+AP50 on the 200 held-out images, outside the caps) and the table gives the time from the start to
+the write of the first checkpoint with AP50 >= --target_ap50, and the last checkpoint's AP50
+against one machine's.
 
 Needs root (namespaces, cgroups, tc); says why and exits 0 otherwise. Run it at normal priority: the
 caps then hold against niced background load. Figures are noisy; compare only within one run.
@@ -307,13 +308,13 @@ from od_dist.model import pipeline
 model_dir, override = sys.argv[1], sys.argv[2]
 devices.apply_policy()
 params = pipeline.load_pipeline(sys.argv[3], override, "mirrored")
+import tensorflow as tf
 paths = sorted(glob.glob(os.path.join(model_dir, "ckpt-*.index")), key=lambda p: int(re.search(r"ckpt-(\\d+)", p).group(1)))
 for index in paths:
     ckpt = index[: -len(".index")]
-    scratch = tempfile.mkdtemp(prefix="od-dist-eval-")
-    with open(os.path.join(scratch, "checkpoint"), "w") as f:
-        f.write(f'model_checkpoint_path: "{ckpt}"\\nall_model_checkpoint_paths: "{ckpt}"\\n')
-    m = trainer.evaluate_latest(params, scratch)
+    with tempfile.TemporaryDirectory(prefix="od-dist-eval-") as scratch:
+        tf.compat.v1.train.update_checkpoint_state(scratch, ckpt)
+        m = trainer.evaluate_latest(params, scratch)
     print(json.dumps({"ckpt": ckpt, "written": os.path.getmtime(index), "step": m["step"], "AP50": m["AP50"]}), flush=True)
 """
 
@@ -490,7 +491,9 @@ def main(argv=None) -> int:
         help="CPU cap accounting period (cfs_period_us / cpu.max period): a machine of 0.6 cores runs "
         "60%% of each period and is stopped for the rest",
     )
-    parser.add_argument("--timeout", type=float, default=600, help="seconds a case may take")
+    parser.add_argument(
+        "--timeout", type=float, help="seconds a case may take (default 600; --accuracy 1800)"
+    )
     parser.add_argument(
         "--accuracy",
         action="store_true",
@@ -512,8 +515,7 @@ def main(argv=None) -> int:
     args.cases = args.cases or (ACCURACY_CASES if args.accuracy else DEFAULT_CASES)
     args.links = args.links or ("unshaped" if args.accuracy else DEFAULT_LINKS)
     args.steps = args.steps or (1000 if args.accuracy else 150)
-    if args.accuracy and args.timeout == 600:
-        args.timeout = 1800
+    args.timeout = args.timeout or (1800 if args.accuracy else 600)
     why = (
         netns.unavailable() if os.geteuid() == 0 else "simulated machines need root (namespaces, cgroups, tc)"
     )
