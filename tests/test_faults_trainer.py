@@ -1,9 +1,11 @@
 """Faults on loopback with real TensorFlow processes: a trainer stopped by a signal saves a
-checkpoint, a kill during a save is harmless, lost peers end the survivors with one line and
-exit 138 (LOST_PEER), a lost parameter-server worker is tolerated and rejoins.
+checkpoint, a kill during a save is harmless, one machine's `train --max_restarts` restarts its
+killed task, lost peers end the survivors with one line and exit 138 (LOST_PEER), a lost
+parameter-server worker is tolerated and rejoins.
 
 Every process is started here and killed in `finally`; every wait is bounded."""
 
+import contextlib
 import os
 import re
 import signal
@@ -79,8 +81,12 @@ class Proc:
 
     def kill(self):
         if self.proc.poll() is None:
+            tasks = psutil.Process(self.proc.pid).children(recursive=True)  # under --max_restarts
             self.proc.kill()
             self.proc.wait()
+            for task in tasks:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    task.kill()
 
 
 @pytest.fixture
@@ -123,14 +129,36 @@ cli.run()
 """
 
 
-def test_kill_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, data_dir, procs):
+STOPPED = re.compile(
+    r"(\S+): stopped at step (\d+) \(([^)]*)\); (saved (\S+)|the master saved it); exit (\d+)"
+)
+
+
+def test_single_machine_killed_during_a_save_resumes_then_sigterm_saves_and_resumes(
+    tmp_path, data_dir, procs
+):
+    """One machine's trainer, started three times on one model_dir:
+
+    1. SIGKILL during the save of ckpt-10: the previous checkpoint (5) stays the latest.
+    2. With two CPU clones (--num_clones 2 --clone_on_cpu: MirroredStrategy, 2 replicas in sync),
+       the same command resumes from ckpt-5, removing what unfinished saves left. SIGTERM then
+       saves a checkpoint where it stopped, at most a loop after the signal, and exits 143.
+    3. The same command with more steps and `--max_restarts 1` (one replica again) resumes there
+       rather than starting over; its task killed once is restarted, resumes again, and finishes.
+    (The clones and the three faults in one series of starts: one start proves each.)"""
     model_dir = tmp_path / "model"
+    clones = ("--num_clones=2", "--clone_on_cpu")
+
+    # 1. Killed during a save.
     wrapper = tmp_path / "kill_during_save.py"
     wrapper.write_text(KILL_DURING_SAVE)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    args = train_args(None, None, None, model_dir, data_dir, steps=15, interval=5)
     r = subprocess.run(
-        [sys.executable, str(wrapper), *args],
+        [
+            sys.executable,
+            str(wrapper),
+            *train_args(None, None, None, model_dir, data_dir, interval=5),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -151,35 +179,18 @@ def test_kill_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, data_
     (model_dir / "checkpoint.tempstate2207").write_text('model_checkpoint_path: "ckpt-15"\n')
     (model_dir / "ckpt-10.index").write_bytes(b"garbage")  # also the unnamed ckpt-10 is never read
 
-    second = Proc(tmp_path, "second", args)
-    procs.append(second)
-    assert second.wait(400) == 0, second.out[-3000:]
-    out = second.out
+    # 2. Resumed from the previous checkpoint; then SIGTERM. No checkpoint interval in this run:
+    # the only save is the stop's own.
+    first = Proc(tmp_path, "first", train_args(None, None, None, model_dir, data_dir, extra=clones))
+    procs.append(first)
+    before = first.wait_step(5, 400)
+    out = first.out
     assert re.search(r"restored (model )?from .*ckpt-5\b", out), out[-3000:]
-    assert [int(s) for s in PROGRESS.findall(out)] == [10, 15]
+    assert [int(s) for s in PROGRESS.findall(out)][0] == 10
     for name in ("ckpt-10.index", "ckpt-10.data-00000-of-00001", "ckpt-15_temp", "checkpoint.tempstate2207"):
         assert re.search(rf"removed .*{re.escape(name)}, left by a save that did not finish", out), out[
             -3000:
         ]
-    assert checkpoint_step(str(model_dir)) == 15
-    assert not [n for n in os.listdir(model_dir) if "temp" in n]
-
-
-STOPPED = re.compile(
-    r"(\S+): stopped at step (\d+) \(([^)]*)\); (saved (\S+)|the master saved it); exit (\d+)"
-)
-
-
-def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data_dir, procs):
-    """One machine's trainer with two CPU clones (--num_clones 2 --clone_on_cpu: MirroredStrategy,
-    2 replicas in sync): SIGTERM saves a checkpoint where it stopped, at most a loop after the
-    signal, and exits 143; the same command with more steps resumes there rather than starting
-    over, and finishes. (Two clones here rather than in a run of their own: one start proves both.)"""
-    model_dir = tmp_path / "model"
-    clones = ("--num_clones=2", "--clone_on_cpu")
-    first = Proc(tmp_path, "first", train_args(None, None, None, model_dir, data_dir, extra=clones))
-    procs.append(first)
-    before = first.wait_step(5, 400)
     first.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     first.wait_for(lambda out: STOPPED.search(out), 180, "the stopped line")
@@ -195,18 +206,41 @@ def test_sigterm_stops_a_single_machine_trainer_with_a_checkpoint(tmp_path, data
     # Saved where it stopped, at most one loop (5 steps) after the signal: not at an interval.
     assert before <= step <= first.step() <= before + 10 and step == first.step()
     assert checkpoint_step(str(model_dir)) == step and m.group(5).endswith(f"ckpt-{step}")
+    assert not [n for n in os.listdir(model_dir) if "temp" in n]
     print(f"\nsingle machine: SIGTERM to ckpt-{step} saved in {saved:.1f} s, exit 143 in {took:.1f} s")
 
-    second = Proc(
-        tmp_path, "second", train_args(None, None, None, model_dir, data_dir, steps=step + 5, extra=clones)
-    )
+    # 3. Resumed where it stopped, under `--max_restarts 1`: its task killed once is restarted,
+    # resumes from its latest checkpoint again, and finishes.
+    args = train_args(None, None, None, model_dir, data_dir, steps=step + 30, interval=5)
+    second = Proc(tmp_path, "second", [*args, "--max_restarts=1"])
     procs.append(second)
+    second.wait_step(step, 400)
+    task = next(p for p in psutil.Process(second.proc.pid).children() if "--max_restarts=0" in p.cmdline())
+    task.kill()
+    killed = time.monotonic()
+    psutil.wait_procs([task], timeout=30)
+    latest = checkpoint_step(str(model_dir))  # the restart (after a 2 s backoff) resumes from it
+    out = second.wait_for(
+        lambda out: re.search(
+            r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/1 in 2 s$", out, re.M
+        ),
+        60,
+        "the restart line",
+    )
+    first_attempt = re.split(r"^od-dist train: single:0 died .*$", out, maxsplit=1, flags=re.M)[0]
+    assert re.search(rf"restored (model )?from .*ckpt-{step}\b", first_attempt), out[-3000:]
+    assert re.search(rf"train \| step:\s+{step} \| training until step {step + 30}", first_attempt), out[
+        -3000:
+    ]
+    assert [int(s) for s in PROGRESS.findall(first_attempt)][0] == step + 5  # nothing trained twice
     assert second.wait(400) == 0, second.out[-3000:]
-    out = second.out
-    assert re.search(rf"restored (model )?from .*ckpt-{step}\b", out), out[-3000:]
-    assert re.search(rf"train \| step:\s+{step} \| training until step {step + 5}", out), out[-3000:]
-    assert [int(s) for s in PROGRESS.findall(out)] == [step + 5]
-    assert checkpoint_step(str(model_dir)) == step + 5
+    second_attempt = re.split(r"^od-dist train: single:0 died .*$", second.out, maxsplit=1, flags=re.M)[1]
+    resumed = re.search(r"restored (model )?from .*ckpt-(\d+)\b", second_attempt)
+    assert resumed and int(resumed.group(2)) == latest >= step, second.out[-3000:]
+    print(
+        f"train --max_restarts: resumed from ckpt-{resumed.group(2)} {time.monotonic() - killed:.1f} s after kill -9"
+    )
+    assert checkpoint_step(str(model_dir)) == step + 30
 
 
 def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, procs):
