@@ -29,14 +29,14 @@ class Job:
     """An od-dist command in its own session, its output read line by line with arrival times;
     every process it ever started is remembered and must be gone at the end."""
 
-    def __init__(self, *args, cwd):
+    def __init__(self, *args, cwd, env=None):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "od_dist", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             cwd=cwd,
-            env=clean_env(),
+            env=clean_env(**(env or {})),
             start_new_session=True,
         )
         self.lines = []  # (time, line)
@@ -135,7 +135,7 @@ def wait_in_log(path, run, pattern, timeout=300):
 @pytest.fixture
 def jobs():
     started = []
-    yield lambda *args, cwd: started.append(Job(*args, cwd=cwd)) or started[-1]
+    yield lambda *args, cwd, env=None: started.append(Job(*args, cwd=cwd, env=env)) or started[-1]
     for job in started:
         job.close()
 
@@ -217,6 +217,51 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps_then_ctrl_c(t
     assert "stopped by signal 2" not in job.out, job.out[-5000:]
 
 
+# Imported by every Python process of a job (PYTHONPATH): the master's final save is slow, as on a
+# slow network share. Its last write (the `checkpoint` state file that names the final checkpoint,
+# after the shards and every collective of the save) starts only once the worker has exited, and
+# lasts the whole window in which a watching trainer would take the closed port for a lost peer.
+SLOW_FINAL_SAVE = """
+import os
+
+from od_dist.job import trainer as _trainer
+
+_make = _trainer._controller_cls
+
+
+def _slow_state_write(write):
+    def slow(save_dir, model_checkpoint_path, *args, **kwargs):
+        final = model_checkpoint_path.endswith("ckpt-" + os.environ["OD_DIST_TEST_FINAL_STEP"])
+        if os.path.abspath(save_dir) == os.environ["OD_DIST_TEST_MODEL_DIR"] and final:
+            import time
+
+            from od_dist.job import watch
+            from od_dist.job.server import is_listening
+
+            port = int(os.environ["OD_DIST_TEST_WORKER_PORT"])
+            print("test: the final save waits for the worker to exit", flush=True)
+            while is_listening("127.0.0.1", port):
+                time.sleep(0.2)
+            time.sleep(2 * (watch.TRAINER_GONE_S + watch.PROBE_S))
+            print("test: the final save goes on", flush=True)
+        return write(save_dir, model_checkpoint_path, *args, **kwargs)
+
+    return slow
+
+
+def _slow_controller_cls():
+    from tensorflow.python.checkpoint import checkpoint_management as cm
+
+    if not getattr(cm.update_checkpoint_state_internal, "slow", False):
+        cm.update_checkpoint_state_internal = _slow_state_write(cm.update_checkpoint_state_internal)
+        cm.update_checkpoint_state_internal.slow = True
+    return _make()
+
+
+_trainer._controller_cls = _slow_controller_cls
+"""
+
+
 @pytest.mark.slow
 def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_restarts_both(
     tmp_path, data_dir, jobs
@@ -226,15 +271,27 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
     1. The master says how many bytes each step all-reduces, and in how many packs (the ring
        all-reduce, --fixed_replica_batch); TensorFlow's own log on each trainer agrees.
     2. kill -9 of the worker restarts both trainers, which resume from the last checkpoint and
-       finish."""
+       finish.
+    3. The master's final save, made slow (SLOW_FINAL_SAVE), outlasts the worker, which finished
+       first: the master's watch takes no closed port for a lost peer (no exit 138) and the job
+       ends with exit 0."""
     cluster = write_cluster(tmp_path, ps=0, workers=1)
     model_dir = str(tmp_path / "model")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_FINAL_SAVE)
+    slow_final_save = {
+        "PYTHONPATH": str(hook),
+        "OD_DIST_TEST_WORKER_PORT": open(cluster).read().split("worker: [127.0.0.1:")[1].split("]")[0],
+        "OD_DIST_TEST_MODEL_DIR": model_dir,
+        "OD_DIST_TEST_FINAL_STEP": "20",
+    }
     # Model Garden's own preemption handler restores the chief alone before training, which puts
     # the two trainers' collectives out of step after a resume; od-dist's trainer turns it off.
     # 20 steps: the kill follows the first checkpoint, so the resumed pair still trains a loop or more.
     args = launch_args(tmp_path, data_dir, cluster, 20, "--max_restarts=1", "--fixed_replica_batch")
     args[4] += ",trainer.preemption_on_demand_checkpoint=false,runtime.all_reduce_alg=ring"
-    job = jobs(*args, cwd=str(tmp_path))
+    job = jobs(*args, cwd=str(tmp_path), env=slow_final_save)
     i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/20")
     step = wait_for_checkpoint(model_dir)  # a kill during the save would leave none to resume from
     job.task("worker", 0).kill()
@@ -256,6 +313,11 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
     assert job.finish() == 0, job.out[-5000:]
     assert checkpoint_step(model_dir) == 20
     out = job.out
+    # The restarted pair's run, from the master's log (every line, in order, after its second start).
+    log = open(os.path.join(model_dir, "logs", "master-0.log"), errors="replace").read()
+    restarted = re.split(r"^----- .* started -----$", log, flags=re.M)[2]
+    assert "od-dist train | done at step 20" in restarted, restarted[-5000:]
+    assert "test: the final save goes on" in restarted and "exit 138" not in restarted, restarted[-5000:]
     assert out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
     for name in ("master:0", "worker:0"):
         assert f"[{name}] {name}: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in out
