@@ -191,34 +191,10 @@ def test_port_already_taken(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_server_stops_on_sigterm_and_when_master_never_comes(tmp_path):
-    cluster = write_cluster(tmp_path, ps=1, workers=1)
-    env = clean_env()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "od_dist", "train", f"--cluster={cluster}", "--role=ps"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=str(tmp_path),
-        env=env,
-    )
-    line = ""
-    while "serving on" not in line:
-        line = proc.stdout.readline()
-        assert line, "ps exited before serving"
-    proc.send_signal(signal.SIGTERM)
-    # Stopped without the master's word (a drained node): retryable, for a supervisor to restart.
-    assert proc.wait(timeout=30) == 143
-    assert "ps:0: stopped by signal 15; exit 143" in proc.stdout.read()
-    # No master ever comes: the server gives up after --wait_timeout instead of waiting forever.
-    r = run("train", f"--cluster={cluster}", "--role=ps", "--wait_timeout=2", cwd=str(tmp_path), timeout=120)
-    assert r.returncode == 138  # LOST_PEER: retryable
-    assert re.search(r"ps:0: lost the master at 127\.0\.0\.1:\d+ \(unreachable for 2 s\)", r.stderr), r.stderr
-
-
-def test_ps_starts_whatever_num_clones_says(tmp_path):
+def test_ps_starts_whatever_num_clones_says_stops_on_sigterm_and_when_master_never_comes(tmp_path):
     """A ps holds variables and runs no replicas: num_clones 2 (file and flag, as one launch line
-    passes it to every machine) must not make a CPU-only ps ask for 2 GPUs."""
+    passes it to every machine) must not make a CPU-only ps ask for 2 GPUs. SIGTERM stops it with
+    a retryable 143; a master that never comes, after --wait_timeout, with 138."""
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     with open(cluster, "a") as f:
         f.write("num_clones: 2\n")
@@ -247,12 +223,18 @@ def test_ps_starts_whatever_num_clones_says(tmp_path):
                 lines.append(proc.stdout.readline())
                 assert lines[-1], "ps exited before serving:\n" + "".join(lines)
             proc.send_signal(signal.SIGTERM)
+            # Stopped without the master's word (a drained node): retryable, for a supervisor to restart.
             assert proc.wait(timeout=30) == 143
+            assert "ps:0: stopped by signal 15; exit 143" in proc.stdout.read()
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     assert "od-dist device policy: no GPU visible" in (tmp_path / "model" / "logs" / "ps-0.log").read_text()
+    # No master ever comes: the server gives up after --wait_timeout instead of waiting forever.
+    r = run("train", f"--cluster={cluster}", "--role=ps", "--wait_timeout=2", cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 138  # LOST_PEER: retryable
+    assert re.search(r"ps:0: lost the master at 127\.0\.0\.1:\d+ \(unreachable for 2 s\)", r.stderr), r.stderr
 
 
 def test_every_role_applies_the_device_policy(ps_job, tmp_path):
