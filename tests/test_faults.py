@@ -1,8 +1,9 @@
 """Faults under the supervisor, with real TensorFlow tasks on loopback: a lost parameter_server
-worker, a lost ps, a lost multi_worker_mirrored trainer, a permanent error and Ctrl+C (one
-machine's `train --max_restarts` is in test_faults_trainer.py, with the single machine's other
-faults). Each job is a few steps long and bounded in time; no process
-of a test outlives it. Recovery times are printed (pytest -s) for the README's Faults table."""
+worker, a lost ps, a lost multi_worker_mirrored trainer, a final save that outlasts a finished
+peer, a permanent error and Ctrl+C. (One machine's `train --max_restarts` is in
+test_faults_trainer.py, with that machine's other faults.) Each job is a few steps long and
+bounded in time; no process of a test outlives it. Recovery times are printed (pytest -s) for the
+README's Faults table."""
 
 import os
 import re
