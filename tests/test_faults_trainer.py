@@ -210,8 +210,9 @@ def test_single_machine_killed_during_a_save_resumes_then_sigterm_saves_and_resu
     print(f"\nsingle machine: SIGTERM to ckpt-{step} saved in {saved:.1f} s, exit 143 in {took:.1f} s")
 
     # 3. Resumed where it stopped, under `--max_restarts 1`: its task killed once is restarted,
-    # resumes from its latest checkpoint again, and finishes.
-    args = train_args(None, None, None, model_dir, data_dir, steps=step + 30, interval=5)
+    # resumes from its latest checkpoint again, and finishes. 60 steps: once traced, a loop of 5
+    # takes a third of a second here, and the kill must come before the last.
+    args = train_args(None, None, None, model_dir, data_dir, steps=step + 60, interval=5)
     second = Proc(tmp_path, "second", [*args, "--max_restarts=1"])
     procs.append(second)
     second.wait_step(step, 400)
@@ -229,7 +230,7 @@ def test_single_machine_killed_during_a_save_resumes_then_sigterm_saves_and_resu
     )
     first_attempt = re.split(r"^od-dist train: single:0 died .*$", out, maxsplit=1, flags=re.M)[0]
     assert re.search(rf"restored (model )?from .*ckpt-{step}\b", first_attempt), out[-3000:]
-    assert re.search(rf"train \| step:\s+{step} \| training until step {step + 30}", first_attempt), out[
+    assert re.search(rf"train \| step:\s+{step} \| training until step {step + 60}", first_attempt), out[
         -3000:
     ]
     assert [int(s) for s in PROGRESS.findall(first_attempt)][0] == step + 5  # nothing trained twice
@@ -240,7 +241,7 @@ def test_single_machine_killed_during_a_save_resumes_then_sigterm_saves_and_resu
     print(
         f"train --max_restarts: resumed from ckpt-{resumed.group(2)} {time.monotonic() - killed:.1f} s after kill -9"
     )
-    assert checkpoint_step(str(model_dir)) == step + 30
+    assert checkpoint_step(str(model_dir)) == step + 60
 
 
 def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, procs):
