@@ -137,7 +137,7 @@ STOPPED = re.compile(
 def test_single_machine_killed_during_a_save_resumes_then_sigterm_saves_and_resumes(
     tmp_path, data_dir, procs
 ):
-    """One machine's trainer, started three times on one model_dir:
+    """One machine's trainer, three commands on one model_dir:
 
     1. SIGKILL during the save of ckpt-10: the previous checkpoint (5) stays the latest.
     2. With two CPU clones (--num_clones 2 --clone_on_cpu: MirroredStrategy, 2 replicas in sync),
