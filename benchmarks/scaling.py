@@ -303,12 +303,12 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
 # scratch model_dir whose checkpoint state names that checkpoint. Prints one JSON line per checkpoint.
 EVAL_EACH = """
 import glob, json, os, re, sys, tempfile
+import tensorflow as tf
 from od_dist.job import devices, trainer
 from od_dist.model import pipeline
 model_dir, override = sys.argv[1], sys.argv[2]
 devices.apply_policy()
 params = pipeline.load_pipeline(sys.argv[3], override, "mirrored")
-import tensorflow as tf
 paths = sorted(glob.glob(os.path.join(model_dir, "ckpt-*.index")), key=lambda p: int(re.search(r"ckpt-(\\d+)", p).group(1)))
 for index in paths:
     ckpt = index[: -len(".index")]

@@ -24,7 +24,9 @@ class Duties:
     is_trainer: bool  # trains and saves checkpoints: stopped first, given time to save
 
 
-_BOTH = ("train_data", "validation_data")
+# The pipeline's record splits (its task.train_data and task.validation_data).
+RECORD_SPLITS = ("train_data", "validation_data")
+_BOTH = RECORD_SPLITS
 #                    replicas server records                coord  light  trainer
 _PS_MASTER = Duties(False, False, _BOTH, True, True, True)  # lists the files its workers read
 _PS_WORKER = Duties(True, True, _BOTH, False, False, False)

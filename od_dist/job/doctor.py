@@ -347,7 +347,7 @@ def check_data(cluster: Cluster, mine, pipeline_path: str) -> list[Check]:
 
     readers = {
         split: [t for t in mine if split in duties.of(cluster.strategy, t.role).reads_records]
-        for split in ("train_data", "validation_data")
+        for split in duties.RECORD_SPLITS
     }
     if not readers["validation_data"]:
         return [Check(OK, "data", "no task here reads records")]
