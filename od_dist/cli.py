@@ -33,20 +33,68 @@ class Command:
     usage: str  # description and example, shown by --help
     define: Callable[[flags.FlagValues], None]
     run: Callable[[flags.FlagValues], int]
-    rest: str | None = None  # a list flag that also takes the arguments left after the flags
+    # The flags that take several files (multi-string flags): each also takes the paths that follow
+    # it, as a shell writes an unquoted glob (`--records data/*.tfrecord`).
+    lists: tuple[str, ...] = ()
+    rest: str | None = None  # the one of `lists` that also takes the paths left after the flags
 
 
 COMMANDS: dict[str, Command] = {}
 
 
 def command(
-    name: str, summary: str, usage: str, define: Callable[[flags.FlagValues], None], rest: str | None = None
+    name: str,
+    summary: str,
+    usage: str,
+    define: Callable[[flags.FlagValues], None],
+    lists: tuple[str, ...] = (),
+    rest: str | None = None,
 ):
     def register(fn):
-        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn, rest)
+        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn, lists, rest)
         return fn
 
     return register
+
+
+# The help of every flag that takes several files: one wording, as `records.expand_paths` reads them.
+SEVERAL = (
+    "Several: one after another after the flag (as a shell expands an unquoted glob), a glob, or a "
+    "comma-separated list."
+)
+
+
+def _gather(args: list[str], lists: tuple[str, ...]) -> list[str]:
+    """`--records a b c` -> `--records a --records=b --records=c`: the bare arguments that follow a
+    flag of `lists` (and its value) are more of its values. Others are left for absl, and refused."""
+    out, current, value_next = [], None, False
+    for arg in args:
+        if value_next:
+            value_next = False
+        elif arg.startswith("-") and arg != "-":
+            name, eq, _ = arg.lstrip("-").partition("=")
+            current = name if name in lists else None
+            value_next = current is not None and not eq
+        elif current is not None:
+            arg = f"--{current}={arg}"
+        out.append(arg)
+    return out
+
+
+def _stray(name: str, args: list[str], arg: str, lists: tuple[str, ...]) -> str:
+    """Why `arg` is refused, and how to pass several files."""
+    before = [a for a in args[: args.index(arg)] if a.startswith("--")] if arg in args else []
+    after = before[-1].lstrip("-").partition("=")[0] if before else ""
+    where = f" after --{after}, which takes one value" if after and after not in lists else ""
+    several = (
+        f"; several files go after {' or '.join('--' + n for n in lists)}: one after another, as a glob, "
+        "or comma-separated"
+        if lists
+        else "; quote a path that holds spaces"
+    )
+    return (
+        f"od-dist {name}: unexpected argument '{shown(arg)}'{where}; flags are written --name=value{several}"
+    )
 
 
 # ----- shared flags ---------------------------------------------------------------------------
@@ -332,6 +380,13 @@ def define_doctor_flags(fv: flags.FlagValues) -> None:
         "task.validation_data input_path) exist here, for the tasks of this machine that read them.",
         flag_values=fv,
     )
+    flags.DEFINE_string(
+        "model_dir",
+        None,
+        "Also check that the tasks of this machine that write the model_dir (all but the servers) "
+        "can create and write it here.",
+        flag_values=fv,
+    )
     flags.DEFINE_float(
         "connect_timeout",
         3.0,
@@ -350,12 +405,14 @@ Run it on any machine of the cluster before starting the job. One line per check
 its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
 refused" = nothing listening yet, fine before the job starts; no answer = a firewall drops it),
 this machine's ports free, the od-dist / TensorFlow / Model Garden versions installed here, and the
-GPUs here (nvidia-smi) against num_clones, and with --pipeline the records this machine's tasks
-read (paths resolve in the working directory, as in training). Does not import TensorFlow. Exit 0 when nothing needs
+GPUs here (nvidia-smi) against num_clones, with --pipeline the records this machine's tasks
+read (paths resolve in the working directory, as in training), and with --model_dir that they can
+write it. Does not import TensorFlow. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:
-  od-dist doctor --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml
+  od-dist doctor --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan
 """,
     define_doctor_flags,
 )
@@ -365,7 +422,13 @@ def cmd_doctor(fv) -> int:
     if not fv.cluster:
         raise UsageError("--cluster: '': required; pass --cluster clusters/lan.yaml")
     checks, head = doctor.run(
-        fv.cluster, fv.role, fv.index, fv.allow_public_addresses, fv.connect_timeout, pipeline=fv.pipeline
+        fv.cluster,
+        fv.role,
+        fv.index,
+        fv.allow_public_addresses,
+        fv.connect_timeout,
+        pipeline=fv.pipeline,
+        model_dir=fv.model_dir,
     )
     print(f"od-dist doctor: {head}")
     for check in checks:
@@ -512,10 +575,13 @@ def cmd_eval(fv) -> int:
 
     def evaluate():
         from od_dist.job import devices, trainer
+        from od_dist.model import pipeline
 
+        params = roles.load_params(fv.pipeline, fv.params_override, "mirrored")
+        pipeline.check_inputs(params, fv.pipeline, evaluate=True)
         devices.apply_policy()
         # Its result is the trainer's one line: od-dist eval | step N | AP ... | AP50 ... | AP75 ...
-        trainer.evaluate_latest(roles.load_params(fv.pipeline, fv.params_override, "mirrored"), fv.model_dir)
+        trainer.evaluate_latest(params, fv.model_dir)
         return exit_codes.OK
 
     return _run_role(evaluate)
@@ -578,7 +644,13 @@ def cmd_launch(fv) -> int:
     if any(not c.is_server for c in configs):
         # As `train` does, but once and before any task starts: a bad pipeline is exit 2, not a
         # job whose servers start and whose master then fails.
-        code, problem = launch.check_pipeline(fv.pipeline, fv.params_override, cluster.strategy)
+        code, problem = launch.check_pipeline(
+            fv.pipeline,
+            fv.params_override,
+            cluster.strategy,
+            train=any(c.duties.is_trainer for c in configs),
+            evaluate=any(c.role == "evaluator" for c in configs),
+        )
         if code == exit_codes.INVALID:
             raise UsageError(problem)
         if code:
@@ -662,10 +734,10 @@ def define_convert_flags(fv: flags.FlagValues) -> None:
 
 def define_voc_flags(fv: flags.FlagValues) -> None:
     define_convert_flags(fv)
-    flags.DEFINE_string(
+    flags.DEFINE_multi_string(
         "annotations",
         None,
-        "The folder of Pascal VOC / labelImg .xml files (searched recursively).",
+        "The folder of Pascal VOC / labelImg .xml files (searched recursively), or .xml files. " + SEVERAL,
         flag_values=fv,
     )
     flags.DEFINE_string(
@@ -716,6 +788,7 @@ Example:
   od-dist data voc --images my_data/images --annotations my_data/annotations --out data/my_data
 """,
     define_voc_flags,
+    lists=("annotations",),
 )
 def cmd_data_voc(fv) -> int:
     from od_dist.data import voc
@@ -774,10 +847,8 @@ def define_odapi_flags(fv: flags.FlagValues) -> None:
         "input paths and label_map_path to read (instead of --train, --val, --labels).",
         flag_values=fv,
     )
-    flags.DEFINE_string(
-        "train", None, "The training records: a file, a glob (quote it) or a comma list.", flag_values=fv
-    )
-    flags.DEFINE_string("val", None, "The validation records, as --train.", flag_values=fv)
+    flags.DEFINE_multi_string("train", None, "The training records. " + SEVERAL, flag_values=fv)
+    flags.DEFINE_multi_string("val", None, "The validation records, as --train.", flag_values=fv)
     flags.DEFINE_string(
         "labels",
         None,
@@ -811,6 +882,7 @@ Examples:
       --labels annotations/label_map.pbtxt --out data/my_data
 """,
     define_odapi_flags,
+    lists=("train", "val"),
 )
 def cmd_data_odapi(fv) -> int:
     from od_dist.data import odapi
@@ -852,12 +924,7 @@ def define_check_flags(fv: flags.FlagValues) -> None:
         "(task.train_data / task.validation_data input_path, task.model.num_classes).",
         flag_values=fv,
     )
-    flags.DEFINE_string(
-        "records",
-        None,
-        "Or check these records: a file, a glob (quote it) or a comma-separated list.",
-        flag_values=fv,
-    )
+    flags.DEFINE_multi_string("records", None, "Or check these records. " + SEVERAL, flag_values=fv)
     flags.DEFINE_integer(
         "num_classes",
         None,
@@ -883,6 +950,8 @@ Examples:
   od-dist data check --records 'data/my_data/val-*.tfrecord' --num_classes 4
 """,
     define_check_flags,
+    lists=("records",),
+    rest="records",
 )
 def cmd_data_check(fv) -> int:
     if bool(fv.pipeline) == bool(fv.records):
@@ -978,13 +1047,35 @@ def cmd_pipeline_import(fv) -> int:
         f"wrote {fv.out}: experiment {imported.experiment}, {len(imported.notes)} setting(s) not carried over"
     )
     if not fv.data:
-        print(
-            "input paths: as in the config; records in the Object Detection API's layout (file names as "
-            f"image/source_id) are rewritten once with: od-dist data odapi --config {fv.config} --out DIR, "
-            "then import again with --data DIR"
-        )
+        print(_records_layout_note(fv.config, text, fv.out))
     print(f"next: od-dist data check --pipeline {fv.out}", flush=True)
     return exit_codes.OK
+
+
+def _records_layout_note(config: str, text: str, out: str) -> str:
+    """What `pipeline import` without --data says of the config's own records: when they are here
+    and hold file names as source ids, the exact commands that rewrite them and import again."""
+    from od_dist.data import records
+    from od_dist.model import odapi
+
+    rewrite = f"od-dist data odapi --config {config} --out DIR"
+    val = odapi.input_paths(text)[1]
+    files = records.match_files(val)
+    sid = records.file_name_source_id(files)
+    if sid is None:
+        state = "numeric source ids" if files else "not found on this machine"
+        return (
+            f"input paths: as in the config ({state}); records in the Object Detection API's layout "
+            f"(file names as image/source_id) are rewritten once with: {rewrite}, then import again "
+            "with --data DIR"
+        )
+    data = os.path.join("data", os.path.splitext(os.path.basename(out))[0])
+    return (
+        f"records: {files[0]} holds file names as image/source_id ('{sid}'), the Object Detection API's "
+        "layout, which Model Garden's COCO evaluation cannot read (training can); rewrite them once "
+        f"and import again: od-dist data odapi --config {config} --out {data} && od-dist pipeline "
+        f"import --config {config} --data {data} --out {out} --force"
+    )
 
 
 # ----- export / predict / report --------------------------------------------------------------
@@ -1015,6 +1106,16 @@ def define_export_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
+    flags.DEFINE_float(
+        "min_score",
+        None,
+        "The model drops detections scored below this (its NMS never sees them); `od-dist predict "
+        "--min_score` can only raise it. Default: the pipeline's "
+        "task.model.detection_generator.pre_nms_score_threshold (0.05 in Model Garden's detectors).",
+        lower_bound=0.0,
+        upper_bound=1.0,
+        flag_values=fv,
+    )
 
 
 @command(
@@ -1039,7 +1140,7 @@ def cmd_export(fv) -> int:
 
     try:
         params = load_pipeline(fv.pipeline, fv.params_override)
-        done = export.export(params, fv.model_dir, fv.out, fv.checkpoint, fv.labels)
+        done = export.export(params, fv.model_dir, fv.out, fv.checkpoint, fv.labels, fv.min_score)
     except PipelineError as e:
         raise UsageError(str(e)) from None
     except export.ExportError as e:
@@ -1047,7 +1148,8 @@ def cmd_export(fv) -> int:
         return exit_codes.FAILED if "no checkpoint" in str(e) else exit_codes.INVALID
     print(
         f"exported {done['checkpoint']} to {done['out']} (input: uint8 images of any size, resized to "
-        f"{done['input_size'][0]}x{done['input_size'][1]} inside; label map: "
+        f"{done['input_size'][0]}x{done['input_size'][1]} inside; detections scored from "
+        f"{done['min_score']:g}; label map: "
         f"{done['label_map'] or 'none found, classes will show as ids'})",
         flush=True,
     )
@@ -1056,18 +1158,14 @@ def cmd_export(fv) -> int:
 
 def define_predict_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("model", None, "The SavedModel folder written by `od-dist export`.", flag_values=fv)
-    flags.DEFINE_multi_string(
-        "images",
-        None,
-        "Image files or folders: several after one --images (as a shell expands photos/*.jpg), "
-        "the flag repeated, or paths after the flags.",
-        flag_values=fv,
-    )
+    flags.DEFINE_multi_string("images", None, "Image files or folders of images. " + SEVERAL, flag_values=fv)
     flags.DEFINE_string("out", None, "Folder for the drawn PNGs and detections.json.", flag_values=fv)
     flags.DEFINE_float(
         "min_score",
         0.3,
-        "Detections below this score are left out.",
+        "Detections below this score are left out. The exported model has already dropped those "
+        "below the score it was exported with (`od-dist export --min_score`, default 0.05): a lower "
+        "value here shows nothing more, and says so.",
         lower_bound=0.0,
         upper_bound=1.0,
         flag_values=fv,
@@ -1088,6 +1186,7 @@ Examples:
   od-dist predict --model exported/demo --out predictions --images photos/*.jpg
 """,
     define_predict_flags,
+    lists=("images",),
     rest="images",
 )
 def cmd_predict(fv) -> int:
@@ -1099,6 +1198,8 @@ def cmd_predict(fv) -> int:
     except predict.PredictError as e:
         raise UsageError(str(e)) from None
     count = sum(len(r["detections"]) for r in done["results"])
+    if done["note"]:
+        print(f"od-dist predict: {done['note']}", flush=True)
     print(
         f"{len(done['images'])} image(s), {count} detection(s) with score >= {fv.min_score}: "
         f"{fv.out}/*.png and {done['json']}",
@@ -1337,19 +1438,16 @@ def main(argv: list[str]) -> int:
         print(_help(cmd, fv))
         return exit_codes.OK
     try:
-        extra = fv([f"od-dist {name}"] + rest)[1:]
+        extra = fv([f"od-dist {name}"] + _gather(rest, cmd.lists))[1:]
     except flags.Error as e:
         text = re.sub(rf"\S{{{SHOWN_MAX},}}", lambda m: shown(m.group()), str(e))  # a long value, cut
         print(f"od-dist {name}: {shown(text, 1000)}; see 'od-dist {name} --help'", file=sys.stderr)
         return exit_codes.INVALID
-    if extra and cmd.rest:  # `--images a.jpg b.jpg`: absl takes a.jpg, b.jpg is left over
+    if extra and cmd.rest:  # `predict --model m --out o a.jpg b.jpg`: the images
         fv[cmd.rest].value = [*(fv[cmd.rest].value or []), *extra]
         extra = []
     if extra:
-        print(
-            f"od-dist {name}: unexpected argument '{shown(extra[0])}'; flags are written --name=value",
-            file=sys.stderr,
-        )
+        print(_stray(name, rest, extra[0], cmd.lists), file=sys.stderr)
         return exit_codes.INVALID
     try:
         return cmd.run(fv)

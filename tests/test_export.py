@@ -35,11 +35,13 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(tmp_path
     trainer.train(load_pipeline(DEMO, override, "mirrored"), model_dir, tf.distribute.MirroredStrategy())
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-6")
 
-    # After 6 steps every score is near RetinaNet's 0.01 prior: keep them all so boxes get drawn.
-    params = load_pipeline(DEMO, override + ",task.model.detection_generator.pre_nms_score_threshold=0.0")
+    # After 6 steps every score is near RetinaNet's 0.01 prior, under the pipeline's 0.05: export
+    # with every score kept, so boxes get drawn.
+    params = load_pipeline(DEMO, override)
     out = str(tmp_path / "exported")
-    done = export.export(params, model_dir, out)
+    done = export.export(params, model_dir, out, min_score=0.0)
     assert done["checkpoint"].endswith("ckpt-6") and done["label_map"] == written.label_map
+    assert export.exported_min_score(out) == 0.0
     assert os.path.isfile(os.path.join(out, "saved_model.pb"))
     assert os.path.isfile(os.path.join(out, "label_map.pbtxt"))
     assert not [p for p in os.listdir(tmp_path) if "partial" in p]
@@ -55,6 +57,15 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(tmp_path
     first = doc[0]
     assert (first["width"], first["height"]) == (160, SIZE)
     assert first["detections"], "no detections at min_score 0"
+    assert result["note"] is None
+    # A model exported at the pipeline's threshold: a --min_score under it is said to show nothing more.
+    with open(os.path.join(out, export.EXPORT_INFO), "w") as f:
+        json.dump({"min_score": 0.05}, f)
+    note = predict.predict(out, [wide], str(tmp_path / "pred2"), min_score=0.0)["note"]
+    assert note == (
+        "--min_score 0 is below 0.05, the score under which the exported model itself drops detections: "
+        "nothing under 0.05 is shown; to see lower scores, export again with --min_score 0"
+    )
     for d in first["detections"]:
         xmin, ymin, xmax, ymax = d["box"]
         assert 0 <= xmin <= xmax <= 160 and 0 <= ymin <= ymax <= SIZE

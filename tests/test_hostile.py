@@ -600,6 +600,7 @@ def test_export_replaces_only_what_export_wrote(tmp_path, monkeypatch):
     export.export(params, str(tmp_path / "run"), str(out))
     assert sorted(os.listdir(out)) == [
         "README.txt",
+        "assets.extra",  # the score the model was exported with, for predict
         "fingerprint.pb",
         "samples",
         "saved_model.pb",

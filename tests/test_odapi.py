@@ -875,9 +875,10 @@ def test_data_odapi_writes_nothing_on_a_problem(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_odapi_project_trains_and_evaluates(project, tmp_path):
+def test_odapi_project_trains_and_evaluates(project, tmp_path, capsys, monkeypatch):
     """A folder with a pipeline.config (the FPNLite shape, CPU-sized), label_map.pbtxt and records
-    in the Object Detection API's layout -> the README's commands -> a COCO line."""
+    in the Object Detection API's layout -> the README's commands -> a COCO line. Imported without
+    --data first: the import names the rewrite, and evaluating those records is one line, exit 2."""
     folder = tmp_path / "project"
     os.makedirs(folder / "annotations")
     for name in ("train.record", "test.record", "label_map.pbtxt"):
@@ -897,6 +898,26 @@ def test_odapi_project_trains_and_evaluates(project, tmp_path):
         .replace("PATH_TO_BE_CONFIGURED/val2017-?????-of-00032.tfrecord", "annotations/test.record")
     )
     (folder / "pipeline.config").write_text(small)
+    monkeypatch.chdir(folder)  # the config's paths are relative, as in a real project
+    code, out, err = run_cli(capsys, "pipeline", "import", "--config=pipeline.config", "--out=raw.yaml")
+    assert code == 0, err
+    assert (
+        "records: annotations/test.record holds file names as image/source_id ('IMG_2000.jpg'), the Object "
+        "Detection API's layout" in out
+    ), out
+    assert (
+        "od-dist data odapi --config pipeline.config --out data/raw && od-dist pipeline import --config "
+        "pipeline.config --data data/raw --out raw.yaml --force" in out
+    ), out
+    code, out, err = run_cli(capsys, "eval", "--pipeline=raw.yaml", "--model_dir=runs/none")
+    assert code == 2, out + err
+    assert err.splitlines() == [
+        "od-dist: pipeline 'raw.yaml': task.validation_data.input_path: 'annotations/test.record': its "
+        "records hold file names as image/source_id ('IMG_2000.jpg' in annotations/test.record), the "
+        "Object Detection API's layout, and COCO evaluation needs numbers; rewrite them once with "
+        '\'od-dist data odapi --train "annotations/train.record" --val "annotations/test.record" --out '
+        "DIR' and point the pipeline's input paths at DIR"
+    ], err
     r = od_dist("data", "odapi", "--config=pipeline.config", "--out=data/records", cwd=folder)
     assert r.returncode == 0, r.stderr
     r = od_dist(

@@ -146,6 +146,9 @@ def test_evaluate_latest_returns_and_writes_coco_metrics(data_dir, trained, caps
     metrics = trainer.evaluate_latest(params_for(data_dir, 15), trained)
     out = capsys.readouterr().out
     assert re.search(rf"^od-dist eval \| step {step} \| AP [-\d.]+ \| AP50 [-\d.]+", out, re.M), out[-2000:]
+    assert [line for line in out.splitlines() if "restored" in line] == [
+        f"restored from checkpoint: {trained}/ckpt-{step}"
+    ], out[-2000:]
     assert metrics["step"] == step
     for key in ("AP", "AP50", "AP75", "ARmax100", "validation_loss"):
         assert isinstance(metrics[key], float)

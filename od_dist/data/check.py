@@ -10,7 +10,6 @@ per split follow. TensorFlow decodes the images, exactly as the training input p
 from __future__ import annotations
 
 import collections
-import glob
 import math
 import os
 from dataclasses import dataclass, field
@@ -31,14 +30,6 @@ class SplitStats:
     per_class: collections.Counter = field(default_factory=collections.Counter)
     names: dict = field(default_factory=dict)
     over_limit: int = 0
-
-
-def _files(pattern: str) -> list[str]:
-    found = []
-    for p in (s.strip() for s in pattern.split(",")):
-        if p:
-            found += sorted(glob.glob(p)) if glob.has_magic(p) else ([p] if os.path.exists(p) else [])
-    return found
 
 
 def _list(feature, kind: str) -> list:
@@ -134,9 +125,10 @@ def check(splits: dict[str, str], num_classes: int | None, out, limit: int = 50)
             print(f"problem: {text}", file=out, flush=True)
 
     stats = {}
-    for split_name, pattern in splits.items():
+    for split_name, value in splits.items():
+        pattern = ",".join(records.patterns(value))
         s = stats[split_name] = SplitStats(pattern)
-        files = _files(pattern)
+        files = records.match_files(pattern)
         s.files = len(files)
         if not files:
             problem(f"{split_name}: no file matches '{pattern}'; fix the path (relative to {os.getcwd()})")

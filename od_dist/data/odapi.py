@@ -16,9 +16,6 @@ complete (``records.write_dataset``).
 
 from __future__ import annotations
 
-import glob
-import os
-
 from od_dist.data import records
 from od_dist.data.records import DatasetError
 
@@ -26,11 +23,9 @@ _TEXT = "image/object/class/text"
 _LABEL = "image/object/class/label"
 
 
-def _files(flag: str, pattern: str) -> list[str]:
-    found = []
-    for p in (s.strip() for s in pattern.split(",")):
-        if p:
-            found += sorted(glob.glob(p)) if glob.has_magic(p) else ([p] if os.path.isfile(p) else [])
+def _files(flag: str, pattern) -> list[str]:
+    found = records.match_files(pattern)
+    pattern = ",".join(records.patterns(pattern))
     if not found:
         raise DatasetError(
             f"--{flag}: '{pattern}': no file matches; pass the .record file(s) (a glob, quoted)"

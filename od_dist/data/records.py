@@ -11,6 +11,7 @@ Records are Model Garden's detection layout (``TfExampleDecoder``): ``image/enco
 from __future__ import annotations
 
 import difflib
+import glob
 import math
 import os
 import random
@@ -40,6 +41,53 @@ class ProblemsReported(BadAnnotation):
 
 class DatasetError(ValueError):
     """The dataset as a whole cannot be converted (no images, a bad flag); one line, exit 2."""
+
+
+# ----- which files ----------------------------------------------------------------------------
+
+
+def patterns(value) -> list[str]:
+    """The patterns in a records flag or a pipeline's input_path: a file, a glob, a comma-separated
+    list, or a list of those (the paths a shell expanded after the flag)."""
+    values = value if isinstance(value, (list, tuple)) else [value or ""]
+    return [p.strip() for v in values for p in str(v).split(",") if p.strip()]
+
+
+def files_of(pattern: str) -> list[str]:
+    """The files one pattern names on this machine: a glob's matches (sorted), else the file."""
+    if glob.has_magic(pattern):
+        return sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
+    return [pattern] if os.path.isfile(pattern) else []
+
+
+def expand_paths(value) -> list[str]:
+    """The paths in a flag that takes several files or folders (see ``patterns``), a glob replaced
+    by its matches (sorted); a glob that matches nothing stays, for the caller to name it."""
+    return [m for p in patterns(value) for m in (sorted(glob.glob(p)) if glob.has_magic(p) else []) or [p]]
+
+
+def match_files(value) -> list[str]:
+    """Every file `value` (see ``patterns``) names here, in order, each once."""
+    return list(dict.fromkeys(f for p in patterns(value) for f in files_of(p)))
+
+
+def file_name_source_id(files: Sequence[str]) -> str | None:
+    """The first record's image/source_id when it is not a number (the Object Detection API's
+    converters write the file name there, which Model Garden's COCO evaluation cannot read), else
+    None. One record is read: a converter writes every record the same way."""
+    import tensorflow as tf
+
+    for path in files[:1]:
+        try:
+            data = next(iter(tf.compat.v1.io.tf_record_iterator(path)), None)
+            example = tf.train.Example.FromString(data) if data else None
+        except Exception:  # noqa: BLE001 - unreadable records are `data check`'s to report
+            return None
+        ids = example.features.feature["image/source_id"].bytes_list.value if example else []
+        sid = ids[0].decode("utf-8", "replace") if ids else ""
+        if sid and not sid.lstrip("-").isdigit():
+            return sid
+    return None
 
 
 # ----- label maps -----------------------------------------------------------------------------

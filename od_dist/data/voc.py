@@ -144,11 +144,18 @@ def parse(xml_path: str, images_dir: str) -> VocImage:
     return VocImage(xml_path, image_path, fmt, width, height, tuple(objects))
 
 
-def _scan(annotations_dir: str, images_dir: str, labels: dict[int, str] | None, labels_path: str | None):
+def xml_files(annotations: list[str]) -> list[str]:
+    """The .xml files of --annotations: every one under each folder, and each file given."""
+    found = []
+    for path in annotations:
+        found += records.matching_files(path, ".xml") if os.path.isdir(path) else [path]
+    return list(dict.fromkeys(found))
+
+
+def _scan(paths: list[str], images_dir: str, labels: dict[int, str] | None, labels_path: str | None):
     """Pass 1: (good XML paths, problems, class names in sorted order)."""
     good, problems, seen = [], [], set()
     known = set(labels.values()) if labels else None
-    paths = list(records.matching_files(annotations_dir, ".xml"))
     progress = records.Progress("data voc: checking", len(paths))
     for xml_path in paths:
         progress.step()
@@ -169,7 +176,7 @@ def _scan(annotations_dir: str, images_dir: str, labels: dict[int, str] | None, 
 
 def convert(
     images_dir: str,
-    annotations_dir: str,
+    annotations,
     out_dir: str,
     val_fraction: float = 0.1,
     labels_path: str | None = None,
@@ -177,19 +184,25 @@ def convert(
     seed: int = 0,
     progress_stream=None,
 ):
-    """Converts a labelImg/VOC folder. Returns (records.Written, number of skipped files).
+    """Converts a labelImg/VOC folder. `annotations`: folders of .xml files and .xml files, as
+    records.expand_paths reads a flag (several, globs, comma-separated). Returns (records.Written,
+    number of skipped files).
 
     Raises DatasetError (bad flags, nothing to convert) and, without ``skip_bad``, BadAnnotation
     carrying the count after printing every problem (see ``records.report_problems``)."""
-    for flag, d in (("--images", images_dir), ("--annotations", annotations_dir)):
-        if not d or not os.path.isdir(d):
+    if not images_dir or not os.path.isdir(images_dir):
+        raise DatasetError(f"--images: '{images_dir or ''}': not a directory; pass the folder of images")
+    given = records.expand_paths(annotations)
+    for path in given or [""]:
+        if not os.path.isdir(path) and not (os.path.isfile(path) and path.lower().endswith(".xml")):
             raise DatasetError(
-                f"{flag}: '{d or ''}': not a directory; pass the folder of "
-                f"{'images' if flag == '--images' else 'labelImg .xml files'}"
+                f"--annotations: '{path}': neither a directory nor an .xml file; pass the folder of "
+                "labelImg .xml files (or the files)"
             )
+    annotations_dir = ",".join(given)
     labels = records.read_labels(labels_path) if labels_path else None
     records.split(0, val_fraction)  # checks the fraction before any work
-    good, problems, seen = _scan(annotations_dir, images_dir, labels, labels_path)
+    good, problems, seen = _scan(xml_files(given), images_dir, labels, labels_path)
     if not good and not problems:
         raise DatasetError(
             f"--annotations: '{annotations_dir}': no .xml files; point it at the folder "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 from dataclasses import dataclass
 
 from od_dist.cluster import duties as duties_mod
@@ -135,6 +137,32 @@ def select(
     return TaskConfig(cluster, cluster.task(role, index), source, note)
 
 
+def model_dir_problem(model_dir: str) -> str | None:
+    """Why this process cannot create or write `model_dir` (its checkpoints, summaries and logs),
+    or None. Probed in the folder itself, or the nearest one above it that exists (created on the
+    way), with a real file: permission bits do not tell a read-only mount or /proc. Remote paths
+    (gs://...) are TensorFlow's to open."""
+    if "://" in model_dir:
+        return None
+    folder = os.path.abspath(model_dir)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"'{folder}' is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):
+            return f"permission denied: this user may not write in '{folder}'"
+        if e.errno == errno.EROFS:
+            return f"'{folder}' is on a read-only file system"
+        if e.errno == errno.ENOENT:  # the folder exists, yet takes no new file: /proc, /sys
+            return f"'{folder}' takes no new files (a virtual file system)"
+        return f"'{folder}': {e.strerror or e}"
+    return None
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything `od-dist train` needs, checked before TensorFlow is imported."""
@@ -238,6 +266,16 @@ def train_config(
                 problems.append(
                     validate.problem(flag, "", f"required for the {config.role} role", f"pass {flag}=...")
                 )
+        why = model_dir_problem(model_dir) if model_dir else None
+        if why:
+            problems.append(
+                validate.problem(
+                    "--model_dir",
+                    model_dir,
+                    f"cannot be created or written: {why}",
+                    "pass a folder this user can write (on every machine whose task writes it)",
+                )
+            )
         if pipeline and not os.path.isfile(pipeline):
             problems.append(
                 validate.problem(

@@ -3,7 +3,8 @@
 One line per check, each `ok`, `warn` (worth a look, not a blocker) or `FIX` (with what to do):
 this machine's entry in the cluster file, every peer's host name resolving, the port of every peer
 this machine's tasks connect to reachable from here, this machine's own ports free, the installed
-versions, GPUs vs num_clones, and with --pipeline the records its tasks read.
+versions, GPUs vs num_clones, with --pipeline the records its tasks read, and with --model_dir
+that its tasks can write there.
 
 A peer's port is probed with a plain TCP connect; the answer tells the cases apart:
   connected            something listens there (its task is up)                -> ok
@@ -388,6 +389,29 @@ def check_data(cluster: Cluster, mine, pipeline_path: str) -> list[Check]:
     return checks
 
 
+def check_model_dir(cluster: Cluster, mine, model_dir: str) -> list[Check]:
+    """The model_dir, for this machine's tasks that write it (every task but the servers), by the
+    same probe `train` makes before it starts."""
+    from od_dist.job import config
+
+    writers = [t for t in mine if not duties.of(cluster.strategy, t.role).is_server]
+    if not writers:
+        return [Check(OK, "model_dir", "no task here writes it")]
+    names = ", ".join(t.name for t in writers)
+    why = config.model_dir_problem(model_dir)
+    if why:
+        return [
+            Check(
+                FIX,
+                "model_dir",
+                f"{model_dir}: cannot be created or written: {why} (for {names}); pass a folder "
+                "this user can write",
+            )
+        ]
+    shown_dir = model_dir if "://" not in model_dir else f"{model_dir} (remote, not checked from here)"
+    return [Check(OK, "model_dir", f"{shown_dir}: writable here, for {names}")]
+
+
 # ----- all of it ------------------------------------------------------------------------------------
 
 
@@ -407,6 +431,7 @@ def run(
     connect_timeout: float = CONNECT_TIMEOUT_S,
     machine=None,
     pipeline: str | None = None,
+    model_dir: str | None = None,
 ) -> tuple[list[Check], str]:
     """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2)."""
     from od_dist.job import config
@@ -430,4 +455,6 @@ def run(
     checks += check_layout(cluster)
     if pipeline:
         checks += check_data(cluster, mine, pipeline)
+    if model_dir:
+        checks += check_model_dir(cluster, mine, model_dir)
     return checks, head

@@ -235,6 +235,7 @@ import sys
 from od_dist.model import pipeline
 try:
     params = pipeline.load_pipeline(sys.argv[1], sys.argv[2] or None, sys.argv[3])
+    pipeline.check_inputs(params, sys.argv[1], train="train" in sys.argv[4:], evaluate="eval" in sys.argv[4:])
     pipeline.check_model(params, sys.argv[1])
 except pipeline.PipelineError as e:
     print(e, file=sys.stderr)
@@ -242,13 +243,25 @@ except pipeline.PipelineError as e:
 """
 
 
-def check_pipeline(path: str, params_override: str | None, strategy: str) -> tuple[int, str]:
-    """Loads the pipeline as the trainers will and builds its model once (pipeline.check_model),
+def check_pipeline(
+    path: str, params_override: str | None, strategy: str, train: bool, evaluate: bool
+) -> tuple[int, str]:
+    """Loads the pipeline as the trainers will, checks the records the tasks here open (`train`:
+    a trainer is here; `evaluate`: an evaluator) and builds its model once (pipeline.check_model),
     before any task starts: (0, '') when it is good,
     (2, the one-line problem) when it is not, (1, what went wrong) when the check itself failed.
     It runs in a short-lived child so TensorFlow stays out of the launcher, which forks every task."""
     r = subprocess.run(
-        [sys.executable, "-c", _CHECK_PIPELINE, path, params_override or "", strategy],
+        [
+            sys.executable,
+            "-c",
+            _CHECK_PIPELINE,
+            path,
+            params_override or "",
+            strategy,
+            *(["train"] if train else []),
+            *(["eval"] if evaluate else []),
+        ],
         capture_output=True,
         text=True,
         encoding="utf-8",

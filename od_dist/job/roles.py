@@ -62,6 +62,12 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
     from od_dist.model import pipeline
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
+    pipeline.check_inputs(params, config.pipeline, train=True)
+    if not config.selected.task or config.role == "master":
+        # Training reads no validation record; the evaluation after it will, and would fail.
+        problem = pipeline.file_name_ids(params, config.pipeline)
+        if problem:
+            print(f"od-dist: warning: {problem}; training goes on, evaluation would fail", flush=True)
     cluster, task = config.selected.cluster, config.selected.task
     try:
         dist = strategy.make(
@@ -251,6 +257,7 @@ def run_evaluator(config: TrainConfig) -> int:
     from od_dist.model import pipeline
 
     params = _params(config)
+    pipeline.check_inputs(params, config.pipeline, evaluate=True)
     devices.apply_policy()  # it often shares a GPU machine with a worker
     pipeline.check_model(params, config.pipeline)
     lead = config.selected.cluster.lead_task() if config.selected.cluster else None

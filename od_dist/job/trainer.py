@@ -139,11 +139,13 @@ def _controller_cls():
             if self.trainer is None and manager is not None:
                 # Evaluation only: the optimizer's slots are not needed; say so, rather
                 # than let TensorFlow warn about each unrestored one at exit.
+                named = checkpoint_path
                 checkpoint_path = checkpoint_path or manager.latest_checkpoint
                 if checkpoint_path:
                     with self.strategy.scope():
                         manager.checkpoint.restore(checkpoint_path).expect_partial()
-                    print(f"{_PREFIX} eval | restored {checkpoint_path}", flush=True)
+                    if named:  # orbit says it of the restore it asks for at start, not of these
+                        print(f"{_PREFIX} eval | restored {checkpoint_path}", flush=True)
                     return checkpoint_path
             return super().restore_checkpoint(checkpoint_path)
 

@@ -12,6 +12,7 @@ temporary name and renamed when complete.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -20,7 +21,13 @@ from od_dist.data import records
 from od_dist.data.records import LABEL_MAP_FILE
 
 # What an export writes into --out (a SavedModel and the label map): replaced by the next export.
-WRITTEN = re.compile(r"saved_model\.pb|fingerprint\.pb|keras_metadata\.pb|variables|assets|label_map\.pbtxt")
+WRITTEN = re.compile(
+    r"saved_model\.pb|fingerprint\.pb|keras_metadata\.pb|variables|assets|assets\.extra|label_map\.pbtxt"
+)
+# What `predict` needs to know of the export, in the SavedModel's folder for files the graph does not
+# use (`assets.extra`, as TensorFlow Serving's warm-up requests are): {"min_score": the score under
+# which the model itself drops detections}.
+EXPORT_INFO = os.path.join("assets.extra", "od_dist.json")
 
 
 class ExportError(RuntimeError):
@@ -39,10 +46,17 @@ def find_label_map(params) -> str | None:
 
 
 def export(
-    params, model_dir: str, out_dir: str, checkpoint: str | None = None, labels: str | None = None
+    params,
+    model_dir: str,
+    out_dir: str,
+    checkpoint: str | None = None,
+    labels: str | None = None,
+    min_score: float | None = None,
 ) -> dict:
-    """Exports the latest checkpoint of ``model_dir`` (or ``checkpoint``) to ``out_dir``.
-    Returns {'checkpoint', 'out', 'label_map' (or None), 'input_size'}."""
+    """Exports the latest checkpoint of ``model_dir`` (or ``checkpoint``) to ``out_dir``. The model
+    drops detections scored under ``min_score`` (default: the pipeline's
+    ``detection_generator.pre_nms_score_threshold``), as its NMS would any later threshold.
+    Returns {'checkpoint', 'out', 'label_map' (or None), 'input_size', 'min_score'}."""
     import tensorflow as tf
 
     if checkpoint:
@@ -77,6 +91,9 @@ def export(
 
     tf.get_logger().setLevel("ERROR")  # a page of "Skipping full serialization of layer" warnings
     params.task.export_config.output_normalized_coordinates = True
+    generator = params.task.model.detection_generator
+    if min_score is not None:
+        generator.pre_nms_score_threshold = min_score
     size = list(params.task.model.input_size[:2])
     out_dir = os.path.normpath(out_dir)
     if os.path.exists(out_dir) and not (
@@ -106,8 +123,28 @@ def export(
             ) from None
         if label_map:
             shutil.copyfile(label_map, os.path.join(staging, LABEL_MAP_FILE))
+        os.makedirs(os.path.join(staging, os.path.dirname(EXPORT_INFO)), exist_ok=True)
+        with open(os.path.join(staging, EXPORT_INFO), "w", encoding="utf-8") as f:
+            json.dump({"min_score": generator.pre_nms_score_threshold}, f)
         # An earlier export's files are replaced; anything else the user keeps there stays.
         records.move_into_place(staging, out_dir, WRITTEN)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return {"checkpoint": ckpt, "out": out_dir, "label_map": label_map, "input_size": size}
+    return {
+        "checkpoint": ckpt,
+        "out": out_dir,
+        "label_map": label_map,
+        "input_size": size,
+        "min_score": generator.pre_nms_score_threshold,
+    }
+
+
+def exported_min_score(model_dir: str) -> float | None:
+    """The score under which an exported model drops detections itself (None: an export that
+    does not say, made before od-dist wrote it)."""
+    try:
+        with open(os.path.join(model_dir, EXPORT_INFO), encoding="utf-8") as f:
+            value = json.load(f).get("min_score")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None

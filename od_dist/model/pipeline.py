@@ -363,6 +363,58 @@ def load_pipeline(path: str, params_override: str | None = None, strategy: str |
     return params
 
 
+def check_inputs(params, path: str, train: bool = False, evaluate: bool = False) -> None:
+    """The records a task opens, before TensorFlow builds anything (Model Garden would find a
+    problem minutes later, deep in a traceback): with `train` the training records, with
+    `evaluate` the validation records, which must also hold numeric source ids. Every pattern of
+    their input_path must name a file on this machine; remote ones (gs://...) are TensorFlow's to
+    open. Raises PipelineError naming the key, the pattern and the fix."""
+    from od_dist.data import records
+
+    splits = (["train_data"] if train else []) + (["validation_data"] if evaluate else [])
+    for split in splits:
+        data = getattr(params.task, split)
+        if data.tfds_name:
+            continue
+        key = f"task.{split}.input_path"
+        found = records.patterns(data.input_path)
+        if not found:
+            raise PipelineError(
+                f"pipeline '{path}': {key}: '': not set; set it to the records (a file, a glob or "
+                "a comma-separated list)"
+            )
+        for pattern in found:
+            if "://" not in pattern and not records.files_of(pattern):
+                raise PipelineError(
+                    f"pipeline '{path}': {key}: '{pattern}': matches no file on this machine (working "
+                    f"directory {os.getcwd()}); fix the path or copy the records here, then "
+                    f"'od-dist data check --pipeline {path}' reads every record"
+                )
+    problem = file_name_ids(params, path) if evaluate else None
+    if problem:
+        raise PipelineError(problem)
+
+
+def file_name_ids(params, path: str) -> str | None:
+    """When the validation records hold file names as image/source_id (the Object Detection API's
+    layout), what to do about it in one line; else None. COCO evaluation needs numeric ids: Model
+    Garden's would stop with a graph error (StringToNumberOp) after building everything."""
+    from od_dist.data import records
+
+    val = ",".join(records.patterns(params.task.validation_data.input_path))
+    files = records.match_files(val)
+    sid = records.file_name_source_id(files)
+    if sid is None:
+        return None
+    train = ",".join(records.patterns(params.task.train_data.input_path))
+    return (
+        f"pipeline '{path}': task.validation_data.input_path: '{val}': its records hold file names as "
+        f"image/source_id ('{sid}' in {files[0]}), the Object Detection API's layout, and COCO "
+        f'evaluation needs numbers; rewrite them once with \'od-dist data odapi --train "{train}" '
+        f"--val \"{val}\" --out DIR' and point the pipeline's input paths at DIR"
+    )
+
+
 def scale_for_replicas(params, replicas: int) -> str:
     """--fixed_replica_batch: the pipeline's global_batch_size becomes the batch of ONE replica,
     so adding machines adds examples per step instead of splitting the same batch thinner.

@@ -21,9 +21,12 @@ class PredictError(RuntimeError):
 
 
 def image_paths(paths: list[str]) -> list[str]:
-    """Files as given, folders expanded to their images (sorted)."""
+    """Files as given, folders expanded to their images (sorted); globs and comma-separated lists
+    as every flag that takes several files reads them (records.expand_paths)."""
+    from od_dist.data import records
+
     found = []
-    for p in paths:
+    for p in records.expand_paths(paths):
         if os.path.isdir(p):
             found += sorted(os.path.join(p, n) for n in os.listdir(p) if n.lower().endswith(IMAGE_SUFFIXES))
         elif os.path.isfile(p):
@@ -100,9 +103,25 @@ def _check_out(out_dir: str, paths: list[str], files: list[str]) -> list[str]:
     return outputs
 
 
+def below_export_threshold(model_dir: str, min_score: float) -> str | None:
+    """One line when `min_score` is under the score the exported model already drops detections
+    at: a lower --min_score then shows nothing more."""
+    from od_dist.model import export
+
+    exported = export.exported_min_score(model_dir)
+    if exported is None or min_score >= exported:
+        return None
+    return (
+        f"--min_score {min_score:g} is below {exported:g}, the score under which the exported model "
+        f"itself drops detections: nothing under {exported:g} is shown; to see lower scores, export "
+        f"again with --min_score {min_score:g}"
+    )
+
+
 def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0.3) -> dict:
     """Runs the model on each image; writes the drawn PNGs and detections.json into ``out_dir``.
-    Returns the JSON document's list and the output paths."""
+    Returns the JSON document's list, the output paths, and `note`: the line of
+    ``below_export_threshold`` or None."""
     if not os.path.isfile(os.path.join(model_dir, "saved_model.pb")):
         raise PredictError(
             f"--model: '{model_dir}': not a SavedModel; pass the folder `od-dist export` wrote"
@@ -171,4 +190,9 @@ def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0
         json.dump(results, f, indent=1)
         f.write("\n")
     os.replace(tmp, json_path)
-    return {"results": results, "json": json_path, "images": written}
+    return {
+        "results": results,
+        "json": json_path,
+        "images": written,
+        "note": below_export_threshold(model_dir, min_score),
+    }
