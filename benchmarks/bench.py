@@ -17,6 +17,9 @@ falls on every case alike. Cases:
                two-task machine gets); --before
   cli          `od-dist validate`, `od-dist --help` and a bare interpreter, --cli_runs times a round
 
+With --against DIR (another checkout: `git worktree add DIR COMMIT`), every od-dist case also runs
+on DIR's code as CASE@old, in the same rounds, and the table says how each compares.
+
 Per case: steady steps/s (the median of Model Garden's `steps_per_second` summaries in
 <model_dir>/train, the first two loops left out: tracing, and the first checkpoint), the time from
 process start to the first finished step (the first summary's wall time minus the rest of the
@@ -212,7 +215,12 @@ def _stop_group(proc: subprocess.Popen) -> None:
         pass
 
 
+OLD = "@old"  # a case run on --against's code
+
+
 def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config: str) -> dict:
+    code_dir = args.against if case.endswith(OLD) else REPO
+    case_name, case = case, case.removesuffix(OLD)
     model_dir = os.path.join(work, run_id)
     override = (
         f"trainer.train_steps={args.steps},trainer.steps_per_loop={args.steps_per_loop},"
@@ -248,7 +256,7 @@ def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config:
         for k, v in os.environ.items()
         if k not in ("TF_CONFIG", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
     }
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = code_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     log_path = os.path.join(work, f"{run_id}.log")
     start = time.time()
@@ -274,7 +282,7 @@ def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config:
         wall = time.time() - start
         peak = rss.stop()
     result = {
-        "case": case,
+        "case": case_name,
         "start": start,
         "exit": code,
         "wall_s": wall,
@@ -287,7 +295,8 @@ def run_case(case: str, work: str, run_id: str, args, data_dir: str, raw_config:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             tail = f.read()[-1500:]
         print(
-            f"  {case} FAILED (exit {code}, {len(summaries)} summaries); log {log_path}:\n{tail}", flush=True
+            f"  {case_name} FAILED (exit {code}, {len(summaries)} summaries); log {log_path}:\n{tail}",
+            flush=True,
         )
         result["failed"] = True
         return result
@@ -366,9 +375,13 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
         ]
         for case, rs in results.items():
             m = med[case]
-            base = "raw" if case == "train" else "train" if case != "raw" else None
+            old = OLD if case.endswith(OLD) else ""
+            plain = case.removesuffix(OLD)
+            base = "raw" if plain == "train" else f"train{old}" if plain != "raw" else None
             r = ratio(m["steady_sps"], med.get(base, {}).get("steady_sps")) if base else "1.00"
             r += f" vs {base}" if base else ""
+            if old and med.get(plain, {}).get("steady_sps"):
+                r += f"; now {ratio(med[plain]['steady_sps'], m['steady_sps'])}x of this"
             if case.split("-")[0] in ("ps", "mwm") and med.get("train-1t", {}).get("steady_sps"):
                 r += f" ({ratio(m['steady_sps'], med['train-1t']['steady_sps'])} vs train-1t)"
             first = num(m["first_step_s"], ".1f")
@@ -380,8 +393,9 @@ def report(results: dict[str, list[dict]], cli: dict[str, list[float]], args, lo
             ):
                 first += f" ({m['first_step_s'] - med['raw']['first_step_s']:+.1f} vs raw)"
             ok = sum(1 for x in rs if not x.get("failed"))
+            label = LABELS[plain] + (f" on {args.against}" if old else "")
             lines.append(
-                f"| {LABELS[case]} | {num(m['steady_sps'], '.2f')} | {r} | {first} | "
+                f"| {label} | {num(m['steady_sps'], '.2f')} | {r} | {first} | "
                 f"{num(m['wall_s'], '.0f')} | {ok}/{len(rs)} |"
             )
         lines.append("")
@@ -447,6 +461,11 @@ def main() -> int:
     parser.add_argument(
         "--keep", help="keep model_dirs and logs in this directory (default: a temporary one)"
     )
+    parser.add_argument(
+        "--against",
+        help="another checkout of od-dist (git worktree add DIR COMMIT): each od-dist case also runs "
+        f"on its code, as CASE{OLD}, interleaved",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run_case's cleanup
     cases = [c for c in args.cases.split(",") if c]
@@ -460,6 +479,11 @@ def main() -> int:
             else "--steps must exceed 2 x --steps_per_loop "
             "(the first two loops are left out of the steady rate)"
         )
+    if args.against:
+        args.against = os.path.abspath(args.against)
+        if not os.path.isfile(os.path.join(args.against, "od_dist", "__init__.py")):
+            parser.error(f"--against: {args.against}: not an od-dist checkout")
+        cases += [c + OLD for c in cases if c not in ("raw", "cli")]
     train_cases = [c for c in cases if c != "cli"]
 
     work = args.keep or tempfile.mkdtemp(prefix="od-dist-bench-")
