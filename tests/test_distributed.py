@@ -237,7 +237,7 @@ def test_ps_starts_whatever_num_clones_says_stops_on_sigterm_and_when_master_nev
     assert re.search(r"ps:0: lost the master at 127\.0\.0\.1:\d+ \(unreachable for 2 s\)", r.stderr), r.stderr
 
 
-def test_every_role_applies_the_device_policy(ps_job, tmp_path):
+def test_every_role_applies_the_device_policy(ps_job, tmp_path, data_dir):
     """The same device policy (memory growth on every GPU) in every role that imports TensorFlow;
     each process writes what it applied to its log: every task of the reference job and its
     `od-dist eval`. `od-dist eval` without a checkpoint gives up (1) after applying it too. (No GPU
@@ -248,8 +248,8 @@ def test_every_role_applies_the_device_policy(ps_job, tmp_path):
             assert "od-dist device policy: no GPU visible" in f.read(), name
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    r = run("eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", cwd=str(tmp_path))
-    assert r.returncode == 1, r.stdout + r.stderr
+    r = run("eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), cwd=str(tmp_path))
+    assert r.returncode == 1 and "no checkpoint" in r.stderr, r.stdout + r.stderr
     assert "od-dist device policy: no GPU visible" in (model_dir / "logs" / "eval.log").read_text()
 
 

@@ -48,11 +48,15 @@ def test_records_that_match_no_file_are_one_line_before_the_model_is_built(data_
     [
         ("/proc/od-dist-run", "'/proc' takes no new files (a virtual file system)"),
         ("/sys/od-dist/run", "permission denied: this user may not write in '/sys'"),
-        ("{tmp}/a-file/run", "'{tmp}/a-file' is a file, not a folder"),
+        # A long path is echoed whole (not cut like other values): the one to fix must be read.
+        (
+            "{tmp}/a-file-in-the-way-of-the-run/run",
+            "'{tmp}/a-file-in-the-way-of-the-run' is a file, not a folder",
+        ),
     ],
 )
 def test_a_model_dir_that_cannot_be_written_is_one_line_not_a_records_problem(tmp_path, model_dir, why):
-    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-file-in-the-way-of-the-run").write_text("")
     model_dir, why = model_dir.format(tmp=tmp_path), why.format(tmp=tmp_path)
     if model_dir.startswith("/sys") and os.access("/sys", os.W_OK) and os.geteuid() != 0:
         pytest.skip("/sys is writable here")

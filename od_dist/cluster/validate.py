@@ -29,6 +29,7 @@ _ZONE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # U+2029) or reorder how a line reads (bidi controls): no value od-dist writes anywhere may hold one.
 UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 SHOWN_MAX = 80  # characters of a value echoed in a message
+PATH_SHOWN_MAX = 4096  # a path is echoed whole: the longest one Linux opens (PATH_MAX)
 MAX_CLONES = 256  # replicas per process: GPUs of one machine, or logical CPU devices
 
 
@@ -50,8 +51,8 @@ def shown(value, limit: int = SHOWN_MAX) -> str:
     return text
 
 
-def problem(key: str, value, what: str, fix: str) -> str:
-    return f"{shown(key)}: '{shown(value)}': {what}; {fix}"
+def problem(key: str, value, what: str, fix: str, limit: int = SHOWN_MAX) -> str:
+    return f"{shown(key)}: '{shown(value, limit)}': {what}; {fix}"
 
 
 def did_you_mean(word, choices, what: str = "keys") -> str:

@@ -147,19 +147,20 @@ def model_dir_problem(model_dir: str) -> str | None:
     folder = os.path.abspath(model_dir)
     while not os.path.lexists(folder):
         folder = os.path.dirname(folder)
+    where = validate.shown(folder, validate.PATH_SHOWN_MAX)
     if not os.path.isdir(folder):
-        return f"'{folder}' is a file, not a folder"
+        return f"'{where}' is a file, not a folder"
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM):
-            return f"permission denied: this user may not write in '{folder}'"
+            return f"permission denied: this user may not write in '{where}'"
         if e.errno == errno.EROFS:
-            return f"'{folder}' is on a read-only file system"
+            return f"'{where}' is on a read-only file system"
         if e.errno == errno.ENOENT:  # the folder exists, yet takes no new file: /proc, /sys
-            return f"'{folder}' takes no new files (a virtual file system)"
-        return f"'{folder}': {e.strerror or e}"
+            return f"'{where}' takes no new files (a virtual file system)"
+        return f"'{where}': {e.strerror or e}"
     return None
 
 
@@ -274,6 +275,7 @@ def train_config(
                     model_dir,
                     f"cannot be created or written: {why}",
                     "pass a folder this user can write (on every machine whose task writes it)",
+                    validate.PATH_SHOWN_MAX,
                 )
             )
         if pipeline and not os.path.isfile(pipeline):
@@ -283,6 +285,7 @@ def train_config(
                     pipeline,
                     "no such file",
                     "pass a pipeline YAML, e.g. pipelines/shapes_retinanet.yaml",
+                    validate.PATH_SHOWN_MAX,
                 )
             )
     if cluster and clone_on_cpu and num_clones > 1:

@@ -399,16 +399,17 @@ def check_model_dir(cluster: Cluster, mine, model_dir: str) -> list[Check]:
         return [Check(OK, "model_dir", "no task here writes it")]
     names = ", ".join(t.name for t in writers)
     why = config.model_dir_problem(model_dir)
+    where = validate.shown(model_dir, validate.PATH_SHOWN_MAX)
     if why:
         return [
             Check(
                 FIX,
                 "model_dir",
-                f"{model_dir}: cannot be created or written: {why} (for {names}); pass a folder "
-                "this user can write",
+                f"{where}: cannot be created or written: {why} (for {names}); pass a folder this "
+                "user can write",
             )
         ]
-    shown_dir = model_dir if "://" not in model_dir else f"{model_dir} (remote, not checked from here)"
+    shown_dir = where if "://" not in model_dir else f"{where} (remote, not checked from here)"
     return [Check(OK, "model_dir", f"{shown_dir}: writable here, for {names}")]
 
 
