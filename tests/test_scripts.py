@@ -518,6 +518,7 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(tmp_path)) == [
+        scripts.MANIFEST,
         "README.md",
         "evaluator-0.sh",
         "master-0.cmd",
@@ -564,6 +565,7 @@ def test_machines_of_unknown_os_get_all_three_scripts(tmp_path):
         cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"], str(tmp_path), "cmd", 300
     )
     assert sorted(os.listdir(tmp_path)) == [
+        scripts.MANIFEST,
         "README.md",
         "master-0.cmd",
         "master-0.ps1",

@@ -20,9 +20,11 @@ import shutil
 from od_dist.data import records
 from od_dist.data.records import LABEL_MAP_FILE
 
-# What an export writes into --out (a SavedModel and the label map): replaced by the next export.
+# What an export writes into --out (a SavedModel, Model Garden's params.yaml beside it, the label
+# map): replaced by the next export.
 WRITTEN = re.compile(
-    r"saved_model\.pb|fingerprint\.pb|keras_metadata\.pb|variables|assets|assets\.extra|label_map\.pbtxt"
+    r"saved_model\.pb|fingerprint\.pb|keras_metadata\.pb|variables|assets|assets\.extra|params\.yaml"
+    r"|label_map\.pbtxt"
 )
 # What `predict` needs to know of the export, in the SavedModel's folder for files the graph does not
 # use (`assets.extra`, as TensorFlow Serving's warm-up requests are): {"min_score": the score under
@@ -127,7 +129,7 @@ def export(
         with open(os.path.join(staging, EXPORT_INFO), "w", encoding="utf-8") as f:
             json.dump({"min_score": generator.pre_nms_score_threshold}, f)
         # An earlier export's files are replaced; anything else the user keeps there stays.
-        records.move_into_place(staging, out_dir, WRITTEN)
+        records.move_into_place(staging, out_dir, WRITTEN.fullmatch)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {
