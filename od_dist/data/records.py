@@ -432,13 +432,16 @@ def image_format(path: str) -> tuple[str, tuple[int, int]]:
         ) from None
 
 
-# Formats tf.io.decode_image reads; any other is re-encoded as PNG.
-DECODABLE = ("jpeg", "png", "gif", "bmp")
+# Formats written as they are: what Model Garden's decoder (tf.io.decode_image, 3 channels) reads as
+# one RGB image. Any other is re-encoded as PNG: a GIF would come back as a stack of frames, a BMP
+# may be a kind TensorFlow's reader refuses, TIFF and WebP it does not read at all.
+DECODABLE = ("jpeg", "png")
 # Image files the converters and `predict` pick up: PIL opens each (the others re-encoded as above).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def encoded_image(path: str, fmt: str) -> tuple[bytes, str]:
+    """The bytes to store for the image at `path` (PIL's format `fmt`) and their image/format."""
     if fmt in DECODABLE:
         with open(path, "rb") as f:
             return f.read(), "jpg" if fmt == "jpeg" else fmt
