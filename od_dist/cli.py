@@ -873,8 +873,8 @@ Reads records written for the Object Detection API (generate_tfrecord.py and ann
 exports: image/source_id holds the file name, class/text beside class/label) and writes them in
 Model Garden's layout: source ids numbered 1, 2, 3, ... (COCO evaluation needs numbers), the file
 name kept in image/filename, class ids by class name through --labels as the Object Detection API
-takes them (class/label where the name is not in the map), difficult objects as is_crowd. Images
-and boxes are copied unchanged. Any problem: one line per record and exit 2, nothing written.
+takes them (a class the label map does not have is a problem), difficult objects as is_crowd.
+Images and boxes are copied unchanged. Any problem: one line per record and exit 2, nothing written.
 
 Examples:
   od-dist data odapi --config my_model/pipeline.config --out data/my_data
