@@ -438,10 +438,14 @@ def test_both_converters_store_what_the_format_says_and_training_reads(tmp_path)
     doc = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "cat"}]}
     for n, (pil, suffix) in enumerate(FORMATS.items(), start=1):
         name = f"{pil.lower()}.{suffix}"
-        Image.fromarray(pixels).save(images / name, format=pil, **({"lossless": True} if pil == "WEBP" else {}))
+        Image.fromarray(pixels).save(
+            images / name, format=pil, **({"lossless": True} if pil == "WEBP" else {})
+        )
         (ann / f"{pil.lower()}.xml").write_text(labelimg_xml(name, 16, 12, [("cat", 1, 1, 8, 8, 0)]))
         doc["images"].append({"id": n, "file_name": name, "width": 16, "height": 12})
-        doc["annotations"].append({"id": n, "image_id": n, "category_id": 1, "bbox": [0, 0, 8, 8], "iscrowd": 0})
+        doc["annotations"].append(
+            {"id": n, "image_id": n, "category_id": 1, "bbox": [0, 0, 8, 8], "iscrowd": 0}
+        )
     (tmp_path / "instances.json").write_text(json.dumps(doc))
     coco_mod.convert(str(images), str(tmp_path / "instances.json"), str(tmp_path / "coco"), val_fraction=0)
     voc.convert(str(images), str(ann), str(tmp_path / "voc"), val_fraction=0)

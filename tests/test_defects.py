@@ -164,7 +164,9 @@ def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, sta
         (model_dir / "checkpoint").write_bytes(b"\xff\x00 not a checkpoint state {")
     done = trainer.tidy_checkpoints(str(model_dir))
     assert sorted(os.path.basename(p) for p in done.removed) == ["checkpoint.tempstate2207", "ckpt-15_temp"]
-    found = {os.path.basename(p): p for p in glob.glob(str(model_dir / "**" / "ckpt-*.index"), recursive=True)}
+    found = {
+        os.path.basename(p): p for p in glob.glob(str(model_dir / "**" / "ckpt-*.index"), recursive=True)
+    }
     assert sorted(found) == ["ckpt-10.index", "ckpt-5.index"]  # both complete ones kept...
     for step in (5, 10):  # ...and readable
         assert restored_step(found[f"ckpt-{step}.index"][: -len(".index")]) == step
@@ -231,9 +233,10 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
     assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "ckpt-20")
     after = tf.train.get_checkpoint_state(str(model_dir))
     assert [os.path.basename(p) for p in after.all_model_checkpoint_paths] == ["ckpt-5", "ckpt-10", "ckpt-20"]
-    assert len(after.all_model_checkpoint_timestamps) == 3 and 'model_checkpoint_path: "ckpt-20"' in (
-        model_dir / "checkpoint"
-    ).read_text()  # relative, as TensorFlow writes it: the model_dir can still be moved
+    assert (
+        len(after.all_model_checkpoint_timestamps) == 3
+        and 'model_checkpoint_path: "ckpt-20"' in (model_dir / "checkpoint").read_text()
+    )  # relative, as TensorFlow writes it: the model_dir can still be moved
     assert state != (model_dir / "checkpoint").read_text()
     for step in (5, 10, 20):
         assert restored_step(model_dir / f"ckpt-{step}") == step
@@ -500,7 +503,7 @@ def test_launch_with_a_remote_model_dir_logs_locally(tmp_path, monkeypatch):
     from od_dist.job import launch
 
     monkeypatch.chdir(tmp_path)
-    assert launch.run("cluster.yaml", "parameter_server", [], [], "gs://bucket/runs/x", 0, 1) == 0
+    assert launch.run("parameter_server", [], {}, "gs://bucket/runs/x", 0, 1) == 0
     assert sorted(os.listdir(tmp_path)) == [launch.REMOTE_LOG_DIR]
     assert launch.log_dir_for("gs://bucket/runs/x") == str(tmp_path / launch.REMOTE_LOG_DIR)
     assert launch.log_dir_for("runs/x") == os.path.join("runs/x", "logs")

@@ -386,7 +386,9 @@ def test_scripts_out_refuses_a_folder_with_files_it_did_not_write(tmp_path, caps
     before = guide.read_bytes()
     (out / "od-dist-node.sh").write_text("#!/bin/sh\n")
     code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
-    assert len(one_line_refusal(code, err)) == 1 and "README.md" in err and "not written by od-dist" in err, err
+    assert len(one_line_refusal(code, err)) == 1 and "README.md" in err and "not written by od-dist" in err, (
+        err
+    )
     assert guide.read_bytes() == before and sorted(os.listdir(out)) == ["README.md", "od-dist-node.sh"]
     # A manifest that lists a file no run writes does not make it od-dist's either.
     (out / scripts.MANIFEST).write_text("README.md\nod-dist-node.sh\n")
@@ -401,7 +403,9 @@ def test_out_with_a_mount_point_inside_is_refused(tmp_path, capsys):
     old folder: refused before anything is written, for scripts and the converters alike."""
     out = tmp_path / "out"
     (out / "mnt").mkdir(parents=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(out / "mnt")], capture_output=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(out / "mnt")], capture_output=True
+    )
     if r.returncode:
         pytest.skip(f"needs root to mount a tmpfs ({r.stderr.decode().strip()})")
     try:

@@ -747,7 +747,10 @@ def test_import_bad_input(tmp_path):
 @pytest.mark.parametrize(
     "change, said",
     [
-        (("num_classes: 90", "num_classes: 90 extra " + "{ x " * 5000 + "}" * 5000), "nested more than 100 deep"),
+        (
+            ("num_classes: 90", "num_classes: 90 extra " + "{ x " * 5000 + "}" * 5000),
+            "nested more than 100 deep",
+        ),
         (("num_classes: 90", "num_classes: " + "9" * 5000), "(5000 digits) out of range"),
         (("num_steps: 50000", "num_steps: " + "9" * 4000), "(4000 digits) out of range"),
         (("batch_size: 128", "batch_size: 18446744073709551616"), "18446744073709551616 out of range"),
@@ -917,7 +920,9 @@ def test_data_odapi_refuses_a_class_the_label_map_does_not_have(tmp_path, capsys
         f"--out={tmp_path / 'out'}",
     )
     assert code == 2, err
-    refused = [line for line in err.splitlines() if "class 'ellipse' (class/label 1) is not in --labels" in line]
+    refused = [
+        line for line in err.splitlines() if "class 'ellipse' (class/label 1) is not in --labels" in line
+    ]
     assert [int(re.search(r"record (\d+)", line).group(1)) for line in refused] == with_ellipse, err
     assert "nothing written" in err and not os.path.exists(tmp_path / "out")
 

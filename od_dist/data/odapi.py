@@ -54,7 +54,12 @@ def class_ids(example, by_name: dict[str, int] | None) -> tuple[list[int], list[
                 # Its class/label would be an id the label map (and so num_classes) does not
                 # have; the Object Detection API itself drops such an object without a word.
                 label = f" (class/label {labels[i]})" if labels else ""
-                return [], texts, 0, f"class '{name}'{label} is not in --labels; add it to the label map or fix the name"
+                return (
+                    [],
+                    texts,
+                    0,
+                    f"class '{name}'{label} is not in --labels; add it to the label map or fix the name",
+                )
             ids.append(by_name[name])
             disagree += bool(labels) and labels[i] != by_name[name]
     elif labels:

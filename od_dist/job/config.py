@@ -177,15 +177,7 @@ class TrainConfig:
     threads: threads_mod.Threads = threads_mod.Threads()  # this task's CPU thread budget
     fixed_replica_batch: bool = False  # --fixed_replica_batch
     all_reduce_packs: int = ALL_REDUCE_PACKS  # --all_reduce_packs (multi_worker_mirrored)
-
-    @property
-    def replicas(self) -> int:
-        """Replicas in sync: every trainer's --num_clones (one machine: this one's)."""
-        cluster = self.selected.cluster
-        if cluster is None:
-            return self.num_clones
-        trainers = [t for t in cluster.server_tasks() if cluster.runs_replicas(t.role)]
-        return sum(cluster.clones_for(t.address.host) for t in trainers)
+    replicas: int = 1  # replicas in sync in the whole job (replicas_in_job)
 
     @property
     def role(self) -> str:
@@ -210,6 +202,17 @@ class TrainConfig:
         return self.duties.is_server
 
 
+def replicas_in_job(cluster: Cluster | None, num_clones: int | None) -> int:
+    """Replicas in sync: the sum of every trainer's clones. `num_clones` is the --num_clones given
+    on the command line (None: not given): every trainer gets it, since one launch line (launch,
+    the generated scripts, a pod template) serves every machine; else each host's num_clones from
+    the cluster file. One machine without a cluster: its own clones."""
+    if cluster is None:
+        return num_clones or 1
+    trainers = [t for t in cluster.server_tasks() if cluster.runs_replicas(t.role)]
+    return sum(num_clones or cluster.clones_for(t.address.host) for t in trainers)
+
+
 def train_config(
     selected: TaskConfig,
     pipeline: str | None,
@@ -223,8 +226,13 @@ def train_config(
     data_threads: int | None = None,
     fixed_replica_batch: bool = False,
     all_reduce_packs: int = ALL_REDUCE_PACKS,
+    files_here: bool = True,
 ) -> TrainConfig:
+    """The task's configuration, every flag checked (InvalidCluster). `files_here`: the pipeline
+    file and model_dir are checked on this machine (not by `scripts`/`k8s`, whose tasks run
+    elsewhere)."""
     cluster, task = selected.cluster, selected.task
+    replicas = replicas_in_job(cluster, num_clones)
     if num_clones is None:
         num_clones = cluster.clones_for(task.address.host) if cluster and task else 1
     strategy = cluster.strategy if cluster else "mirrored"
@@ -240,6 +248,7 @@ def train_config(
         threads,
         fixed_replica_batch,
         all_reduce_packs,
+        replicas,
     )
     problems = []
     if fixed_replica_batch and strategy == validate.PARAMETER_SERVER:
@@ -266,7 +275,7 @@ def train_config(
                 problems.append(
                     validate.problem(flag, "", f"required for the {config.role} role", f"pass {flag}=...")
                 )
-        why = model_dir_problem(model_dir) if model_dir else None
+        why = model_dir_problem(model_dir) if model_dir and files_here else None
         if why:
             problems.append(
                 validate.problem(
@@ -276,7 +285,7 @@ def train_config(
                     "pass a folder this user can write (on every machine whose task writes it)",
                 )
             )
-        if pipeline and not os.path.isfile(pipeline):
+        if files_here and pipeline and not os.path.isfile(pipeline):
             problems.append(
                 validate.problem(
                     "--pipeline",

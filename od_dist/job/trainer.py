@@ -641,8 +641,10 @@ def tidy(model_dir: str) -> Tidied:
             flush=True,
         )
     if done.resumed:
-        before = f"than {done.named}, the latest the checkpoint file named" if done.named else (
-            "and the checkpoint file named none"
+        before = (
+            f"than {done.named}, the latest the checkpoint file named"
+            if done.named
+            else ("and the checkpoint file named none")
         )
         print(
             f"{_PREFIX} train | {done.resumed} is complete and newer {before} (a save stopped before "

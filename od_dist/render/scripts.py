@@ -22,6 +22,7 @@ import re
 import shutil
 from dataclasses import dataclass
 
+from od_dist.cluster import commandline
 from od_dist.cluster.spec import Cluster, HostSettings, Task
 from od_dist.cluster.topology import connecting_peers
 from od_dist.cluster.validate import PARAMETER_SERVER
@@ -102,21 +103,13 @@ class Launch:
         return f"{self.task.role} {self.task.index} ({self.task.address}) of {self.cluster_path}"
 
 
-def train_args(cluster_path: str, task: Task, passed_on: list[str]) -> list[str]:
-    """The `od-dist train` arguments of one task: its role and index, the cluster file, the flags."""
-    return ["train", f"--cluster={cluster_path}", f"--role={task.role}", f"--index={task.index}", *passed_on]
-
-
 def launches(cluster: Cluster, cluster_path: str, passed_on: list[str]) -> list[Launch]:
     out = []
     for task in cluster.tasks():
         host = task.address.host
         settings = cluster.host_settings(host)
         prefix = ["-m", "od_dist"] if settings.python else []
-        flags = [
-            a for a in passed_on if cluster.runs_replicas(task.role) or not a.startswith("--num_clones=")
-        ]
-        args = tuple(prefix + train_args(cluster_path, task, flags))
+        args = tuple(prefix + commandline.train_args(passed_on, cluster, task, cluster_path))
         for i, a in enumerate(args):
             _check(a, f"argument {i + 1} of {task.name}")
         for name in ("python", "venv", "workdir"):
@@ -457,7 +450,9 @@ RENDERERS = {".sh": render_sh, ".cmd": render_cmd, ".ps1": render_ps1}
 # a README.md or a script of the user's own in --out is never ours by its name alone.
 OWNED = re.compile(r"((master|worker|ps|evaluator)-\d+\.(sh|cmd|ps1)|README\.md)")
 MANIFEST = ".od-dist-written"
-_MANIFEST_HEAD = "# The files `od-dist scripts` wrote here; running it again replaces these, and nothing else.\n"
+_MANIFEST_HEAD = (
+    "# The files `od-dist scripts` wrote here; running it again replaces these, and nothing else.\n"
+)
 
 
 def written_before(out_dir: str) -> set[str]:
