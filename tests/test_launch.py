@@ -116,10 +116,10 @@ def od_dist_here(*args, cwd=ROOT):
     )
 
 
-@pytest.mark.parametrize("command", ["launch", "scripts"])
+@pytest.mark.parametrize("command", ["launch", "scripts", "k8s"])
 def test_every_flag_is_checked_before_any_task_starts(tmp_path, command):
     """What each task is started with is what is checked up front: --fixed_replica_batch under
-    parameter_server is refused once, exit 2, before any task starts (or any script is written),
+    parameter_server is refused once, exit 2, before any task starts (or any file is written),
     instead of by every task on its own."""
     model_dir = tmp_path / "model"
     cluster = tmp_path / "cluster.yaml"  # ports nobody uses: nothing may start anyway
@@ -130,7 +130,8 @@ def test_every_flag_is_checked_before_any_task_starts(tmp_path, command):
         f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}",
         f"--model_dir={model_dir}",
         "--fixed_replica_batch",
-        *([f"--out={tmp_path / 'scripts'}"] if command == "scripts" else []),
+        *([f"--out={tmp_path / 'out'}"] if command != "launch" else []),
+        *(["--image=registry.example/od-dist:1"] if command == "k8s" else []),
     )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--fixed_replica_batch: 'True': parameter_server runs" in r.stderr, r.stderr
