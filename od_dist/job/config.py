@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -24,12 +25,16 @@ class TaskConfig:
 
 
 def public_problems(cluster: Cluster, allow_public: bool) -> list[str]:
-    """The public-address rule, with the cluster's host names resolved where they resolve."""
+    """The public-address rule, with the cluster's host names resolved where they resolve; a name
+    that resolves to nothing here is said (stderr, one line each) to be unchecked."""
     if allow_public:
         return []
     from od_dist.cluster import hostinfo
 
-    return validate.check_public(cluster, allow_public, hostinfo.resolve_names(cluster))
+    resolved = hostinfo.resolve_names(cluster)
+    for line in validate.unchecked_names(cluster, resolved):
+        print(f"od-dist: warning: {line}", file=sys.stderr, flush=True)
+    return validate.check_public(cluster, allow_public, resolved)
 
 
 def load_cluster(path: str, allow_public: bool) -> Cluster:
