@@ -425,10 +425,10 @@ Run it on any machine of the cluster before starting the job. One line per check
 `warn` or `FIX` with what to do: this machine's entry in the file (--role/--index, or found by
 its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
 refused" = nothing listening yet, fine before the job starts; no answer = a firewall drops it),
-this machine's ports free, the od-dist / TensorFlow / Model Garden versions installed here, and the
-GPUs here (nvidia-smi) against num_clones, with --pipeline the records this machine's tasks
-read (paths resolve in the working directory, as in training), and with --model_dir that they can
-write it. Does not import TensorFlow. Exit 0 when nothing needs
+this machine's ports free (they listen on every interface: a public one is a warning), the od-dist /
+TensorFlow / Model Garden versions installed here, and the GPUs here (nvidia-smi) against
+num_clones, with --pipeline the records this machine's tasks read (paths resolve in the working
+directory, as in training), and with --model_dir that they can write it. Does not import TensorFlow. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:

@@ -2,7 +2,8 @@
 
 One line per check, each `ok`, `warn` (worth a look, not a blocker) or `FIX` (with what to do):
 this machine's entry in the cluster file, every peer's host name resolving, the port of every peer
-this machine's tasks connect to reachable from here, this machine's own ports free, the installed
+this machine's tasks connect to reachable from here, this machine's own ports free (and listening on
+every interface, as TensorFlow's server does: a public one is worth a look), the installed
 versions, GPUs vs num_clones, with --pipeline the records its tasks read, and with --model_dir
 that its tasks can write there.
 
