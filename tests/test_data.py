@@ -17,7 +17,8 @@ from od_dist.data import shapes
 
 
 def read_records(pattern):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     out = []
     for path in sorted(glob.glob(pattern)):
         out += [tf.train.Example.FromString(r) for r in tf.data.TFRecordDataset(path).as_numpy_iterator()]
@@ -240,7 +241,8 @@ def test_data_help_imports_no_tensorflow():
 
 
 def test_data_check_names_record_and_problem(tmp_path):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     rng = np.random.default_rng(0)
 
     def example(sid, boxes, labels, h=SIZE):

@@ -47,7 +47,8 @@ def small_override(data_dir: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", PIPELINES, ids=[os.path.basename(p) for p in PIPELINES])
 def test_every_shipped_pipeline_trains_one_step(path, data_dir, tmp_path):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     from od_dist.job import trainer
     from od_dist.model.pipeline import load_pipeline
 
@@ -355,7 +356,6 @@ def test_a_failing_evaluator_is_restarted_then_left_out_while_training_goes_on(t
 
 
 def test_params_override_reads_a_yaml_file(tmp_path):
-    pytest.importorskip("official.vision")
     from od_dist.model.pipeline import PipelineError, load_pipeline
 
     override = tmp_path / "override.yaml"

@@ -568,7 +568,8 @@ def write_odapi_records(path, count, seed, size=96, with_labels=True, rename=Non
     """Records as the Object Detection API's generate_tfrecord.py writes them: the file name as
     image/source_id and image/filename, class/text and (unless ``with_labels`` is false) class/label
     from its class_text_to_int; ``rename`` = {old class name: new} to write unknown names."""
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     rng = np.random.default_rng(seed)
 
     def feature(kind, values):
@@ -604,7 +605,8 @@ def write_odapi_records(path, count, seed, size=96, with_labels=True, rename=Non
 
 
 def read_examples(pattern):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     out = []
     for path in sorted(glob.glob(pattern)):
         for data in tf.data.TFRecordDataset(path).as_numpy_iterator():
