@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import mslex
+import powershell
 import pytest
 import yaml
 from loopback import ROOT
@@ -136,15 +137,11 @@ def cmd_line_args(line):
     return mslex.split("".join(out).replace("%%", "%"), like_cmd=False)
 
 
-def ps_literal(text):
-    """The value of a PowerShell single-quoted literal that is the whole of `text`."""
-    assert text[0] == "'" and text[-1] == "'", text
-    body = text[1:-1]
-    assert not re.search(
-        f"(?<![{quote.PS_SINGLE_QUOTES}])[{quote.PS_SINGLE_QUOTES}](?![{quote.PS_SINGLE_QUOTES}])",
-        body.replace("''", ""),
-    ), text
-    return re.sub(f"([{quote.PS_SINGLE_QUOTES}])\\1", r"\1", body)
+@pytest.mark.parametrize("char", powershell.SINGLE_QUOTES + powershell.DOUBLE_QUOTES + powershell.BACKTICK)
+def test_powershell_literals_carry_every_quote_character_of_its_specification(char):
+    """Read back by the specification's rules (tests/powershell.py), not by the list the code uses."""
+    for text in (char, f"a{char}b", f"{char}{char}", f"x{char}; Start-Process calc; {char}"):
+        assert powershell.literal(quote.ps(text)) == text
 
 
 @pytest.mark.parametrize("text", HOSTILE)
@@ -164,7 +161,7 @@ def test_quoting_functions_carry_or_refuse(text):
     assert bash_words(quote.sh(text)) == [text]
     assert bash_words(quote.sh(text) + " " + quote.sh(text)) == [text, text]
     assert cmd_line_args("prog " + quote.cmd(text)) == ["prog", text]
-    assert ps_literal(quote.ps(text)) == text
+    assert powershell.literal(quote.ps(text)) == text
     assert yaml.safe_load(quote.yaml_dump({"args": [text], text: text})) == {"args": [text], text: text}
     code = quote.md(text)
     fence = re.match("`+", code).group()
@@ -247,7 +244,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
         assert "%" not in program.replace("%%", "")
         assert cmd_line_args(args) == worker
         (arguments,) = [x for x in files["worker-0.ps1"] if x.startswith("$arguments = ")]
-        assert mslex.split(ps_literal(arguments[len("$arguments = ") :]), like_cmd=False) == worker
+        assert mslex.split(powershell.literal(arguments[len("$arguments = ") :]), like_cmd=False) == worker
         if where == "workdir":
             (cd,) = [x for x in files["master-0.sh"] if x.startswith("cd -- ")]
             assert bash_words(cd[len("cd -- ") :]) == [text]
@@ -255,7 +252,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
         if where in ("venv", "python"):
             if where == "venv":
                 (line,) = [x for x in files["worker-0.ps1"] if x.startswith("$env:VIRTUAL_ENV = ")]
-                assert ps_literal(line[len("$env:VIRTUAL_ENV = ") :]) == text
+                assert powershell.literal(line[len("$env:VIRTUAL_ENV = ") :]) == text
             else:
                 assert quote.ps(text) in "\n".join(files["worker-0.ps1"])
             continue

@@ -28,7 +28,7 @@ from od_dist.cluster.topology import connecting_peers
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.data import records
 from od_dist.render import quote
-from od_dist.render.quote import PS_SINGLE_QUOTES, QuoteError, sh_path  # noqa: F401 (re-exported)
+from od_dist.render.quote import QuoteError, sh_path
 
 CMD_LINE_LIMIT = 8191  # cmd's maximum line length
 ScriptError = QuoteError  # a value no launch script can carry; the message names it and the fix
