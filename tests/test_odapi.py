@@ -879,22 +879,26 @@ def test_data_odapi_labels_from_class_text(tmp_path, capsys):
         assert list(f["image/object/class/label"].int64_list.value) == [by_name[t] for t in texts]
 
 
-def test_data_odapi_writes_nothing_on_a_problem(tmp_path, capsys):
-    write_odapi_records(
-        str(tmp_path / "train.record"), 4, seed=5, rename={"circle": "cirlce"}, with_labels=False
-    )
-    write_odapi_records(str(tmp_path / "val.record"), 2, seed=6)
-    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
-    out = tmp_path / "out"
-    code, _, err = run_cli(
+def odapi_with_labels(capsys, tmp_path):
+    """`data odapi` of tmp_path's train.record and val.record with its label_map.pbtxt, into out."""
+    return run_cli(
         capsys,
         "data",
         "odapi",
         f"--train={tmp_path / 'train.record'}",
         f"--val={tmp_path / 'val.record'}",
         f"--labels={tmp_path / 'label_map.pbtxt'}",
-        f"--out={out}",
+        f"--out={tmp_path / 'out'}",
     )
+
+
+def test_data_odapi_writes_nothing_on_a_problem(tmp_path, capsys):
+    write_odapi_records(
+        str(tmp_path / "train.record"), 4, seed=5, rename={"circle": "cirlce"}, with_labels=False
+    )
+    write_odapi_records(str(tmp_path / "val.record"), 2, seed=6)
+    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
+    code, _, err = odapi_with_labels(capsys, tmp_path)
     assert code == 2 and "class 'cirlce' is not in --labels" in err and "nothing written" in err
     assert sorted(os.listdir(tmp_path)) == ["label_map.pbtxt", "train.record", "val.record"]
 
@@ -912,15 +916,7 @@ def test_data_odapi_refuses_a_class_the_label_map_does_not_have(tmp_path, capsys
         if b"ellipse" in f["image/object/class/text"].bytes_list.value
     ]
     assert with_ellipse  # the seed draws circles
-    code, _, err = run_cli(
-        capsys,
-        "data",
-        "odapi",
-        f"--train={tmp_path / 'train.record'}",
-        f"--val={tmp_path / 'val.record'}",
-        f"--labels={tmp_path / 'label_map.pbtxt'}",
-        f"--out={tmp_path / 'out'}",
-    )
+    code, _, err = odapi_with_labels(capsys, tmp_path)
     assert code == 2, err
     refused = [
         line for line in err.splitlines() if "class 'ellipse' (class/label 1) is not in --labels" in line

@@ -438,31 +438,20 @@ def test_a_name_that_does_not_resolve_is_unchecked_not_private(tmp_path, capsys)
     assert validate.unchecked_names(c, {"gpu-box.lab": frozenset({"10.0.0.4"})}) == []
     path = tmp_path / "c.yaml"  # .invalid never resolves (RFC 6761)
     path.write_text(yaml.safe_dump({"master": "10.0.0.1:2222", "worker": ["no-such-host.invalid:2222"]}))
-    code = cli.main(
-        [
-            "od-dist",
-            "scripts",
-            f"--cluster={path}",
-            "--pipeline=p",
-            "--model_dir=m",
-            f"--out={tmp_path / 'o'}",
-        ]
-    )
+    scripts = [
+        "od-dist",
+        "scripts",
+        f"--cluster={path}",
+        "--pipeline=p",
+        "--model_dir=m",
+        f"--out={tmp_path / 'o'}",
+    ]
+    code = cli.main(scripts)
     err = capsys.readouterr().err
     assert code == 0, err
     warnings = [x for x in err.splitlines() if "no-such-host.invalid" in x]
     assert len(warnings) == 1 and "whether it is a public internet address is not checked" in warnings[0], err
-    code = cli.main(
-        [
-            "od-dist",
-            "scripts",
-            f"--cluster={path}",
-            "--pipeline=p",
-            "--model_dir=m",
-            f"--out={tmp_path / 'o'}",
-            "--allow_public_addresses",
-        ]
-    )
+    code = cli.main([*scripts, "--allow_public_addresses"])
     assert code == 0 and "not checked" not in capsys.readouterr().err  # nothing is checked then
 
 
