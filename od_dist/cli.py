@@ -624,7 +624,8 @@ def cmd_launch(fv) -> int:
         )
     if not fv.cluster:
         raise UsageError("--cluster: '': required; pass --cluster clusters/local.yaml")
-    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses)
+    unchecked: list[str] = []
+    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses, unchecked)
     tasks = cluster.tasks_on(hostinfo.this_machine().is_local)  # servers first: trainers find them up
     if not tasks:
         raise UsageError(
@@ -636,6 +637,7 @@ def cmd_launch(fv) -> int:
     configs = [check_task_args(cluster, task, fv.cluster, args[task]) for task in tasks]
     if not fv.model_dir:
         raise UsageError("--model_dir: '': required (logs go to <model_dir>/logs); pass --model_dir=...")
+    config.warn(unchecked)
     if any(not c.is_server for c in configs):
         # As `train` does, but once and before any task starts: a bad pipeline is exit 2, not a
         # job whose servers start and whose master then fails.
@@ -1240,12 +1242,14 @@ def _render_input(fv, what: str):
     for name in ("cluster", "pipeline", "model_dir"):
         if not fv[name].value:
             raise UsageError(f"--{name}: '': required; pass --{name}=...")
-    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses)
+    unchecked: list[str] = []
+    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses, unchecked)
     passed_on = passed_on_args(fv)
     for task in cluster.tasks():  # as launch checks them; the pipeline is looked for on each machine
         check_task_args(
             cluster, task, fv.cluster, commandline.train_args(passed_on, cluster, task), files_here=False
         )
+    config.warn(unchecked)  # once the input is accepted: refused input gets its one message
     return cluster, passed_on
 
 

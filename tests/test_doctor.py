@@ -97,6 +97,18 @@ def test_listening_on_every_interface_is_said_and_a_public_one_warned():
     assert doctor.check_listening(evaluator_only, public) == []  # it runs no server
 
 
+def test_a_name_the_public_address_rule_could_not_check_is_a_warning(tmp_path):
+    from od_dist.cluster import hostinfo
+
+    (port,) = free_ports(1)
+    path = tmp_path / "c.yaml"  # .invalid never resolves (RFC 6761)
+    path.write_text(f"master: 10.0.0.1:{port}\nworker: [no-such-host.invalid:{port}]\n")
+    here = hostinfo.ThisMachine(frozenset({"box"}), frozenset({"127.0.0.1", "10.0.0.1"}))
+    checks, _ = doctor.run(str(path), None, None, False, connect_timeout=0.5, machine=here)
+    (check,) = [c for c in checks if c.what == "public-address rule"]
+    assert check.status == doctor.WARN and check.detail.startswith("no-such-host.invalid: does not resolve")
+
+
 def test_invalid_input_exits_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("master: 127.0.0.1:1\nworkers: [127.0.0.1:2]\n")

@@ -24,23 +24,29 @@ class TaskConfig:
     machine_note: str  # how this machine was matched, for the summary
 
 
-def public_problems(cluster: Cluster, allow_public: bool) -> list[str]:
-    """The public-address rule, with the cluster's host names resolved where they resolve; a name
-    that resolves to nothing here is said (stderr, one line each) to be unchecked."""
+def public_problems(cluster: Cluster, allow_public: bool, unchecked: list[str]) -> list[str]:
+    """The public-address rule, with the cluster's host names resolved where they resolve. A name
+    that resolves to nothing here is unchecked: a line saying so is added to `unchecked`, for the
+    caller to `warn` once the input is accepted (refused input gets its one message)."""
     if allow_public:
         return []
     from od_dist.cluster import hostinfo
 
     resolved = hostinfo.resolve_names(cluster)
-    for line in validate.unchecked_names(cluster, resolved):
-        print(f"od-dist: warning: {line}", file=sys.stderr, flush=True)
+    unchecked += validate.unchecked_names(cluster, resolved)
     return validate.check_public(cluster, allow_public, resolved)
 
 
-def load_cluster(path: str, allow_public: bool) -> Cluster:
-    """A cluster file, validated, with the public-address rule applied."""
+def warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"od-dist: warning: {line}", file=sys.stderr, flush=True)
+
+
+def load_cluster(path: str, allow_public: bool, unchecked: list[str]) -> Cluster:
+    """A cluster file, validated, with the public-address rule applied (`unchecked`: as for
+    public_problems)."""
     cluster = cluster_mod.load(path)
-    problems = public_problems(cluster, allow_public)
+    problems = public_problems(cluster, allow_public, unchecked)
     if problems:
         raise InvalidCluster(problems, path)
     return cluster
@@ -58,15 +64,25 @@ def select(
     """Loads the cluster from --cluster (else TF_CONFIG) and picks this process's task.
 
     Raises InvalidCluster with every problem found. `machine` is a hostinfo.ThisMachine (tests
-    pass their own); it is only looked up when the host check needs it.
+    pass their own); it is only looked up when the host check needs it. The names the public-address
+    rule could not check are said once the task is chosen: refused input gets its one message.
     """
+    unchecked: list[str] = []
+    selected = _select(cluster_path, role, index, allow_public, require_task, allow_none, machine, unchecked)
+    warn(unchecked)
+    return selected
+
+
+def _select(
+    cluster_path, role, index, allow_public, require_task, allow_none, machine, unchecked
+) -> TaskConfig:
     role = validate.normalize_role(role)
     if index is not None and role is None:
         raise InvalidCluster([validate.problem("--index", index, "given without --role", "add --role")])
     tf_config = os.environ.get("TF_CONFIG", "").strip()
     if cluster_path:
         source = cluster_path
-        cluster = load_cluster(cluster_path, allow_public)
+        cluster = load_cluster(cluster_path, allow_public, unchecked)
     elif tf_config:
         # An orchestrator (Kubernetes TFJob) names the task itself; its pod addresses are service
         # names, not this machine's own, so there is no host check.
@@ -83,7 +99,7 @@ def select(
                     )
                 ]
             )
-        problems = public_problems(cluster, allow_public)
+        problems = public_problems(cluster, allow_public, unchecked)
         if problems:
             raise InvalidCluster(problems, source)
         return TaskConfig(cluster, cluster.task(tf_role, tf_index), source, "named by TF_CONFIG")

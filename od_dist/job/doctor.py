@@ -457,7 +457,8 @@ def run(
     """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2)."""
     from od_dist.job import config
 
-    cluster = config.load_cluster(cluster_path, allow_public)
+    unchecked: list[str] = []
+    cluster = config.load_cluster(cluster_path, allow_public, unchecked)
     if index is not None and role is None:
         raise InvalidCluster([validate.problem("--index", index, "given without --role", "add --role")])
     machine = machine or hostinfo.this_machine()
@@ -472,6 +473,7 @@ def run(
     checks += check_peers(reach, connect_timeout)
     checks += check_ports_here(mine)
     checks += check_listening(mine, machine)
+    checks += [Check(WARN, "public-address rule", line) for line in unchecked]
     checks += check_versions()
     checks += check_gpus(cluster, mine)
     checks += check_layout(cluster)
