@@ -397,7 +397,7 @@ def test_scripts_out_refuses_a_folder_with_files_it_did_not_write(tmp_path, caps
 
 def test_out_with_a_mount_point_inside_is_refused(tmp_path, capsys):
     """A mount point inside --out would be copied into the new output and then emptied with the
-    old folder: refused before anything is written, for scripts and the converters alike."""
+    old folder: refused before anything is written, for scripts, the converters and export alike."""
     out = tmp_path / "out"
     (out / "mnt").mkdir(parents=True)
     r = subprocess.run(
@@ -412,6 +412,15 @@ def test_out_with_a_mount_point_inside_is_refused(tmp_path, capsys):
         images, ann, _ = voc_folder(tmp_path)
         code, _, err = data_voc(capsys, images, ann, out)
         assert one_line_refusal(code, err) and "mount point" in err, err
+        from od_dist.model import export
+        from od_dist.model.pipeline import load_pipeline
+
+        tiny_checkpoint(str(tmp_path / "run"))
+        params = load_pipeline(DEMO, "task.train_data.input_path=/nonexistent/x-*.tfrecord")
+        (out / "saved_model.pb").write_text("an earlier export")
+        with pytest.raises(export.ExportError, match="mount point"):
+            export.export(params, str(tmp_path / "run"), str(out))
+        (out / "saved_model.pb").unlink()
         assert (out / "mnt" / "data.bin").read_text() == "on another file system"
         assert sorted(os.listdir(out)) == ["mnt"]
         code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out / "mnt")

@@ -106,6 +106,10 @@ def export(
             f"--out: '{out_dir}': exists and is not an earlier export; choose another --out "
             "(an earlier export there would be replaced)"
         )
+    try:
+        records.check_replaceable(out_dir)  # a mount point inside: before the export's work
+    except records.DatasetError as e:
+        raise ExportError(str(e)) from None
     staging = records.staging_dir(out_dir)
     try:
         try:
@@ -129,7 +133,10 @@ def export(
         with open(os.path.join(staging, EXPORT_INFO), "w", encoding="utf-8") as f:
             json.dump({"min_score": generator.pre_nms_score_threshold}, f)
         # An earlier export's files are replaced; anything else the user keeps there stays.
-        records.move_into_place(staging, out_dir, WRITTEN.fullmatch)
+        try:
+            records.move_into_place(staging, out_dir, WRITTEN.fullmatch)
+        except records.DatasetError as e:  # the folder changed during the export
+            raise ExportError(str(e)) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {
