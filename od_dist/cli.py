@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from absl import flags
 
+from od_dist.cluster import commandline
 from od_dist.cluster.spec import InvalidCluster
 from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
 from od_dist.job import exit_codes
@@ -270,28 +271,19 @@ def restart_args(fv: flags.FlagValues) -> list[str]:
     )
 
 
-# The train flags that `launch`, `scripts` and `k8s` pass on to every task (role/index are per task).
-PASS_ON_FLAGS = (
-    "pipeline",
-    "fixed_replica_batch",
-    "all_reduce_packs",
-    "model_dir",
-    "num_clones",
-    "clone_on_cpu",
-    "params_override",
-    "wait_timeout",
-    "intra_op_threads",
-    "inter_op_threads",
-    "data_threads",
-    "allow_public_addresses",
-    "verbose",
-)
+def _job_flag_names() -> tuple[str, ...]:
+    """Every `od-dist train` flag but the task's own place (cluster/commandline.py's TASK_FLAGS): what
+    `launch`, `scripts`, `k8s` and `train --max_restarts` pass on to each task. Taken from the
+    definitions, so a new train flag is passed on without being listed anywhere else."""
+    fv = flags.FlagValues()
+    define_train_flags(fv)
+    return tuple(name for name in fv if name not in commandline.TASK_FLAGS)
 
 
-def passed_on_args(fv: flags.FlagValues, names=PASS_ON_FLAGS) -> list[str]:
-    """The train flags the user set, as `--name=value` arguments, to hand to each task's `train`."""
+def passed_on_args(fv: flags.FlagValues) -> list[str]:
+    """The job's train flags the user set, as `--name=value` arguments for each task's `train`."""
     args = []
-    for name in names:
+    for name in _job_flag_names():
         flag = fv[name]
         if flag.present:
             if isinstance(flag.value, bool):
@@ -301,8 +293,37 @@ def passed_on_args(fv: flags.FlagValues, names=PASS_ON_FLAGS) -> list[str]:
     return args
 
 
-def _thread_flags(fv: flags.FlagValues) -> tuple:
-    return fv.intra_op_threads, fv.inter_op_threads, fv.data_threads
+def train_config_of(fv: flags.FlagValues, selected, files_here: bool = True):
+    """The task's TrainConfig from `od-dist train`'s flags: the one place they become one, for
+    `train` itself and for the checks `launch`, `scripts` and `k8s` make before any task starts."""
+    from od_dist.job import config
+
+    return config.train_config(
+        selected,
+        fv.pipeline,
+        fv.model_dir,
+        fv.num_clones,
+        fv.clone_on_cpu,
+        fv.params_override,
+        fv.wait_timeout,
+        fv.intra_op_threads,
+        fv.inter_op_threads,
+        fv.data_threads,
+        fixed_replica_batch=fv.fixed_replica_batch,
+        all_reduce_packs=fv.all_reduce_packs,
+        files_here=files_here,
+    )
+
+
+def check_task_args(cluster, task, cluster_path: str, args: list[str], files_here: bool = True):
+    """What a task started with `args` (cluster/commandline.py's `train ...`) will check first, checked
+    here from those very arguments: InvalidCluster (exit 2) before any task starts."""
+    from od_dist.job import config
+
+    fv = flags.FlagValues()
+    define_train_flags(fv)
+    fv(["od-dist train", *args[1:]])
+    return train_config_of(fv, config.TaskConfig(cluster, task, cluster_path, ""), files_here)
 
 
 def select_task(fv: flags.FlagValues, require_task: bool = True, allow_none: bool = False):
@@ -404,10 +425,10 @@ Run it on any machine of the cluster before starting the job. One line per check
 `warn` or `FIX` with what to do: this machine's entry in the file (--role/--index, or found by
 its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
 refused" = nothing listening yet, fine before the job starts; no answer = a firewall drops it),
-this machine's ports free, the od-dist / TensorFlow / Model Garden versions installed here, and the
-GPUs here (nvidia-smi) against num_clones, with --pipeline the records this machine's tasks
-read (paths resolve in the working directory, as in training), and with --model_dir that they can
-write it. Does not import TensorFlow. Exit 0 when nothing needs
+this machine's ports free (they listen on every interface: a public one is a warning), the od-dist /
+TensorFlow / Model Garden versions installed here, and the GPUs here (nvidia-smi) against
+num_clones, with --pipeline the records this machine's tasks read (paths resolve in the working
+directory, as in training), and with --model_dir that they can write it. Does not import TensorFlow. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:
@@ -487,42 +508,27 @@ their generated script heals itself; the default 0 runs it in this process, as a
     lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0)),
 )
 def cmd_train(fv) -> int:
-    from od_dist.job import config
-
     selected = select_task(fv, allow_none=True)
     # From here on the task is known. A TF_CONFIG left in the environment would be read by parts of
     # TensorFlow on their own, and an orchestrator's lists the evaluator, which hangs a
     # parameter-server coordinator; every strategy here is built from the validated cluster instead.
     tf_config = os.environ.pop("TF_CONFIG", None)
-    cfg = config.train_config(
-        selected,
-        fv.pipeline,
-        fv.model_dir,
-        fv.num_clones,
-        fv.clone_on_cpu,
-        fv.params_override,
-        fv.wait_timeout,
-        *_thread_flags(fv),
-        fixed_replica_batch=fv.fixed_replica_batch,
-        all_reduce_packs=fv.all_reduce_packs,
-    )
+    cfg = train_config_of(fv, selected)
     if fv.max_restarts:
         from od_dist.cluster.spec import Address, Task
         from od_dist.job import launch
 
+        args = commandline.train_args(
+            passed_on_args(fv) + ["--max_restarts=0"],
+            selected.cluster,
+            selected.task,
+            selected.source if selected.cluster and selected.source != "TF_CONFIG" else None,
+        )
         task = selected.task or Task("single", 0, Address("localhost", None))
-        argv = [
-            sys.executable,
-            "-m",
-            "od_dist",
-            "train",
-            *passed_on_args(fv, ("cluster", "role", "index") + PASS_ON_FLAGS),
-            "--max_restarts=0",
-        ]
         return launch.run_task(
             task,
             cfg.strategy_name,
-            argv,
+            launch.child_argv(args),
             fv.max_restarts,
             fv.grace_period,
             tf_config if selected.source == "TF_CONFIG" else None,
@@ -618,29 +624,20 @@ def cmd_launch(fv) -> int:
         )
     if not fv.cluster:
         raise UsageError("--cluster: '': required; pass --cluster clusters/local.yaml")
-    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses)
+    unchecked: list[str] = []
+    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses, unchecked)
     tasks = cluster.tasks_on(hostinfo.this_machine().is_local)  # servers first: trainers find them up
     if not tasks:
         raise UsageError(
             f"--cluster: '{fv.cluster}': no task of this cluster is on this machine; "
             "run launch on the machines the file lists"
         )
-    # Check the flags every task will get now, rather than have each child fail on its own.
-    configs = [
-        config.train_config(
-            config.TaskConfig(cluster, task, fv.cluster, ""),
-            fv.pipeline,
-            fv.model_dir,
-            fv.num_clones,
-            fv.clone_on_cpu,
-            fv.params_override,
-            fv.wait_timeout,
-            *_thread_flags(fv),
-        )
-        for task in tasks
-    ]
+    # Check what every task will be started with now, rather than have each child fail on its own.
+    args = {task: commandline.train_args(passed_on_args(fv), cluster, task, fv.cluster) for task in tasks}
+    configs = [check_task_args(cluster, task, fv.cluster, args[task]) for task in tasks]
     if not fv.model_dir:
         raise UsageError("--model_dir: '': required (logs go to <model_dir>/logs); pass --model_dir=...")
+    config.warn(unchecked)
     if any(not c.is_server for c in configs):
         # As `train` does, but once and before any task starts: a bad pipeline is exit 2, not a
         # job whose servers start and whose master then fails.
@@ -656,15 +653,7 @@ def cmd_launch(fv) -> int:
         if code:
             print(f"od-dist launch: {problem}", file=sys.stderr)
             return exit_codes.FAILED
-    return launch.run(
-        fv.cluster,
-        cluster.strategy,
-        list(tasks),
-        passed_on_args(fv),
-        fv.model_dir,
-        fv.max_restarts,
-        fv.grace_period,
-    )
+    return launch.run(cluster.strategy, list(tasks), args, fv.model_dir, fv.max_restarts, fv.grace_period)
 
 
 def define_shapes_flags(fv: flags.FlagValues) -> None:
@@ -873,8 +862,8 @@ Reads records written for the Object Detection API (generate_tfrecord.py and ann
 exports: image/source_id holds the file name, class/text beside class/label) and writes them in
 Model Garden's layout: source ids numbered 1, 2, 3, ... (COCO evaluation needs numbers), the file
 name kept in image/filename, class ids by class name through --labels as the Object Detection API
-takes them (class/label where the name is not in the map), difficult objects as is_crowd. Images
-and boxes are copied unchanged. Any problem: one line per record and exit 2, nothing written.
+takes them (a class the label map does not have is a problem), difficult objects as is_crowd.
+Images and boxes are copied unchanged. Any problem: one line per record and exit 2, nothing written.
 
 Examples:
   od-dist data odapi --config my_model/pipeline.config --out data/my_data
@@ -1253,8 +1242,15 @@ def _render_input(fv, what: str):
     for name in ("cluster", "pipeline", "model_dir"):
         if not fv[name].value:
             raise UsageError(f"--{name}: '': required; pass --{name}=...")
-    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses)
-    return cluster, passed_on_args(fv)
+    unchecked: list[str] = []
+    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses, unchecked)
+    passed_on = passed_on_args(fv)
+    for task in cluster.tasks():  # as launch checks them; the pipeline is looked for on each machine
+        check_task_args(
+            cluster, task, fv.cluster, commandline.train_args(passed_on, cluster, task), files_here=False
+        )
+    config.warn(unchecked)  # once the input is accepted: refused input gets its one message
+    return cluster, passed_on
 
 
 def define_scripts_flags(fv: flags.FlagValues) -> None:

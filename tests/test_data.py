@@ -17,7 +17,8 @@ from od_dist.data import shapes
 
 
 def read_records(pattern):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     out = []
     for path in sorted(glob.glob(pattern)):
         out += [tf.train.Example.FromString(r) for r in tf.data.TFRecordDataset(path).as_numpy_iterator()]
@@ -240,7 +241,8 @@ def test_data_help_imports_no_tensorflow():
 
 
 def test_data_check_names_record_and_problem(tmp_path):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     rng = np.random.default_rng(0)
 
     def example(sid, boxes, labels, h=SIZE):
@@ -409,6 +411,59 @@ def test_coco_hostile_exit_2_nothing_written(coco, tmp_path, case):
         assert r.returncode == 0, r.stderr
         assert "skipped 1 bad image(s)" in r.stdout and "task.model.num_classes: 8" in r.stdout
         assert len(read_records(os.path.join(out, "*.tfrecord"))) == 5
+
+
+# PIL's name for each format a photo folder may hold, and the file suffix it is saved under.
+FORMATS = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "TIFF": "tif", "WEBP": "webp"}
+
+
+def test_both_converters_store_what_the_format_says_and_training_reads(tmp_path):
+    """An image of every format the converters pick up: each record's image/format names what its
+    bytes are (JPEG or PNG, the others re-encoded as PNG), and Model Garden's decoder reads it as
+    the one RGB image it was (a GIF kept as it is decodes as a stack of frames, TIFF and WebP not
+    at all)."""
+    import io
+
+    import tensorflow as tf
+    from official.vision.dataloaders import tf_example_decoder
+    from PIL import Image
+
+    from od_dist.data import coco as coco_mod
+    from od_dist.data import records, voc
+
+    images = tmp_path / "images"
+    ann = tmp_path / "ann"
+    images.mkdir()
+    ann.mkdir()
+    pixels = np.zeros((12, 16, 3), np.uint8)
+    pixels[:, :8] = (200, 30, 40)
+    doc = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "cat"}]}
+    for n, (pil, suffix) in enumerate(FORMATS.items(), start=1):
+        name = f"{pil.lower()}.{suffix}"
+        Image.fromarray(pixels).save(
+            images / name, format=pil, **({"lossless": True} if pil == "WEBP" else {})
+        )
+        (ann / f"{pil.lower()}.xml").write_text(labelimg_xml(name, 16, 12, [("cat", 1, 1, 8, 8, 0)]))
+        doc["images"].append({"id": n, "file_name": name, "width": 16, "height": 12})
+        doc["annotations"].append(
+            {"id": n, "image_id": n, "category_id": 1, "bbox": [0, 0, 8, 8], "iscrowd": 0}
+        )
+    (tmp_path / "instances.json").write_text(json.dumps(doc))
+    coco_mod.convert(str(images), str(tmp_path / "instances.json"), str(tmp_path / "coco"), val_fraction=0)
+    voc.convert(str(images), str(ann), str(tmp_path / "voc"), val_fraction=0)
+    decoder = tf_example_decoder.TfExampleDecoder()
+    for converter in ("coco", "voc"):
+        examples = read_records(str(tmp_path / converter / "*.tfrecord"))
+        assert len(examples) == len(FORMATS)
+        for e in examples:
+            encoded, (fmt,) = feat(e, "image/encoded")[0], feat(e, "image/format")
+            actual = Image.open(io.BytesIO(encoded)).format
+            assert (fmt, actual) in ((b"jpg", "JPEG"), (b"png", "PNG")), (converter, fmt, actual)
+            image = decoder.decode(tf.constant(e.SerializeToString()))["image"].numpy()
+            assert image.shape == (12, 16, 3), (converter, fmt, image.shape)
+            tolerance = 40 if actual == "JPEG" else 0  # JPEG is lossy; every other is stored losslessly
+            assert np.abs(image.astype(int) - pixels).max() <= tolerance, (converter, fmt)
+    assert records.DECODABLE == ("jpeg", "png")
 
 
 def test_coco_empty(tmp_path):

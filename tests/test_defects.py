@@ -47,7 +47,8 @@ def small_override(data_dir: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", PIPELINES, ids=[os.path.basename(p) for p in PIPELINES])
 def test_every_shipped_pipeline_trains_one_step(path, data_dir, tmp_path):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     from od_dist.job import trainer
     from od_dist.model.pipeline import load_pipeline
 
@@ -119,33 +120,137 @@ def test_launch_refuses_a_model_that_cannot_be_built_before_any_task_starts(unbu
     assert not (model_dir / "logs").exists()  # no task was started
 
 
-# ----- 5: without a readable checkpoint state, complete checkpoints stay -------------------------
+# ----- 5: a complete checkpoint is never deleted; only leftovers of unfinished saves are ------------
+
+
+def saved_steps(model_dir, *steps):
+    """Checkpoints as Model Garden's CheckpointManager writes them, each holding its step."""
+    import tensorflow as tf
+
+    v = tf.Variable(0.0)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(model_dir), max_to_keep=10)
+    for step in steps:
+        v.assign(float(step))
+        manager.save(checkpoint_number=step)
+
+
+def restored_step(prefix):
+    import tensorflow as tf
+
+    v = tf.Variable(-1.0)
+    tf.train.Checkpoint(v=v).restore(str(prefix)).assert_consumed()
+    return int(v.numpy())
+
+
+def leftovers(model_dir):
+    """What a save killed midway leaves, as TensorFlow names it: shards still under ckpt-N_temp/
+    (each written as *.tempstate<random> first), a state file being replaced."""
+    (model_dir / "ckpt-15_temp").mkdir()
+    (model_dir / "ckpt-15_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate8411").write_bytes(b"x")
+    (model_dir / "checkpoint.tempstate2207").write_text("")
 
 
 @pytest.mark.parametrize("state", ["missing", "unreadable"])
 def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, state):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     from od_dist.job import trainer
 
     model_dir = tmp_path / "run"
-    ckpt = tf.train.Checkpoint(v=tf.Variable(1.0))
-    manager = tf.train.CheckpointManager(ckpt, str(model_dir), max_to_keep=5)
-    manager.save(checkpoint_number=5)
-    manager.save(checkpoint_number=10)
-    # What a save killed midway leaves, beside them.
-    (model_dir / "ckpt-15_temp").mkdir()
-    (model_dir / "ckpt-15_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate8411").write_bytes(b"x")
-    (model_dir / "checkpoint.tempstate2207").write_text("")
+    saved_steps(model_dir, 5, 10)
+    leftovers(model_dir)
     if state == "missing":  # ckpt-* files copied into a new model_dir to resume from
         (model_dir / "checkpoint").unlink()
     else:  # a network share's transient error, a torn write
         (model_dir / "checkpoint").write_bytes(b"\xff\x00 not a checkpoint state {")
-    removed = sorted(os.path.basename(p) for p in trainer.clean_partial_checkpoints(str(model_dir)))
-    assert removed == ["checkpoint.tempstate2207", "ckpt-15_temp"]
-    left = sorted(os.listdir(model_dir))
-    for step in (5, 10):
-        assert f"ckpt-{step}.index" in left and f"ckpt-{step}.data-00000-of-00001" in left, left
-    tf.train.Checkpoint(v=tf.Variable(0.0)).restore(str(model_dir / "ckpt-10")).assert_consumed()
+    done = trainer.tidy_checkpoints(str(model_dir))
+    assert sorted(os.path.basename(p) for p in done.removed) == ["checkpoint.tempstate2207", "ckpt-15_temp"]
+    found = {
+        os.path.basename(p): p for p in glob.glob(str(model_dir / "**" / "ckpt-*.index"), recursive=True)
+    }
+    assert sorted(found) == ["ckpt-10.index", "ckpt-5.index"]  # both complete ones kept...
+    for step in (5, 10):  # ...and readable
+        assert restored_step(found[f"ckpt-{step}.index"][: -len(".index")]) == step
+    if state == "missing":  # the newest is resumed from; the other is set aside, not in the way
+        assert done.resumed == str(model_dir / "ckpt-10") and done.named is None
+        assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "ckpt-10")
+        (aside,) = glob.glob(str(model_dir / (trainer.SET_ASIDE + "*")))
+        assert done.set_aside == [(str(model_dir / "ckpt-5"), aside)]
+        assert sorted(os.listdir(aside)) == ["ckpt-5.data-00000-of-00001", "ckpt-5.index"]
+    else:  # nothing says where the run was: nothing but the temporaries is touched
+        assert done.resumed is None and not done.set_aside
+        assert (model_dir / "checkpoint").read_bytes() == b"\xff\x00 not a checkpoint state {"
+
+
+def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_deleted(tmp_path, capsys):
+    """The checkpoint file names 5 and 10. Beside them: 20, complete (a later checkpoint a user
+    copied in, or a save killed after its last byte: the run resumes from it, said in one line);
+    7 and 15, complete but not the newest (moved aside, said where); and what saves killed at
+    other points leave: 25's index without its data, 30's data without an index, 35's data cut
+    short, 40's index cut short (incomplete: removed), and the temporary files."""
+    import shutil
+
+    import tensorflow as tf
+
+    from od_dist.job import trainer
+
+    model_dir = tmp_path / "run"
+    other = tmp_path / "other"
+    saved_steps(other, 7, 15, 20, 25, 30, 35, 40)
+    saved_steps(model_dir, 5, 10)
+    state = (model_dir / "checkpoint").read_text()
+    for step in (7, 15, 20):
+        for f in glob.glob(str(other / f"ckpt-{step}.*")):
+            shutil.copy(f, model_dir)
+    shutil.copy(other / "ckpt-25.index", model_dir)
+    shutil.copy(other / "ckpt-30.data-00000-of-00001", model_dir)
+    shutil.copy(other / "ckpt-35.index", model_dir)
+    data = (other / "ckpt-35.data-00000-of-00001").read_bytes()
+    (model_dir / "ckpt-35.data-00000-of-00001").write_bytes(data[: len(data) // 2])
+    shutil.copy(other / "ckpt-40.data-00000-of-00001", model_dir)
+    index = (other / "ckpt-40.index").read_bytes()
+    (model_dir / "ckpt-40.index").write_bytes(index[: len(index) // 2])
+    leftovers(model_dir)
+
+    done = trainer.tidy(str(model_dir))
+    out = capsys.readouterr().out
+    removed = sorted(os.path.basename(p) for p in done.removed)
+    assert removed == [
+        "checkpoint.tempstate2207",
+        "ckpt-15_temp",
+        "ckpt-25.index",
+        "ckpt-30.data-00000-of-00001",
+        "ckpt-35.data-00000-of-00001",
+        "ckpt-35.index",
+        "ckpt-40.data-00000-of-00001",
+        "ckpt-40.index",
+    ]
+    for name in removed:
+        assert f"removed {model_dir / name}, left by a save that did not finish" in out
+    # 20 is the latest now, for the restore and the evaluator alike; 5 and 10 are still named.
+    assert done.resumed == str(model_dir / "ckpt-20") and done.named == str(model_dir / "ckpt-10")
+    assert f"{model_dir / 'ckpt-20'} is complete and newer than {model_dir / 'ckpt-10'}" in out
+    assert "resuming from it" in out
+    assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "ckpt-20")
+    after = tf.train.get_checkpoint_state(str(model_dir))
+    assert [os.path.basename(p) for p in after.all_model_checkpoint_paths] == ["ckpt-5", "ckpt-10", "ckpt-20"]
+    assert (
+        len(after.all_model_checkpoint_timestamps) == 3
+        and 'model_checkpoint_path: "ckpt-20"' in (model_dir / "checkpoint").read_text()
+    )  # relative, as TensorFlow writes it: the model_dir can still be moved
+    assert state != (model_dir / "checkpoint").read_text()
+    for step in (5, 10, 20):
+        assert restored_step(model_dir / f"ckpt-{step}") == step
+    (aside,) = glob.glob(str(model_dir / (trainer.SET_ASIDE + "*")))
+    assert done.set_aside == [(str(model_dir / "ckpt-7"), aside), (str(model_dir / "ckpt-15"), aside)]
+    for step in (7, 15):
+        assert f"{model_dir / f'ckpt-{step}'} is complete but the checkpoint file does not name it" in out
+        assert f"moved it to {aside}" in out
+        assert restored_step(os.path.join(aside, f"ckpt-{step}")) == step
+    assert not glob.glob(str(model_dir / "ckpt-7.*")) and not glob.glob(str(model_dir / "ckpt-15.*"))
+    # A second start finds everything in order.
+    again = trainer.tidy_checkpoints(str(model_dir))
+    assert not again.removed and not again.set_aside and again.resumed is None
 
 
 # ----- 7: transient faults exit with a retryable code -------------------------------------------
@@ -251,7 +356,6 @@ def test_a_failing_evaluator_is_restarted_then_left_out_while_training_goes_on(t
 
 
 def test_params_override_reads_a_yaml_file(tmp_path):
-    pytest.importorskip("official.vision")
     from od_dist.model.pipeline import PipelineError, load_pipeline
 
     override = tmp_path / "override.yaml"
@@ -399,7 +503,7 @@ def test_launch_with_a_remote_model_dir_logs_locally(tmp_path, monkeypatch):
     from od_dist.job import launch
 
     monkeypatch.chdir(tmp_path)
-    assert launch.run("cluster.yaml", "parameter_server", [], [], "gs://bucket/runs/x", 0, 1) == 0
+    assert launch.run("parameter_server", [], {}, "gs://bucket/runs/x", 0, 1) == 0
     assert sorted(os.listdir(tmp_path)) == [launch.REMOTE_LOG_DIR]
     assert launch.log_dir_for("gs://bucket/runs/x") == str(tmp_path / launch.REMOTE_LOG_DIR)
     assert launch.log_dir_for("runs/x") == os.path.join("runs/x", "logs")

@@ -35,6 +35,11 @@ def test_loopback_cluster_all_ok_fast_and_without_tensorflow(tmp_path):
     )
     for port, name in zip(ports, ("master:0", "worker:0", "ps:0")):
         assert f"ok    port {port} here: free for {name}" in lines
+    # This box has no public address (a CI container); the server listens on all of its interfaces.
+    shown = ", ".join(map(str, sorted(ports)))
+    assert f"ok    listening: port(s) {shown} will listen on every interface of this machine" in "\n".join(
+        lines
+    )
     assert lines[-1].startswith("od-dist doctor: nothing to fix")
     code = (
         "import sys; from od_dist import cli; rc = cli.main(['od-dist', 'doctor', '--cluster', sys.argv[1]]); "
@@ -61,6 +66,47 @@ def test_a_port_in_use_here_is_a_fix(tmp_path):
         for line in r.stdout.splitlines()
     ), r.stdout
     assert r.stdout.splitlines()[-1] == "od-dist doctor: 1 to fix (the FIX lines above)"
+
+
+def test_listening_on_every_interface_is_said_and_a_public_one_warned():
+    """TensorFlow's server listens on every interface whatever address the file gives it: doctor
+    says so for this machine's ports, and warns when one of its interfaces is public."""
+    from od_dist.cluster import hostinfo
+
+    c = cluster_mod.from_document(
+        {
+            "master": "10.0.0.1:2222",
+            "worker": ["10.0.0.1:2223"],
+            "ps": ["10.0.0.2:2224"],
+            "evaluator": "10.0.0.1",
+        }
+    )
+    mine = c.tasks_on(lambda host: host == "10.0.0.1")
+    private = hostinfo.ThisMachine(frozenset({"box"}), frozenset({"127.0.0.1", "10.0.0.1", "fe80::1"}))
+    (check,) = doctor.check_listening(mine, private)
+    assert check.status == doctor.OK and "port(s) 2222, 2223 will listen on every interface" in check.detail
+    public = hostinfo.ThisMachine(
+        frozenset({"box"}), frozenset({"127.0.0.1", "10.0.0.1", "203.0.113.9", "8.8.8.8"})
+    )
+    (check,) = doctor.check_listening(mine, public)
+    assert (
+        check.status == doctor.WARN and "public address(es) 8.8.8.8 included" in check.detail
+    )  # 203.0.113/24: TEST-NET
+    assert "firewall" in check.detail
+    evaluator_only = [t for t in mine if t.role == "evaluator"]
+    assert doctor.check_listening(evaluator_only, public) == []  # it runs no server
+
+
+def test_a_name_the_public_address_rule_could_not_check_is_a_warning(tmp_path):
+    from od_dist.cluster import hostinfo
+
+    (port,) = free_ports(1)
+    path = tmp_path / "c.yaml"  # .invalid never resolves (RFC 6761)
+    path.write_text(f"master: 10.0.0.1:{port}\nworker: [no-such-host.invalid:{port}]\n")
+    here = hostinfo.ThisMachine(frozenset({"box"}), frozenset({"127.0.0.1", "10.0.0.1"}))
+    checks, _ = doctor.run(str(path), None, None, False, connect_timeout=0.5, machine=here)
+    (check,) = [c for c in checks if c.what == "public-address rule"]
+    assert check.status == doctor.WARN and check.detail.startswith("no-such-host.invalid: does not resolve")
 
 
 def test_invalid_input_exits_2(tmp_path):

@@ -139,9 +139,10 @@ def test_single_machine_killed_during_a_save_resumes_then_sigterm_saves_and_resu
 ):
     """One machine's trainer, three commands on one model_dir:
 
-    1. SIGKILL during the save of ckpt-10: the previous checkpoint (5) stays the latest.
+    1. SIGKILL during the save of ckpt-10: the previous checkpoint (5) stays the latest named.
     2. With two CPU clones (--num_clones 2 --clone_on_cpu: MirroredStrategy, 2 replicas in sync),
-       the same command resumes from ckpt-5, removing what unfinished saves left. SIGTERM then
+       the same command resumes from ckpt-5, removing what unfinished saves left (ckpt-10 with
+       its index torn among them). SIGTERM then
        saves a checkpoint where it stopped, at most a loop after the signal, and exits 143.
     3. The same command with more steps and `--max_restarts 1` (one replica again) resumes there
        rather than starting over; its task killed once is restarted, resumes again, and finishes.
@@ -177,7 +178,10 @@ def test_single_machine_killed_during_a_save_resumes_then_sigterm_saves_and_resu
     )
     (model_dir / "ckpt-15_temp" / "part-00000-of-00001.index").write_bytes(b"garbage")
     (model_dir / "checkpoint.tempstate2207").write_text('model_checkpoint_path: "ckpt-15"\n')
-    (model_dir / "ckpt-10.index").write_bytes(b"garbage")  # also the unnamed ckpt-10 is never read
+    # The kill came after ckpt-10's last byte, before the state file named it: complete, the next
+    # start would resume from it (tests/test_defects.py). Its index torn, as a kill while TensorFlow
+    # writes it in place leaves it: incomplete, removed, and the run resumes from ckpt-5.
+    (model_dir / "ckpt-10.index").write_bytes(b"garbage")
 
     # 2. Resumed from the previous checkpoint; then SIGTERM. No checkpoint interval in this run:
     # the only save is the stop's own.

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import mslex
+import powershell
 import pytest
 import yaml
 from loopback import ROOT
@@ -136,15 +137,11 @@ def cmd_line_args(line):
     return mslex.split("".join(out).replace("%%", "%"), like_cmd=False)
 
 
-def ps_literal(text):
-    """The value of a PowerShell single-quoted literal that is the whole of `text`."""
-    assert text[0] == "'" and text[-1] == "'", text
-    body = text[1:-1]
-    assert not re.search(
-        f"(?<![{quote.PS_SINGLE_QUOTES}])[{quote.PS_SINGLE_QUOTES}](?![{quote.PS_SINGLE_QUOTES}])",
-        body.replace("''", ""),
-    ), text
-    return re.sub(f"([{quote.PS_SINGLE_QUOTES}])\\1", r"\1", body)
+@pytest.mark.parametrize("char", powershell.SINGLE_QUOTES + powershell.DOUBLE_QUOTES + powershell.BACKTICK)
+def test_powershell_literals_carry_every_quote_character_of_its_specification(char):
+    """Read back by the specification's rules (tests/powershell.py), not by the list the code uses."""
+    for text in (char, f"a{char}b", f"{char}{char}", f"x{char}; Start-Process calc; {char}"):
+        assert powershell.literal(quote.ps(text)) == text
 
 
 @pytest.mark.parametrize("text", HOSTILE)
@@ -164,7 +161,7 @@ def test_quoting_functions_carry_or_refuse(text):
     assert bash_words(quote.sh(text)) == [text]
     assert bash_words(quote.sh(text) + " " + quote.sh(text)) == [text, text]
     assert cmd_line_args("prog " + quote.cmd(text)) == ["prog", text]
-    assert ps_literal(quote.ps(text)) == text
+    assert powershell.literal(quote.ps(text)) == text
     assert yaml.safe_load(quote.yaml_dump({"args": [text], text: text})) == {"args": [text], text: text}
     code = quote.md(text)
     fence = re.match("`+", code).group()
@@ -247,7 +244,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
         assert "%" not in program.replace("%%", "")
         assert cmd_line_args(args) == worker
         (arguments,) = [x for x in files["worker-0.ps1"] if x.startswith("$arguments = ")]
-        assert mslex.split(ps_literal(arguments[len("$arguments = ") :]), like_cmd=False) == worker
+        assert mslex.split(powershell.literal(arguments[len("$arguments = ") :]), like_cmd=False) == worker
         if where == "workdir":
             (cd,) = [x for x in files["master-0.sh"] if x.startswith("cd -- ")]
             assert bash_words(cd[len("cd -- ") :]) == [text]
@@ -255,7 +252,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
         if where in ("venv", "python"):
             if where == "venv":
                 (line,) = [x for x in files["worker-0.ps1"] if x.startswith("$env:VIRTUAL_ENV = ")]
-                assert ps_literal(line[len("$env:VIRTUAL_ENV = ") :]) == text
+                assert powershell.literal(line[len("$env:VIRTUAL_ENV = ") :]) == text
             else:
                 assert quote.ps(text) in "\n".join(files["worker-0.ps1"])
             continue
@@ -339,15 +336,18 @@ def test_mount_path_is_normalised_and_not_the_root(tmp_path, capsys):
 # ----- 3: scripts --out ------------------------------------------------------------------------
 
 
+def scripts_into(capsys, cluster, out):
+    return run_cli(capsys, "scripts", f"--cluster={cluster}", "--pipeline=p", "--model_dir=m", f"--out={out}")
+
+
 def test_scripts_out_replaces_its_own_files_only(tmp_path, capsys):
-    """A symlinked README.md is replaced, not written through; the scripts of a bigger cluster
-    written there before are gone; the user's own files stay."""
+    """What an earlier run wrote (its manifest says) is replaced: a README.md or script it wrote
+    and someone then replaced with a symlink is replaced, not written through; the scripts of a
+    bigger cluster written there before are gone; the user's own files stay."""
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
     out = tmp_path / "out"
     out.mkdir()
-    (out / "README.md").symlink_to(victim)
-    (out / "worker-0.sh").symlink_to(victim)
     (out / "notes.txt").write_text("keep")
     big = tmp_path / "big.yaml"
     big.write_text(
@@ -355,22 +355,80 @@ def test_scripts_out_replaces_its_own_files_only(tmp_path, capsys):
     )
     small = tmp_path / "small.yaml"
     small.write_text(yaml.safe_dump({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"]}))
+    code, _, err = scripts_into(capsys, big, out)
+    assert code == 0, err
+    for name in ("README.md", "worker-0.sh"):
+        (out / name).unlink()
+        (out / name).symlink_to(victim)
     for cluster in (big, small):
-        code, _, err = run_cli(
-            capsys, "scripts", f"--cluster={cluster}", "--pipeline=p", "--model_dir=m", f"--out={out}"
-        )
+        code, _, err = scripts_into(capsys, cluster, out)
         assert code == 0, err
     assert victim.read_text() == "mine"
     assert not (out / "README.md").is_symlink() and "small.yaml" in (out / "README.md").read_text()
-    assert sorted(os.listdir(out)) == sorted(
-        ["README.md", "notes.txt"]
-        + [f"{t}-0.{s}" for t in ("master", "worker") for s in ("sh", "cmd", "ps1")]
-    )
+    written = ["README.md"] + [f"{t}-0.{s}" for t in ("master", "worker") for s in ("sh", "cmd", "ps1")]
+    assert sorted(os.listdir(out)) == sorted([*written, "notes.txt", scripts.MANIFEST])
+    assert scripts.written_before(str(out)) == {*written, scripts.MANIFEST}
     assert not any(name.startswith(".") for name in os.listdir(tmp_path))  # no staging folder left
-    code, _, err = run_cli(
-        capsys, "scripts", f"--cluster={small}", "--pipeline=p", "--model_dir=m", f"--out={victim}"
-    )
+    code, _, err = scripts_into(capsys, small, victim)
     assert one_line_refusal(code, err) and "not a directory" in err
+
+
+def test_scripts_out_refuses_a_folder_with_files_it_did_not_write(tmp_path, capsys):
+    """`--out scripts` in the repository: its README.md (the guide) and the generic node scripts
+    are the user's, not od-dist's; neither a name od-dist writes nor a manifest makes them its own."""
+    out = tmp_path / "scripts"
+    out.mkdir()
+    guide = out / "README.md"
+    guide.write_bytes(open(os.path.join(ROOT, "scripts", "README.md"), "rb").read())
+    before = guide.read_bytes()
+    (out / "od-dist-node.sh").write_text("#!/bin/sh\n")
+    code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
+    assert len(one_line_refusal(code, err)) == 1 and "README.md" in err and "not written by od-dist" in err, (
+        err
+    )
+    assert guide.read_bytes() == before and sorted(os.listdir(out)) == ["README.md", "od-dist-node.sh"]
+    # A manifest that lists a file no run writes does not make it od-dist's either.
+    (out / scripts.MANIFEST).write_text("README.md\nod-dist-node.sh\n")
+    (out / "README.md").unlink()
+    code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
+    assert code == 0, err
+    assert (out / "od-dist-node.sh").read_text() == "#!/bin/sh\n"
+
+
+def test_out_with_a_mount_point_inside_is_refused(tmp_path, capsys):
+    """A mount point inside --out would be copied into the new output and then emptied with the
+    old folder: refused before anything is written, for scripts, the converters and export alike."""
+    out = tmp_path / "out"
+    (out / "mnt").mkdir(parents=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(out / "mnt")], capture_output=True
+    )
+    if r.returncode:
+        pytest.skip(f"needs root to mount a tmpfs ({r.stderr.decode().strip()})")
+    try:
+        (out / "mnt" / "data.bin").write_text("on another file system")
+        code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
+        assert len(one_line_refusal(code, err)) == 1 and "mount point" in err and str(out / "mnt") in err, err
+        images, ann, _ = voc_folder(tmp_path)
+        code, _, err = data_voc(capsys, images, ann, out)
+        assert one_line_refusal(code, err) and "mount point" in err, err
+        from od_dist.model import export
+        from od_dist.model.pipeline import load_pipeline
+
+        tiny_checkpoint(str(tmp_path / "run"))
+        params = load_pipeline(DEMO, "task.train_data.input_path=/nonexistent/x-*.tfrecord")
+        (out / "saved_model.pb").write_text("an earlier export")
+        with pytest.raises(export.ExportError, match="mount point"):
+            export.export(params, str(tmp_path / "run"), str(out))
+        (out / "saved_model.pb").unlink()
+        assert (out / "mnt" / "data.bin").read_text() == "on another file system"
+        assert sorted(os.listdir(out)) == ["mnt"]
+        code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out / "mnt")
+        assert one_line_refusal(code, err) and "a mount point" in err, err
+    finally:  # wherever it is now: a replacing --out without the check moves it aside
+        with open("/proc/mounts") as f:
+            for point in [line.split()[1] for line in f if line.split()[1].startswith(str(tmp_path))]:
+                subprocess.run(["umount", point], capture_output=True)
 
 
 # ----- 4, 5: data voc / coco ---------------------------------------------------------------------

@@ -102,3 +102,76 @@ def test_launch_with_a_bad_pipeline_starts_nothing(tmp_path):
     assert "trainer.train_stepz" in r.stderr and "did you mean 'train_steps'" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "started" not in r.stdout and not (model_dir / "logs").exists()
+
+
+def od_dist_here(*args, cwd=ROOT):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=180,
+    )
+
+
+@pytest.mark.parametrize("command", ["launch", "scripts", "k8s"])
+def test_every_flag_is_checked_before_any_task_starts(tmp_path, command):
+    """What each task is started with is what is checked up front: --fixed_replica_batch under
+    parameter_server is refused once, exit 2, before any task starts (or any file is written),
+    instead of by every task on its own."""
+    model_dir = tmp_path / "model"
+    cluster = tmp_path / "cluster.yaml"  # ports nobody uses: nothing may start anyway
+    cluster.write_text("master: 127.0.0.1:1\nworker: [127.0.0.1:2]\nps: [127.0.0.1:3]\n")
+    r = od_dist_here(
+        command,
+        f"--cluster={cluster}",
+        f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}",
+        f"--model_dir={model_dir}",
+        "--fixed_replica_batch",
+        *([f"--out={tmp_path / 'out'}"] if command != "launch" else []),
+        *(["--image=registry.example/od-dist:1"] if command == "k8s" else []),
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--fixed_replica_batch: 'True': parameter_server runs" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "started" not in r.stdout
+    assert sorted(os.listdir(tmp_path)) == ["cluster.yaml"]  # no logs, no scripts
+
+
+def test_the_tasks_get_every_train_flag_given():
+    """launch, scripts, k8s and train --max_restarts build a task's command line in one place
+    (cluster/commandline.py) from every `od-dist train` flag but the task's own place: each flag
+    given reaches it, as `od-dist train` parses it back."""
+    from absl import flags
+
+    from od_dist import cli
+    from od_dist.cluster import commandline
+    from od_dist.cluster import spec as cluster_mod
+
+    fv = flags.FlagValues()
+    cli.define_train_flags(fv)
+    given = {}
+    for name in fv:
+        if name not in commandline.TASK_FLAGS:  # each flag set to something other than its default
+            default = fv[name].default
+            given[name] = (
+                (not default)
+                if isinstance(default, bool)
+                else "x"
+                if fv[name].parser.flag_type() == "string"
+                else 3
+            )
+    fv(
+        [
+            "od-dist train",
+            *(f"--{'' if v else 'no'}{n}" if v in (True, False) else f"--{n}={v}" for n, v in given.items()),
+        ]
+    )
+    cluster = cluster_mod.from_document({"master": "127.0.0.1:2222", "worker": ["127.0.0.1:2223"]})
+    args = commandline.train_args(cli.passed_on_args(fv), cluster, cluster.task("worker", 0), "c.yaml")
+    child = flags.FlagValues()
+    cli.define_train_flags(child)
+    child(["od-dist train", *args[1:]])
+    assert (child.cluster, child.role, child.index) == ("c.yaml", "worker", 0)
+    assert {name: child[name].value for name in given} == given

@@ -6,6 +6,7 @@ training steps and a COCO line from `od-dist eval`."""
 
 import glob
 import os
+import re
 
 import loopback
 import numpy as np
@@ -567,7 +568,8 @@ def write_odapi_records(path, count, seed, size=96, with_labels=True, rename=Non
     """Records as the Object Detection API's generate_tfrecord.py writes them: the file name as
     image/source_id and image/filename, class/text and (unless ``with_labels`` is false) class/label
     from its class_text_to_int; ``rename`` = {old class name: new} to write unknown names."""
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     rng = np.random.default_rng(seed)
 
     def feature(kind, values):
@@ -603,7 +605,8 @@ def write_odapi_records(path, count, seed, size=96, with_labels=True, rename=Non
 
 
 def read_examples(pattern):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     out = []
     for path in sorted(glob.glob(pattern)):
         for data in tf.data.TFRecordDataset(path).as_numpy_iterator():
@@ -743,6 +746,31 @@ def test_import_bad_input(tmp_path):
     assert out.read_text() == "mine\n"
 
 
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (
+            ("num_classes: 90", "num_classes: 90 extra " + "{ x " * 5000 + "}" * 5000),
+            "nested more than 100 deep",
+        ),
+        (("num_classes: 90", "num_classes: " + "9" * 5000), "(5000 digits) out of range"),
+        (("num_steps: 50000", "num_steps: " + "9" * 4000), "(4000 digits) out of range"),
+        (("batch_size: 128", "batch_size: 18446744073709551616"), "18446744073709551616 out of range"),
+    ],
+    ids=["5000 levels", "5000 digits", "4000 digits", "2^64"],
+)
+def test_import_refuses_text_no_config_holds(tmp_path, capsys, change, said):
+    """Deep nesting (a RecursionError in a recursive reader) and integers wider than any protobuf
+    field (Python refuses to convert more than 4300 digits; fewer went into the YAML) are one line,
+    exit 2, with where they are."""
+    config = tmp_path / "pipeline.config"
+    config.write_text(SSD_MOBILENET_V2_FPNLITE_320.replace(*change))
+    code, _, err = run_cli(capsys, "pipeline", "import", f"--config={config}", f"--out={tmp_path / 'p.yaml'}")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err[-2000:]
+    assert said in err and re.search(r"line \d+, column \d+", err), err
+    assert len(err) < 400 and os.listdir(tmp_path) == ["pipeline.config"]
+
+
 def test_import_never_leaves_a_pipeline_that_does_not_load(tmp_path, capsys):
     config = tmp_path / "pipeline.config"
     config.write_text(SSD_RESNET50_V1_FPN_640.replace("batch_size: 64", "batch_size: 0"))
@@ -851,24 +879,50 @@ def test_data_odapi_labels_from_class_text(tmp_path, capsys):
         assert list(f["image/object/class/label"].int64_list.value) == [by_name[t] for t in texts]
 
 
-def test_data_odapi_writes_nothing_on_a_problem(tmp_path, capsys):
-    write_odapi_records(
-        str(tmp_path / "train.record"), 4, seed=5, rename={"circle": "cirlce"}, with_labels=False
-    )
-    write_odapi_records(str(tmp_path / "val.record"), 2, seed=6)
-    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
-    out = tmp_path / "out"
-    code, _, err = run_cli(
+def odapi_with_labels(capsys, tmp_path):
+    """`data odapi` of tmp_path's train.record and val.record with its label_map.pbtxt, into out."""
+    return run_cli(
         capsys,
         "data",
         "odapi",
         f"--train={tmp_path / 'train.record'}",
         f"--val={tmp_path / 'val.record'}",
         f"--labels={tmp_path / 'label_map.pbtxt'}",
-        f"--out={out}",
+        f"--out={tmp_path / 'out'}",
     )
+
+
+def test_data_odapi_writes_nothing_on_a_problem(tmp_path, capsys):
+    write_odapi_records(
+        str(tmp_path / "train.record"), 4, seed=5, rename={"circle": "cirlce"}, with_labels=False
+    )
+    write_odapi_records(str(tmp_path / "val.record"), 2, seed=6)
+    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
+    code, _, err = odapi_with_labels(capsys, tmp_path)
     assert code == 2 and "class 'cirlce' is not in --labels" in err and "nothing written" in err
     assert sorted(os.listdir(tmp_path)) == ["label_map.pbtxt", "train.record", "val.record"]
+
+
+def test_data_odapi_refuses_a_class_the_label_map_does_not_have(tmp_path, capsys):
+    """A record's class/text not in --labels, with a class/label beside it: refused, one line per
+    record, rather than kept as an id beyond the num_classes the label map gives."""
+    # 'circle' renamed 'ellipse' in the records; its class/label (1) stays. The map lacks 'ellipse'.
+    write_odapi_records(str(tmp_path / "train.record"), 4, seed=5, rename={"circle": "ellipse"})
+    write_odapi_records(str(tmp_path / "val.record"), 2, seed=6)
+    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
+    with_ellipse = [
+        n
+        for n, f in enumerate(read_examples(str(tmp_path / "train.record")))
+        if b"ellipse" in f["image/object/class/text"].bytes_list.value
+    ]
+    assert with_ellipse  # the seed draws circles
+    code, _, err = odapi_with_labels(capsys, tmp_path)
+    assert code == 2, err
+    refused = [
+        line for line in err.splitlines() if "class 'ellipse' (class/label 1) is not in --labels" in line
+    ]
+    assert [int(re.search(r"record (\d+)", line).group(1)) for line in refused] == with_ellipse, err
+    assert "nothing written" in err and not os.path.exists(tmp_path / "out")
 
 
 # ----- the README's path, end to end ----------------------------------------------------------

@@ -4,9 +4,7 @@ import os
 
 import pytest
 
-pytest.importorskip("official.vision")
-
-from od_dist.model.pipeline import PipelineError, known_experiments, load_pipeline  # noqa: E402
+from od_dist.model.pipeline import PipelineError, known_experiments, load_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")

@@ -177,6 +177,17 @@ def test_fixed_replica_batch_counts_every_trainer_and_is_refused_under_parameter
     selected = config.TaskConfig(mwm, mwm.task("master", 0), "c.yaml", "")
     cfg = config.train_config(selected, PIPELINE, "m", None, False, None, 60, fixed_replica_batch=True)
     assert cfg.replicas == 3
+    # --num_clones on the command line is every trainer's (one launch line serves every machine),
+    # over the cluster file's num_clones: 3 trainers x 2 clones.
+    cfg = config.train_config(selected, PIPELINE, "m", 2, False, None, 60, fixed_replica_batch=True)
+    assert cfg.replicas == 6 and cfg.num_clones == 2
+    hosts = cluster(
+        "master: 10.0.0.1:2222\nworker: [10.0.0.2:2222, 10.0.0.3:2222]\n"
+        "num_clones: 2\nhosts: {10.0.0.3: {num_clones: 4}}\n"
+    )
+    selected = config.TaskConfig(hosts, hosts.task("master", 0), "c.yaml", "")
+    assert config.train_config(selected, PIPELINE, "m", None, False, None, 60).replicas == 2 + 2 + 4
+    assert config.train_config(selected, PIPELINE, "m", 1, False, None, 60).replicas == 3
     ps = cluster("master: 127.0.0.1:2222\nworker: [127.0.0.1:2223]\nps: [127.0.0.1:2224]\n")
     selected = config.TaskConfig(ps, ps.task("master", 0), "c.yaml", "")
     with pytest.raises(spec.InvalidCluster, match="--fixed_replica_batch: 'True': parameter_server runs"):

@@ -18,12 +18,12 @@ import stat
 import subprocess
 
 import mslex
+import powershell
 import pytest
 from loopback import ROOT, od_dist
 
 from od_dist.cluster import spec as cluster_mod
 from od_dist.render import quote, scripts
-from od_dist.render.scripts import PS_SINGLE_QUOTES
 
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
 
@@ -72,23 +72,6 @@ PASSED = [
 
 
 # ----- emulations of the shells' own rules ------------------------------------------------------
-
-
-def ps_unquote(text):
-    """PowerShell's tokenizer on a single-quoted string: any of ' ‘ ’ ‚ ‛ ends it unless doubled.
-    Returns (value, rest of the text after the closing quote)."""
-    assert text[0] in PS_SINGLE_QUOTES, text
-    out, i = [], 1
-    while i < len(text):
-        if text[i] in PS_SINGLE_QUOTES:
-            if i + 1 < len(text) and text[i + 1] in PS_SINGLE_QUOTES:
-                out.append(text[i + 1])
-                i += 2
-                continue
-            return "".join(out), text[i + 1 :]
-        out.append(text[i])
-        i += 1
-    raise ValueError("unterminated string")
 
 
 def cmd_batch_line(line, env=None):
@@ -158,10 +141,10 @@ def test_cmd_escape_survives_batch_parsing():
 
 def test_ps_quote_round_trip():
     for v in VALUES:
-        assert ps_unquote(scripts.ps_quote(v)) == (v, ""), v
+        assert powershell.unquote(scripts.ps_quote(v)) == (v, ""), v
     # Doubling only the ASCII quote is not enough: PowerShell also ends strings on ’ and friends.
     naive = "'" + "it\u2019s".replace("'", "''") + "'"
-    assert ps_unquote(naive) != ("it\u2019s", "")
+    assert powershell.unquote(naive) != ("it\u2019s", "")
 
 
 # ----- the generated scripts ------------------------------------------------------------------
@@ -282,7 +265,7 @@ def test_ps1_scripts(tmp_path):
                 "$exe = [System.IO.Path]::Combine($PWD.ProviderPath, ",
             ):
                 if line.startswith(prefix):
-                    value, rest = ps_unquote(line[len(prefix) :])
+                    value, rest = powershell.unquote(line[len(prefix) :])
                     assert rest in ("", ")"), line
                     values[prefix.split()[0]] = value
         assert mslex.split(values["$arguments"], like_cmd=False) == list(launch.args)
@@ -518,6 +501,7 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(tmp_path)) == [
+        scripts.MANIFEST,
         "README.md",
         "evaluator-0.sh",
         "master-0.cmd",
@@ -564,6 +548,7 @@ def test_machines_of_unknown_os_get_all_three_scripts(tmp_path):
         cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"], str(tmp_path), "cmd", 300
     )
     assert sorted(os.listdir(tmp_path)) == [
+        scripts.MANIFEST,
         "README.md",
         "master-0.cmd",
         "master-0.ps1",
@@ -616,21 +601,10 @@ def test_home_in_paths(tmp_path):
             scripts.launches(cluster_mod.from_document(doc), "c.yaml", [])
 
 
-def outside_single_quotes(line):
-    """A PowerShell line without its single-quoted literals (where nothing expands), and the literals."""
-    rest, kept, literals = line, [], []
-    while rest:
-        if rest[0] in PS_SINGLE_QUOTES:
-            value, rest = ps_unquote(rest)
-            literals.append(value)
-        else:
-            kept.append(rest[0])
-            rest = rest[1:]
-    return "".join(kept), literals
-
-
 def test_ps1_python_with_powershell_metacharacters():
-    python = "py\"$(Start-Process calc)`*[x]'’;&"  # no path separator: found by Get-Command
+    # Every quote character of PowerShell's specification and its escape: none may end a literal
+    # or reach the code. No path separator: found by Get-Command.
+    python = "py\"$(Start-Process calc)`*[x]'’;&" + powershell.SINGLE_QUOTES + powershell.DOUBLE_QUOTES
     doc = {
         "master": "10.0.0.1:2222",
         "worker": ["10.0.0.2:2222"],
@@ -642,8 +616,10 @@ def test_ps1_python_with_powershell_metacharacters():
     code = [line for line in scripts.render_ps1(launch).split("\r\n") if line and not line.startswith("#")]
     seen = []
     for line in code:
-        bare, literals = outside_single_quotes(line)
+        bare, literals = powershell.outside_single_quotes(line)
         assert "Start-Process" not in bare and "$(" not in bare, line  # the value never reaches code
+        # Nothing expands: od-dist's own code writes no expandable string and no escape.
+        assert not set(bare) & set(powershell.DOUBLE_QUOTES + powershell.BACKTICK), line
         seen += [x for x in literals if "Start-Process" in x]
     assert python in seen  # Get-Command gets it exactly (escaped for -Name's wildcards by PowerShell itself)
     assert any(x.startswith(python + " must be an .exe") for x in seen)

@@ -4,10 +4,9 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-tf = pytest.importorskip("tensorflow")
-
-from od_dist.data import shapes  # noqa: E402
+from od_dist.data import shapes
 
 
 def _records(path):

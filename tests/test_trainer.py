@@ -14,14 +14,13 @@ import sys
 import typing
 
 import pytest
+import tensorflow as tf
 from loopback import PIPELINE as DEMO
 from loopback import ROOT, SMALL
 from loopback import checkpoint_step as step_of
 
-tf = pytest.importorskip("tensorflow")
-
-from od_dist.job import trainer  # noqa: E402
-from od_dist.model.pipeline import load_pipeline  # noqa: E402
+from od_dist.job import trainer
+from od_dist.model.pipeline import load_pipeline
 
 pytestmark = pytest.mark.slow
 

@@ -425,6 +425,36 @@ def test_host_names_resolved_for_the_public_rule():
     assert validate.check_public(c, True, {"gpu-box.lab": frozenset({"8.8.8.8"})}) == []
 
 
+def test_a_name_that_does_not_resolve_is_unchecked_not_private(tmp_path, capsys):
+    """The rule cannot judge a name that resolves to nothing here: it is said to be unchecked (one
+    line per name, stderr) instead of passing silently as a private address."""
+    import yaml
+
+    from od_dist import cli
+
+    c = load_text(PS_OK.replace("10.0.0.4", "gpu-box.lab"))
+    (line,) = validate.unchecked_names(c, {"gpu-box.lab": frozenset()})
+    assert line.startswith("gpu-box.lab: does not resolve on this machine") and "not checked" in line
+    assert validate.unchecked_names(c, {"gpu-box.lab": frozenset({"10.0.0.4"})}) == []
+    path = tmp_path / "c.yaml"  # .invalid never resolves (RFC 6761)
+    path.write_text(yaml.safe_dump({"master": "10.0.0.1:2222", "worker": ["no-such-host.invalid:2222"]}))
+    scripts = [
+        "od-dist",
+        "scripts",
+        f"--cluster={path}",
+        "--pipeline=p",
+        "--model_dir=m",
+        f"--out={tmp_path / 'o'}",
+    ]
+    code = cli.main(scripts)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    warnings = [x for x in err.splitlines() if "no-such-host.invalid" in x]
+    assert len(warnings) == 1 and "whether it is a public internet address is not checked" in warnings[0], err
+    code = cli.main([*scripts, "--allow_public_addresses"])
+    assert code == 0 and "not checked" not in capsys.readouterr().err  # nothing is checked then
+
+
 def test_name_lookups_resolve_what_resolves_and_print_nothing(capfd):
     from od_dist.cluster import hostinfo
 

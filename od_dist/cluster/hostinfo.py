@@ -13,14 +13,18 @@ from dataclasses import dataclass
 
 import psutil
 
+from od_dist.cluster.validate import is_ip, is_public
+
 RESOLVE_TIMEOUT_S = 3.0
 # A port another program holds (Windows says so with its own code; a privileged one is EACCES).
 PORT_TAKEN = frozenset({errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1), errno.EACCES})
 
 
 def bind_port(host: str, port: int) -> socket.socket:
-    """Binds `port` on every interface of `host`'s address family, as TensorFlow's server will,
-    and listens; raises OSError (errno in PORT_TAKEN: another program has it)."""
+    """Binds `port` on every interface of `host`'s address family, as TensorFlow's server will
+    (its gRPC server listens on every interface, whatever address the cluster gives the task:
+    TensorFlow has no setting for it), and listens; raises OSError (errno in PORT_TAKEN: another
+    program has it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
     # SO_REUSEADDR as gRPC sets it, so a port in TIME_WAIT after a previous run is not "taken".
@@ -39,6 +43,10 @@ def bind_port(host: str, port: int) -> socket.socket:
 class ThisMachine:
     names: frozenset[str]  # host names, lower case
     ips: frozenset[str]  # normalized IP addresses of every interface
+
+    def public_ips(self) -> list[str]:
+        """This machine's addresses on the public internet: a task's port listens on them too."""
+        return sorted(ip for ip in self.ips if is_public(ip))
 
     def describe(self) -> str:
         shown = sorted(self.names) + sorted(ip for ip in self.ips if not ipaddress.ip_address(ip).is_loopback)
@@ -106,14 +114,9 @@ def resolve_all(names) -> dict[str, frozenset[str]]:
 def resolve_names(cluster) -> dict[str, frozenset[str]]:
     """The addresses of the cluster's host names (IP literals and localhost need no lookup), for
     the public-address rule."""
-    names = []
-    for task in cluster.tasks():
-        host = task.address.host
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            if host != "localhost":
-                names.append(host)
+    names = [
+        t.address.host for t in cluster.tasks() if t.address.host != "localhost" and not is_ip(t.address.host)
+    ]
     return resolve_all(names) if names else {}
 
 

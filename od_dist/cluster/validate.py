@@ -168,6 +168,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_ip(host: str) -> bool:
+    """An IP address literal (a host name is not)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
 def is_public(host: str) -> bool:
     """True for IP literals on the public internet. Names are not resolved here."""
     try:
@@ -528,10 +537,26 @@ def check_equal_clones(cluster) -> list[str]:
     return []
 
 
+def unchecked_names(cluster, resolved) -> list[str]:
+    """The host names the public-address rule cannot judge: they resolve to nothing here
+    (`resolved`, as for check_public). Unknown, not private: one line each for the user."""
+    names = dict.fromkeys(
+        t.address.host
+        for t in cluster.tasks()
+        if t.address.host != "localhost" and not is_ip(t.address.host) and not resolved.get(t.address.host)
+    )
+    return [
+        f"{name}: does not resolve on this machine, so whether it is a public internet address is "
+        "not checked here (it is on a machine where it resolves); write its IP address to have it checked"
+        for name in names
+    ]
+
+
 def check_public(cluster, allow_public: bool, resolved=None) -> list[str]:
     """Addresses on the public internet, unless allowed. `resolved` maps host names to the IP
     addresses they resolve to (looked up by the caller: this module touches no network); a name
-    counts as public when any of its addresses is."""
+    counts as public when any of its addresses is, and one that resolves to none is not judged
+    (unchecked_names)."""
     if allow_public:
         return []
     resolved = resolved or {}

@@ -12,6 +12,7 @@ training and scoring).
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import math
 import os
@@ -214,9 +215,14 @@ def convert(
         example, _ = create_coco_tf_record.create_tf_example(
             image, [images_dir], bbox_annotations=anns, id_to_name_map=names
         )
-        fmt, _ = records.image_format(os.path.join(images_dir, image["file_name"]))
-        if fmt == "png":  # create_tf_example always says 'jpg'; decode_image reads either
-            example.features.feature["image/format"].bytes_list.value[:] = [b"png"]
+        # create_tf_example stores the file's bytes as they are and always says 'jpg': the
+        # converters' rule instead, so that every record holds what it says and training reads it.
+        path = os.path.join(images_dir, image["file_name"])
+        encoded, fmt = records.encoded_image(path, records.image_format(path)[0])
+        feature = example.features.feature
+        feature["image/encoded"].bytes_list.value[:] = [encoded]
+        feature["image/format"].bytes_list.value[:] = [fmt.encode()]
+        feature["image/key/sha256"].bytes_list.value[:] = [hashlib.sha256(encoded).hexdigest().encode()]
         return example, len(anns), sum(1 for a in anns if a["iscrowd"])
 
     splits = records.split(len(good), val_fraction, seed)

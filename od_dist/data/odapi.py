@@ -5,8 +5,10 @@
 (``tf.strings.to_number``) and fails on them. This rewrites the records once, as they are otherwise:
 source ids numbered 1, 2, 3, ... (train, then validation: unique across both), the old source id
 kept as ``image/filename`` when that is empty, and class ids taken as the Object Detection API takes
-them: by name (``image/object/class/text``) through the label map when one is given (a record's
-``class/label`` only where its name is not in the map), else ``class/label``. ``difficult`` objects
+them: by name (``image/object/class/text``) through the label map when one is given, else
+``class/label``. With a label map, a record naming a class the map does not have is refused (one
+line each): the Object Detection API would drop that object, and its ``class/label`` kept as it
+is would be an id beyond the label map's num_classes. ``difficult`` objects
 become ``is_crowd`` (ignored in training and scoring), as ``od-dist data voc`` writes them.
 
 Two passes: the first reads every record and collects every problem (nothing is written when there
@@ -48,18 +50,18 @@ def class_ids(example, by_name: dict[str, int] | None) -> tuple[list[int], list[
     ids, disagree = [], 0
     if by_name is not None and texts:
         for i, name in enumerate(texts):
-            if name in by_name:
-                ids.append(by_name[name])
-                disagree += bool(labels) and labels[i] != by_name[name]
-            elif labels:
-                ids.append(labels[i])
-            else:
+            if name not in by_name:
+                # Its class/label would be an id the label map (and so num_classes) does not
+                # have; the Object Detection API itself drops such an object without a word.
+                label = f" (class/label {labels[i]})" if labels else ""
                 return (
                     [],
                     texts,
                     0,
-                    f"class '{name}' is not in --labels; add it to the label map or fix the name",
+                    f"class '{name}'{label} is not in --labels; add it to the label map or fix the name",
                 )
+            ids.append(by_name[name])
+            disagree += bool(labels) and labels[i] != by_name[name]
     elif labels:
         ids = labels
     elif n:

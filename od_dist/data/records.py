@@ -28,7 +28,8 @@ from od_dist.data import textproto
 LABEL_MAP_FILE = "label_map.pbtxt"
 SPLITS = ("train", "val")
 IMAGES_PER_SHARD = 1000  # ~100 MB of JPEGs at 640x480: a size tf.data reads well in parallel
-_SHARD_RE = re.compile(r"^(train|val)-\d{5}-of-\d{5}\.tfrecord$")
+# What a converter writes into --out; an earlier run's are replaced, nothing else there.
+_OWNED = re.compile(r"(train|val)-\d{5}-of-\d{5}\.tfrecord|" + re.escape(LABEL_MAP_FILE))
 
 
 class BadAnnotation(ValueError):
@@ -261,9 +262,10 @@ def write_dataset(
     raise ``BadAnnotation``; source ids are 1..len(items) in ``items`` order. On any error the
     staging directory is removed and ``out_dir`` is left as it was.
     """
+    out_dir = os.path.normpath(out_dir)
+    check_replaceable(out_dir)  # now, not after an hour of writing
     from official.vision.data import tfrecord_lib
 
-    out_dir = os.path.normpath(out_dir)
     staging = staging_dir(out_dir)
     result = Written(out_dir, os.path.join(out_dir, LABEL_MAP_FILE), max(names) + 1 if names else 1)
     progress = Progress(what + ": writing", len(items), stream=progress_stream)
@@ -296,7 +298,7 @@ def write_dataset(
         with open(os.path.join(staging, LABEL_MAP_FILE), "w", encoding="utf-8") as f:
             f.write(label_map_text(names))
         result.seconds = progress.finish()
-        move_into_place(staging, out_dir, _SHARD_RE)
+        move_into_place(staging, out_dir, _OWNED.fullmatch)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return result
@@ -314,21 +316,30 @@ def staging_dir(out_dir: str) -> str:
     return staging
 
 
-def move_into_place(staging: str, out_dir: str, owned: re.Pattern) -> None:
-    """A finished staging folder replaces `out_dir` whole. When `out_dir` exists, its files that
-    are not ours (names not matching `owned` and not written anew) are linked or copied into the
-    staging folder first; then the old folder is moved aside, the new one renamed in, and the old
-    one deleted. An interrupt leaves the old output or the new one, never a mix; an earlier run's
-    files (stale shards or scripts) go; a symlink in the old folder is replaced, never written
-    through."""
+def move_into_place(staging: str, out_dir: str, owned: Callable[[str], bool]) -> None:
+    """A finished staging folder replaces `out_dir` whole. When `out_dir` exists, only its files
+    that `owned(name)` says an earlier run wrote are replaced; the others are linked or copied into
+    the staging folder first; then the old folder is moved aside, the new one renamed in, and the
+    old one deleted. An interrupt leaves the old output or the new one, never a mix; an earlier
+    run's files (stale shards or scripts) go; a symlink in the old folder is replaced, never
+    written through. Refused (DatasetError, nothing changed): a file not ours where a new one would
+    go, and a mount point in `out_dir` (copied, then emptied with the old folder)."""
     if not os.path.lexists(out_dir):
         os.rename(staging, out_dir)  # atomic: the whole output appears at once
         return
     if not os.path.isdir(out_dir):
         raise DatasetError(f"--out: '{out_dir}': exists and is not a directory; choose another --out")
+    check_replaceable(out_dir)
     ours = set(os.listdir(staging))
+    theirs = sorted(n for n in os.listdir(out_dir) if n in ours and not owned(n))
+    if theirs:
+        raise DatasetError(
+            f"--out: '{out_dir}': {', '.join(theirs[:3])}{' ...' if len(theirs) > 3 else ''} there "
+            f"{'was' if len(theirs) == 1 else 'were'} not written by od-dist and would be replaced; "
+            "move them away, or choose another --out"
+        )
     for name in os.listdir(out_dir):
-        if owned.fullmatch(name) or name in ours:
+        if owned(name):
             continue  # the earlier output: replaced
         src, dst = os.path.join(out_dir, name), os.path.join(staging, name)
         if os.path.isdir(src) and not os.path.islink(src):
@@ -345,6 +356,26 @@ def move_into_place(staging: str, out_dir: str, owned: re.Pattern) -> None:
         os.rename(aside, out_dir)  # interrupted between the two: the old output back in place
         raise
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def check_replaceable(out_dir: str) -> None:
+    """DatasetError for an `out_dir` holding a mount point: `move_into_place` copies the user's
+    folders into the new output and deletes the old one, which through a mount point would empty
+    another file system."""
+    if not os.path.isdir(out_dir):
+        return
+    if os.path.ismount(out_dir):
+        raise DatasetError(
+            f"--out: '{out_dir}': a mount point, which od-dist cannot replace; choose a folder inside it"
+        )
+    for root, dirs, _ in os.walk(out_dir):  # symlinks are not followed: they are copied as links
+        for d in dirs:
+            path = os.path.join(root, d)
+            if os.path.ismount(path):
+                raise DatasetError(
+                    f"--out: '{out_dir}': {path} inside it is a mount point, which replacing --out "
+                    "would empty; unmount it, or choose another --out"
+                )
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -401,13 +432,16 @@ def image_format(path: str) -> tuple[str, tuple[int, int]]:
         ) from None
 
 
-# Formats tf.io.decode_image reads; any other is re-encoded as PNG.
-DECODABLE = ("jpeg", "png", "gif", "bmp")
+# Formats written as they are: what Model Garden's decoder (tf.io.decode_image, 3 channels) reads as
+# one RGB image. Any other is re-encoded as PNG: a GIF would come back as a stack of frames, a BMP
+# may be a kind TensorFlow's reader refuses, TIFF and WebP it does not read at all.
+DECODABLE = ("jpeg", "png")
 # Image files the converters and `predict` pick up: PIL opens each (the others re-encoded as above).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def encoded_image(path: str, fmt: str) -> tuple[bytes, str]:
+    """The bytes to store for the image at `path` (PIL's format `fmt`) and their image/format."""
     if fmt in DECODABLE:
         with open(path, "rb") as f:
             return f.read(), "jpg" if fmt == "jpeg" else fmt

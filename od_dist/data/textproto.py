@@ -1,7 +1,8 @@
 """A small reader of protobuf text format (what an Object Detection API ``pipeline.config`` and a
 ``label_map.pbtxt`` are written in), without the schema: ``name: value``, ``name { ... }`` (also
 ``name: { ... }`` and ``< ... >``), lists ``name: [1, 2]``, ``#`` comments, quoted strings with
-escapes, numbers, ``true``/``false`` and enum names.
+escapes, numbers, ``true``/``false`` and enum names. Blocks nest at most ``MAX_DEPTH`` deep and
+integers fit 64 bits, as in protobuf's own parsers.
 
 A message is a ``Message``: field name -> list of values (every field may repeat); a value is a
 ``str``, ``int``, ``float``, ``bool``, ``Enum`` or a nested ``Message``. Without the schema a
@@ -62,6 +63,9 @@ _TOKEN = re.compile(
     """,
     re.X,
 )
+MAX_DEPTH = 100  # blocks inside blocks: protobuf's own parsers stop at 100; a pipeline.config nests ~6
+# The widest integer a protobuf field holds (int64 and uint64): anything longer is no setting.
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "'": "'", '"': '"', "\\": "\\", "a": "\a", "b": "\b"}
 _ESCAPES.update({"f": "\f", "v": "\v", "?": "?"})
 _CLOSE = {"{": "}", "<": ">"}
@@ -126,6 +130,7 @@ class _Parser:
     def __init__(self, text: str):
         self.toks = _tokens(text)
         self.i = 0
+        self.depth = 0
 
     def peek(self) -> _Tok:
         return self.toks[self.i]
@@ -140,6 +145,21 @@ class _Parser:
         raise TextFormatError(f"expected {want}, found {found}", tok.line, tok.column)
 
     def message(self, close: str | None, line: int) -> Message:
+        if self.depth > MAX_DEPTH:  # one Python frame per level: a RecursionError long before the end
+            tok = self.toks[self.i - 1]
+            raise TextFormatError(
+                f"blocks nested more than {MAX_DEPTH} deep; no pipeline.config or label map nests so deep: "
+                "fix the file",
+                tok.line,
+                tok.column,
+            )
+        self.depth += 1
+        try:
+            return self._fields(close, line)
+        finally:
+            self.depth -= 1
+
+    def _fields(self, close: str | None, line: int) -> Message:
         msg = Message(line=line)
         while True:
             tok = self.peek()
@@ -203,9 +223,9 @@ class _Parser:
                 tok.text.rstrip("fF") if not tok.text.lower().startswith(("0x", "-0x", "+0x")) else tok.text
             )
             if re.fullmatch(r"[-+]?0[xX][0-9a-fA-F]+", text):
-                return int(text, 16)
+                return self.integer(tok, text, 16)
             if re.fullmatch(r"[-+]?\d+", text) and not tok.text.endswith(("f", "F")):
-                return int(text)
+                return self.integer(tok, text, 10)
             return float(text)
         if tok.kind == "ident":
             low = tok.text.lower()
@@ -219,6 +239,20 @@ class _Parser:
                 self.fail(tok, "a value")
             return Enum(tok.text)
         self.fail(tok, "a value")
+
+    @staticmethod
+    def integer(tok: _Tok, text: str, base: int) -> int:
+        # The length first: Python refuses to convert more than 4300 decimal digits (a traceback).
+        digits = len(text.lstrip("+-"))
+        value = int(text, base) if digits <= 40 else None
+        if value is None or not INT_MIN <= value <= INT_MAX:
+            shown = text if len(text) <= 24 else f"{text[:20]}... ({digits} digits)"
+            raise TextFormatError(
+                f"integer {shown} out of range: protobuf integers have 64 bits at most; fix the value",
+                tok.line,
+                tok.column,
+            )
+        return value
 
 
 def parse(text: str) -> Message:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -23,19 +24,29 @@ class TaskConfig:
     machine_note: str  # how this machine was matched, for the summary
 
 
-def public_problems(cluster: Cluster, allow_public: bool) -> list[str]:
-    """The public-address rule, with the cluster's host names resolved where they resolve."""
+def public_problems(cluster: Cluster, allow_public: bool, unchecked: list[str]) -> list[str]:
+    """The public-address rule, with the cluster's host names resolved where they resolve. A name
+    that resolves to nothing here is unchecked: a line saying so is added to `unchecked`, for the
+    caller to `warn` once the input is accepted (refused input gets its one message)."""
     if allow_public:
         return []
     from od_dist.cluster import hostinfo
 
-    return validate.check_public(cluster, allow_public, hostinfo.resolve_names(cluster))
+    resolved = hostinfo.resolve_names(cluster)
+    unchecked += validate.unchecked_names(cluster, resolved)
+    return validate.check_public(cluster, allow_public, resolved)
 
 
-def load_cluster(path: str, allow_public: bool) -> Cluster:
-    """A cluster file, validated, with the public-address rule applied."""
+def warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"od-dist: warning: {line}", file=sys.stderr, flush=True)
+
+
+def load_cluster(path: str, allow_public: bool, unchecked: list[str]) -> Cluster:
+    """A cluster file, validated, with the public-address rule applied (`unchecked`: as for
+    public_problems)."""
     cluster = cluster_mod.load(path)
-    problems = public_problems(cluster, allow_public)
+    problems = public_problems(cluster, allow_public, unchecked)
     if problems:
         raise InvalidCluster(problems, path)
     return cluster
@@ -53,15 +64,25 @@ def select(
     """Loads the cluster from --cluster (else TF_CONFIG) and picks this process's task.
 
     Raises InvalidCluster with every problem found. `machine` is a hostinfo.ThisMachine (tests
-    pass their own); it is only looked up when the host check needs it.
+    pass their own); it is only looked up when the host check needs it. The names the public-address
+    rule could not check are said once the task is chosen: refused input gets its one message.
     """
+    unchecked: list[str] = []
+    selected = _select(cluster_path, role, index, allow_public, require_task, allow_none, machine, unchecked)
+    warn(unchecked)
+    return selected
+
+
+def _select(
+    cluster_path, role, index, allow_public, require_task, allow_none, machine, unchecked
+) -> TaskConfig:
     role = validate.normalize_role(role)
     if index is not None and role is None:
         raise InvalidCluster([validate.problem("--index", index, "given without --role", "add --role")])
     tf_config = os.environ.get("TF_CONFIG", "").strip()
     if cluster_path:
         source = cluster_path
-        cluster = load_cluster(cluster_path, allow_public)
+        cluster = load_cluster(cluster_path, allow_public, unchecked)
     elif tf_config:
         # An orchestrator (Kubernetes TFJob) names the task itself; its pod addresses are service
         # names, not this machine's own, so there is no host check.
@@ -78,7 +99,7 @@ def select(
                     )
                 ]
             )
-        problems = public_problems(cluster, allow_public)
+        problems = public_problems(cluster, allow_public, unchecked)
         if problems:
             raise InvalidCluster(problems, source)
         return TaskConfig(cluster, cluster.task(tf_role, tf_index), source, "named by TF_CONFIG")
@@ -178,15 +199,7 @@ class TrainConfig:
     threads: threads_mod.Threads = threads_mod.Threads()  # this task's CPU thread budget
     fixed_replica_batch: bool = False  # --fixed_replica_batch
     all_reduce_packs: int = ALL_REDUCE_PACKS  # --all_reduce_packs (multi_worker_mirrored)
-
-    @property
-    def replicas(self) -> int:
-        """Replicas in sync: every trainer's --num_clones (one machine: this one's)."""
-        cluster = self.selected.cluster
-        if cluster is None:
-            return self.num_clones
-        trainers = [t for t in cluster.server_tasks() if cluster.runs_replicas(t.role)]
-        return sum(cluster.clones_for(t.address.host) for t in trainers)
+    replicas: int = 1  # replicas in sync in the whole job (replicas_in_job)
 
     @property
     def role(self) -> str:
@@ -211,6 +224,17 @@ class TrainConfig:
         return self.duties.is_server
 
 
+def replicas_in_job(cluster: Cluster | None, num_clones: int | None) -> int:
+    """Replicas in sync: the sum of every trainer's clones. `num_clones` is the --num_clones given
+    on the command line (None: not given): every trainer gets it, since one launch line (launch,
+    the generated scripts, a pod template) serves every machine; else each host's num_clones from
+    the cluster file. One machine without a cluster: its own clones."""
+    if cluster is None:
+        return num_clones or 1
+    trainers = [t for t in cluster.server_tasks() if cluster.runs_replicas(t.role)]
+    return sum(num_clones or cluster.clones_for(t.address.host) for t in trainers)
+
+
 def train_config(
     selected: TaskConfig,
     pipeline: str | None,
@@ -224,8 +248,13 @@ def train_config(
     data_threads: int | None = None,
     fixed_replica_batch: bool = False,
     all_reduce_packs: int = ALL_REDUCE_PACKS,
+    files_here: bool = True,
 ) -> TrainConfig:
+    """The task's configuration, every flag checked (InvalidCluster). `files_here`: the pipeline
+    file and model_dir are checked on this machine (not by `scripts`/`k8s`, whose tasks run
+    elsewhere)."""
     cluster, task = selected.cluster, selected.task
+    replicas = replicas_in_job(cluster, num_clones)
     if num_clones is None:
         num_clones = cluster.clones_for(task.address.host) if cluster and task else 1
     strategy = cluster.strategy if cluster else "mirrored"
@@ -241,6 +270,7 @@ def train_config(
         threads,
         fixed_replica_batch,
         all_reduce_packs,
+        replicas,
     )
     problems = []
     if fixed_replica_batch and strategy == validate.PARAMETER_SERVER:
@@ -267,7 +297,7 @@ def train_config(
                 problems.append(
                     validate.problem(flag, "", f"required for the {config.role} role", f"pass {flag}=...")
                 )
-        why = model_dir_problem(model_dir) if model_dir else None
+        why = model_dir_problem(model_dir) if model_dir and files_here else None
         if why:
             problems.append(
                 validate.problem(
@@ -278,7 +308,7 @@ def train_config(
                     validate.PATH_SHOWN_MAX,
                 )
             )
-        if pipeline and not os.path.isfile(pipeline):
+        if files_here and pipeline and not os.path.isfile(pipeline):
             problems.append(
                 validate.problem(
                     "--pipeline",

@@ -2,7 +2,8 @@
 
 One line per check, each `ok`, `warn` (worth a look, not a blocker) or `FIX` (with what to do):
 this machine's entry in the cluster file, every peer's host name resolving, the port of every peer
-this machine's tasks connect to reachable from here, this machine's own ports free, the installed
+this machine's tasks connect to reachable from here, this machine's own ports free (and listening on
+every interface, as TensorFlow's server does: a public one is worth a look), the installed
 versions, GPUs vs num_clones, with --pipeline the records its tasks read, and with --model_dir
 that its tasks can write there.
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import errno
 import importlib.metadata
-import ipaddress
 import os
 import platform
 import shutil
@@ -94,18 +94,10 @@ def check_entry(cluster: Cluster, role: str | None, index: int | None, machine) 
 # ----- peers ----------------------------------------------------------------------------------------
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
-
-
 def check_names(peers) -> tuple[list[Check], set[str]]:
     """(a line per peer host name, the names that do not resolve). IP addresses need no lookup."""
     checks, unresolved = [], set()
-    for host in sorted({t.address.host for t in peers if not _is_ip(t.address.host)}):
+    for host in sorted({t.address.host for t in peers if not validate.is_ip(t.address.host)}):
         users = ", ".join(t.name for t in peers if t.address.host == host)
         addresses = hostinfo.resolve(host)
         if addresses:
@@ -218,6 +210,35 @@ def check_ports_here(mine) -> list[Check]:
                 )
             )
     return checks
+
+
+def check_listening(mine, machine) -> list[Check]:
+    """TensorFlow's server listens on every interface of its machine, not only on the address the
+    cluster file gives it (it has no setting for one): the public-address rule covers the file's
+    addresses, the firewall everything else."""
+    ports = sorted({t.address.port for t in mine if t.role != "evaluator" and t.address.port is not None})
+    if not ports:
+        return []
+    shown = ", ".join(map(str, ports))
+    public = machine.public_ips()
+    if public:
+        return [
+            Check(
+                WARN,
+                "listening",
+                f"port(s) {shown} will listen on every interface of this machine, its public address(es) "
+                f"{', '.join(public)} included, and the TensorFlow server runs whatever it is sent: let the "
+                "firewall open them to the peers only (the README written by od-dist scripts lists them)",
+            )
+        ]
+    return [
+        Check(
+            OK,
+            "listening",
+            f"port(s) {shown} will listen on every interface of this machine (TensorFlow's server has no "
+            "setting for one address); none of them is a public address",
+        )
+    ]
 
 
 def _version(*names: str) -> str | None:
@@ -437,7 +458,8 @@ def run(
     """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2)."""
     from od_dist.job import config
 
-    cluster = config.load_cluster(cluster_path, allow_public)
+    unchecked: list[str] = []
+    cluster = config.load_cluster(cluster_path, allow_public, unchecked)
     if index is not None and role is None:
         raise InvalidCluster([validate.problem("--index", index, "given without --role", "add --role")])
     machine = machine or hostinfo.this_machine()
@@ -451,6 +473,8 @@ def run(
     reach = [t for t in peers_to_reach(cluster, mine) if t.address.host not in unresolved]
     checks += check_peers(reach, connect_timeout)
     checks += check_ports_here(mine)
+    checks += check_listening(mine, machine)
+    checks += [Check(WARN, "public-address rule", line) for line in unchecked]
     checks += check_versions()
     checks += check_gpus(cluster, mine)
     checks += check_layout(cluster)

@@ -157,32 +157,27 @@ def log_dir_for(model_dir: str) -> str:
     return os.path.join(model_dir, "logs")
 
 
+def child_argv(args: list[str]) -> list[str]:
+    """This Python running od-dist with `args` (cluster/commandline.py's `train ...`)."""
+    return [sys.executable, "-m", "od_dist", *args]
+
+
 def run(
-    cluster_path: str,
     strategy: str,
     tasks: list[Task],
-    train_args: list[str],
+    args: dict[Task, list[str]],
     model_dir: str,
     max_restarts: int,
     grace_s: float,
 ) -> int:
-    """Starts the tasks, supervises and restarts them (supervisor.py), returns the job's exit status."""
+    """Starts the tasks, each with its `args` (`train ...`), supervises and restarts them
+    (supervisor.py), returns the job's exit status."""
     log_dir = log_dir_for(model_dir)
     os.makedirs(log_dir, exist_ok=True)
     lock = threading.Lock()
 
     def start(task: Task) -> Child:
-        argv = [
-            sys.executable,
-            "-m",
-            "od_dist",
-            "train",
-            f"--cluster={cluster_path}",
-            f"--role={task.role}",
-            f"--index={task.index}",
-            *train_args,
-        ]
-        return _start(task, argv, log_dir, lock)
+        return _start(task, child_argv(args[task]), log_dir, lock)
 
     def finish(child: Child) -> None:
         child.reader.join(timeout=5)  # the last lines of a task that exited

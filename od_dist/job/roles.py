@@ -69,6 +69,11 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         if problem:
             print(f"od-dist: warning: {problem}; training goes on, evaluation would fail", flush=True)
     cluster, task = config.selected.cluster, config.selected.task
+    if cluster is None or task == cluster.lead_task():
+        # The checkpoint writer, before its strategy: a multi_worker_mirrored worker reads the
+        # checkpoint file only once every trainer has joined the group, so all restore what the
+        # file names after this (reads files only: TensorFlow's runtime stays uninitialised).
+        trainer.tidy(config.model_dir)
     try:
         dist = strategy.make(
             cluster,

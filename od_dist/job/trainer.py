@@ -26,6 +26,7 @@ import math
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 _PREFIX = "od-dist"
@@ -485,8 +486,6 @@ def train(
     tf.io.gfile.makedirs(model_dir)
     if strategy.extended.should_checkpoint:
         train_utils.serialize_config(params, model_dir)
-        for path in clean_partial_checkpoints(model_dir):
-            print(f"{_PREFIX} train | removed {path}, left by a save that did not finish", flush=True)
     # Model Garden's own SIGTERM handler (SaveCheckpointIfPreempted, multi_worker_mirrored only)
     # saves one loop later and keeps training; od-dist's stop replaces it.
     params = params.replace()
@@ -512,50 +511,147 @@ def train(
 
 
 _CHECKPOINT_FILE = re.compile(r"^(ckpt-(\d+))(\.index|\.data-\d+-of-\d+|_temp)$")
+SET_ASIDE = "set-aside-"  # + the time: where complete checkpoints nobody named are moved
 
 
-def clean_partial_checkpoints(model_dir: str) -> list:
-    """Removes what a save killed midway leaves in ``model_dir``; returns the paths removed.
+@dataclass
+class Tidied:
+    """What `tidy_checkpoints` did: each is said in one line (`tidy`)."""
+
+    removed: list[str] = field(default_factory=list)  # leftovers of saves that did not finish
+    set_aside: list[tuple[str, str]] = field(default_factory=list)  # (checkpoint, the folder it went to)
+    resumed: str | None = None  # a complete checkpoint newer than any named, now named latest
+    named: str | None = None  # the latest one the state file named before
+
+
+def _complete(prefix: str) -> bool:
+    """Its index reads and every tensor it lists reads back from the data shards (missing,
+    truncated or damaged ones fail here), which is what a restore will need."""
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except (tf.errors.OpError, ValueError, IndexError):  # IndexError: a data shard cut short
+        return False
+    return True
+
+
+def tidy_checkpoints(model_dir: str) -> Tidied:
+    """Puts ``model_dir``'s checkpoints in order before a run restores one; returns what it did.
 
     TensorFlow writes a checkpoint's shards under ``ckpt-N_temp/`` (each first as a
-    ``*.tempstate*`` file), renames them to ``ckpt-N.data-*``, writes ``ckpt-N.index``, and only
-    then names ``ckpt-N`` in the ``checkpoint`` state file (replaced atomically). A kill
-    anywhere in between leaves the state file naming the previous checkpoint, which is what
-    every reader (restore, the evaluator) uses; so a ``ckpt-N`` newer than the latest one named
-    there, temporary shards, and ``*.tempstate*`` files are leftovers, never read.
+    ``*.tempstate*`` file), renames them to ``ckpt-N.data-*``, writes ``ckpt-N.index`` (in place,
+    not atomically), and only then names ``ckpt-N`` in the ``checkpoint`` state file (replaced
+    atomically), which is what every reader (restore, the evaluator) goes by. So:
 
-    Without a readable state file (missing: ``ckpt-*`` files copied in to resume from; unreadable:
-    a transient error of a network share) nothing says which ``ckpt-N`` is complete, so only the
-    temporary files go: a complete checkpoint is never removed on a guess.
+    - temporary shards and ``*.tempstate*`` files are leftovers of a save that did not finish:
+      removed;
+    - a ``ckpt-N`` the state file does not name is removed only when it is incomplete (no index,
+      an index that does not read, a data shard missing or cut short);
+    - a complete one it does not name (a save killed after its last byte and before the state file
+      named it, or a checkpoint a user copied in to resume from) is never removed: the newest of
+      them, when newer than every named one, is named the latest and the run resumes from it;
+      any other is moved into ``<model_dir>/set-aside-<time>/``.
+
+    Without a state file every complete ``ckpt-N`` is unnamed (files copied into a new model_dir).
+    With one that does not read (a transient error of a network share) nothing says which
+    checkpoint the run was at: only the temporary files go, the state file is left as it is.
     """
     import tensorflow as tf
 
+    done = Tidied()
     if not tf.io.gfile.isdir(model_dir):
-        return []
+        return done
     try:
         state = tf.train.get_checkpoint_state(model_dir)
+        readable = True
     except (tf.errors.OpError, ValueError):  # ValueError: bytes that are not text
-        state = None
+        state, readable = None, False
     named = [state.model_checkpoint_path, *state.all_model_checkpoint_paths] if state else []
     named_steps = {
         int(m.group(2)) for m in (_CHECKPOINT_FILE.match(os.path.basename(p) + ".index") for p in named) if m
     }
-    newest = max(named_steps, default=-1)
-    removed = []
+    groups: dict[int, list[str]] = {}
     for name in sorted(tf.io.gfile.listdir(model_dir)):
         name = name.rstrip("/")
         path = os.path.join(model_dir, name)
         m = _CHECKPOINT_FILE.match(name)
-        newer = bool(named_steps) and int(m.group(2)) > newest if m else False
-        partial = ".tempstate" in name or (m and (m.group(3) == "_temp" or newer))
-        if not partial:
+        if ".tempstate" in name or (m and m.group(3) == "_temp"):
+            _remove(path)
+            done.removed.append(path)
+        elif m and readable and int(m.group(2)) not in named_steps:
+            groups.setdefault(int(m.group(2)), []).append(path)
+    complete = {}
+    for step, paths in sorted(groups.items()):
+        if _complete(os.path.join(model_dir, f"ckpt-{step}")):
+            complete[step] = paths
             continue
-        if tf.io.gfile.isdir(path):
-            tf.io.gfile.rmtree(path)
-        else:
-            tf.io.gfile.remove(path)
-        removed.append(path)
-    return removed
+        for path in paths:
+            _remove(path)
+            done.removed.append(path)
+    newest = max(complete, default=-1)
+    if complete and newest > max(named_steps, default=-1):
+        prefix = os.path.join(model_dir, f"ckpt-{newest}")
+        done.named = state.model_checkpoint_path if state else None
+        kept = list(state.all_model_checkpoint_paths) if state else []
+        stamps = list(state.all_model_checkpoint_timestamps) if state else []
+        if len(stamps) != len(kept):
+            stamps = [time.time()] * len(kept)
+        tf.__internal__.train.update_checkpoint_state(
+            model_dir,
+            prefix,
+            [*kept, prefix],
+            save_relative_paths=True,  # as TensorFlow's CheckpointManager writes it
+            all_model_checkpoint_timestamps=[*stamps, tf.io.gfile.stat(prefix + ".index").mtime_nsec / 1e9],
+            last_preserved_timestamp=state.last_preserved_timestamp if state else None,
+        )
+        done.resumed = prefix
+        del complete[newest]
+    if complete:
+        aside = os.path.join(model_dir, SET_ASIDE + time.strftime("%Y%m%d-%H%M%S"))
+        tf.io.gfile.makedirs(aside)
+        for step, paths in complete.items():
+            for path in paths:
+                tf.io.gfile.rename(path, os.path.join(aside, os.path.basename(path)))
+            done.set_aside.append((os.path.join(model_dir, f"ckpt-{step}"), aside))
+    return done
+
+
+def _remove(path: str) -> None:
+    import tensorflow as tf
+
+    if tf.io.gfile.isdir(path):
+        tf.io.gfile.rmtree(path)
+    else:
+        tf.io.gfile.remove(path)
+
+
+def tidy(model_dir: str) -> Tidied:
+    """`tidy_checkpoints`, each thing done said in one line. Run by the task that writes the
+    checkpoints, before any trainer restores one."""
+    done = tidy_checkpoints(model_dir)
+    for path in done.removed:
+        print(f"{_PREFIX} train | removed {path}, left by a save that did not finish", flush=True)
+    for prefix, aside in done.set_aside:
+        print(
+            f"{_PREFIX} train | {prefix} is complete but the checkpoint file does not name it and a newer "
+            f"one is resumed from: moved it to {aside}",
+            flush=True,
+        )
+    if done.resumed:
+        before = (
+            f"than {done.named}, the latest the checkpoint file named"
+            if done.named
+            else ("and the checkpoint file named none")
+        )
+        print(
+            f"{_PREFIX} train | {done.resumed} is complete and newer {before} (a save stopped before "
+            "naming it, or a checkpoint copied in): resuming from it",
+            flush=True,
+        )
+    return done
 
 
 def _eval_params(params):

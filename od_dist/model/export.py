@@ -20,9 +20,11 @@ import shutil
 from od_dist.data import records
 from od_dist.data.records import LABEL_MAP_FILE
 
-# What an export writes into --out (a SavedModel and the label map): replaced by the next export.
+# What an export writes into --out (a SavedModel, Model Garden's params.yaml beside it, the label
+# map): replaced by the next export.
 WRITTEN = re.compile(
-    r"saved_model\.pb|fingerprint\.pb|keras_metadata\.pb|variables|assets|assets\.extra|label_map\.pbtxt"
+    r"saved_model\.pb|fingerprint\.pb|keras_metadata\.pb|variables|assets|assets\.extra|params\.yaml"
+    r"|label_map\.pbtxt"
 )
 # What `predict` needs to know of the export, in the SavedModel's folder for files the graph does not
 # use (`assets.extra`, as TensorFlow Serving's warm-up requests are): {"min_score": the score under
@@ -104,6 +106,10 @@ def export(
             f"--out: '{out_dir}': exists and is not an earlier export; choose another --out "
             "(an earlier export there would be replaced)"
         )
+    try:
+        records.check_replaceable(out_dir)  # a mount point inside: before the export's work
+    except records.DatasetError as e:
+        raise ExportError(str(e)) from None
     staging = records.staging_dir(out_dir)
     try:
         try:
@@ -127,7 +133,10 @@ def export(
         with open(os.path.join(staging, EXPORT_INFO), "w", encoding="utf-8") as f:
             json.dump({"min_score": generator.pre_nms_score_threshold}, f)
         # An earlier export's files are replaced; anything else the user keeps there stays.
-        records.move_into_place(staging, out_dir, WRITTEN)
+        try:
+            records.move_into_place(staging, out_dir, WRITTEN.fullmatch)
+        except records.DatasetError as e:  # the folder changed during the export
+            raise ExportError(str(e)) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {

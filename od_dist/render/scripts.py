@@ -22,12 +22,13 @@ import re
 import shutil
 from dataclasses import dataclass
 
+from od_dist.cluster import commandline
 from od_dist.cluster.spec import Cluster, HostSettings, Task
 from od_dist.cluster.topology import connecting_peers
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.data import records
 from od_dist.render import quote
-from od_dist.render.quote import PS_SINGLE_QUOTES, QuoteError, sh_path  # noqa: F401 (re-exported)
+from od_dist.render.quote import QuoteError, sh_path
 
 CMD_LINE_LIMIT = 8191  # cmd's maximum line length
 ScriptError = QuoteError  # a value no launch script can carry; the message names it and the fix
@@ -102,21 +103,13 @@ class Launch:
         return f"{self.task.role} {self.task.index} ({self.task.address}) of {self.cluster_path}"
 
 
-def train_args(cluster_path: str, task: Task, passed_on: list[str]) -> list[str]:
-    """The `od-dist train` arguments of one task: its role and index, the cluster file, the flags."""
-    return ["train", f"--cluster={cluster_path}", f"--role={task.role}", f"--index={task.index}", *passed_on]
-
-
 def launches(cluster: Cluster, cluster_path: str, passed_on: list[str]) -> list[Launch]:
     out = []
     for task in cluster.tasks():
         host = task.address.host
         settings = cluster.host_settings(host)
         prefix = ["-m", "od_dist"] if settings.python else []
-        flags = [
-            a for a in passed_on if cluster.runs_replicas(task.role) or not a.startswith("--num_clones=")
-        ]
-        args = tuple(prefix + train_args(cluster_path, task, flags))
+        args = tuple(prefix + commandline.train_args(passed_on, cluster, task, cluster_path))
         for i, a in enumerate(args):
             _check(a, f"argument {i + 1} of {task.name}")
         for name in ("python", "venv", "workdir"):
@@ -453,8 +446,23 @@ def render_readme(
 RENDERERS = {".sh": render_sh, ".cmd": render_cmd, ".ps1": render_ps1}
 
 
-# The files `write_scripts` writes: those of an earlier run are replaced, nothing else in --out.
+# The names `write_scripts` can write. Only those an earlier run listed in MANIFEST are replaced:
+# a README.md or a script of the user's own in --out is never ours by its name alone.
 OWNED = re.compile(r"((master|worker|ps|evaluator)-\d+\.(sh|cmd|ps1)|README\.md)")
+MANIFEST = ".od-dist-written"
+_MANIFEST_HEAD = (
+    "# The files `od-dist scripts` wrote here; running it again replaces these, and nothing else.\n"
+)
+
+
+def written_before(out_dir: str) -> set[str]:
+    """The names the manifest in `out_dir` lists (and the manifest itself): what an earlier run wrote."""
+    try:
+        with open(os.path.join(out_dir, MANIFEST), encoding="utf-8") as f:
+            listed = {line.strip() for line in f if not line.startswith("#")}
+    except (OSError, ValueError):  # none, or not a manifest: nothing there is known to be ours
+        return set()
+    return {MANIFEST} | {n for n in listed if OWNED.fullmatch(n)}
 
 
 def write_file(path: str, text: str, suffix: str) -> None:
@@ -474,10 +482,11 @@ def write_scripts(
     wait_timeout: int,
     max_restarts: int = 0,
 ) -> list[str]:
-    """Writes every task's scripts and README.md into out_dir; returns the paths written. They are
-    written into a fresh folder first and moved in as the converters' datasets are: the scripts of
-    an earlier cluster go, a symlink in out_dir is replaced (never written through), other files
-    stay."""
+    """Writes every task's scripts, README.md and the MANIFEST of them into out_dir; returns the
+    paths of the scripts and README.md. They are written into a fresh folder first and moved in as
+    the converters' datasets are: the files an earlier run listed in its manifest are replaced (the
+    scripts of an earlier cluster go; a symlink is replaced, never written through), other files
+    stay, and a file of the user's where a new one would go is refused (DatasetError)."""
     items = launches(cluster, cluster_path, passed_on)
     rendered = [
         (f, RENDERERS[os.path.splitext(f)[1]](launch.on(os_name)))
@@ -488,12 +497,15 @@ def write_scripts(
     rendered.append(
         ("README.md", render_readme(cluster, cluster_path, items, command, wait_timeout, max_restarts))
     )
+    rendered.append((MANIFEST, _MANIFEST_HEAD + "".join(f"{name}\n" for name, _ in rendered)))
     out_dir = os.path.normpath(out_dir)
+    records.check_replaceable(out_dir)
+    ours = written_before(out_dir)
     staging = records.staging_dir(out_dir)
     try:
         for name, text in rendered:
             write_file(os.path.join(staging, name), text, os.path.splitext(name)[1])
-        records.move_into_place(staging, out_dir, OWNED)
+        records.move_into_place(staging, out_dir, ours.__contains__)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return [os.path.join(out_dir, name) for name, _ in rendered]
+    return [os.path.join(out_dir, name) for name, _ in rendered[:-1]]
