@@ -461,7 +461,7 @@ def cmd_doctor(fv) -> int:
         else f"od-dist doctor: nothing to fix ({len(checks)} checks)",
         flush=True,
     )
-    return exit_codes.FAILED if fixes else exit_codes.OK
+    return exit_exit_codes.FAILED if fixes else exit_codes.OK
 
 
 # ----- train / eval / launch / data -----------------------------------------------------------
@@ -480,7 +480,7 @@ def _run_role(run, *args) -> int:
         return exit_codes.INVALID
     except (RoleError, TrainerError) as e:
         print(f"od-dist: {e}", file=sys.stderr)
-        return exit_codes.FAILED
+        return exit_exit_codes.FAILED
 
 
 @command(
@@ -652,7 +652,7 @@ def cmd_launch(fv) -> int:
             raise UsageError(problem)
         if code:
             print(f"od-dist launch: {problem}", file=sys.stderr)
-            return exit_codes.FAILED
+            return exit_exit_codes.FAILED
     return launch.run(cluster.strategy, list(tasks), args, fv.model_dir, fv.max_restarts, fv.grace_period)
 
 
@@ -1134,7 +1134,7 @@ def cmd_export(fv) -> int:
         raise UsageError(str(e)) from None
     except export.ExportError as e:
         print(f"od-dist export: {e}", file=sys.stderr)
-        return exit_codes.FAILED if "no checkpoint" in str(e) else exit_codes.INVALID
+        return exit_exit_codes.FAILED if "no checkpoint" in str(e) else exit_codes.INVALID
     print(
         f"exported {done['checkpoint']} to {done['out']} (input: uint8 images of any size, resized to "
         f"{done['input_size'][0]}x{done['input_size'][1]} inside; detections scored from "
@@ -1301,14 +1301,31 @@ def cmd_scripts(fv) -> int:
 
 
 def define_k8s_flags(fv: flags.FlagValues) -> None:
+    from od_dist.render import k8s
+
     define_train_flags(fv)
+    flags.DEFINE_enum(
+        "kind",
+        k8s.KINDS[0],
+        k8s.KINDS,
+        "jobset: a JobSet (kubernetes-sigs/jobset), which Kueue can admit; tfjob: a Kubeflow TFJob "
+        "(training-operator v1, no longer maintained).",
+        flag_values=fv,
+    )
     flags.DEFINE_string(
         "image", None, "The container image, with od-dist installed (`od-dist` on PATH).", flag_values=fv
     )
     flags.DEFINE_string("out", None, "Write the manifest here instead of to stdout.", flag_values=fv)
-    flags.DEFINE_string("name", None, "The TFJob name. Default: od-dist-<cluster file name>.", flag_values=fv)
+    flags.DEFINE_string("name", None, "The job's name. Default: od-dist-<cluster file name>.", flag_values=fv)
     flags.DEFINE_string(
         "namespace", None, "The Kubernetes namespace. Default: kubectl's current one.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "queue",
+        None,
+        "Kueue's LocalQueue (label kueue.x-k8s.io/queue-name): the JobSet is created suspended and "
+        "starts when Kueue admits it.",
+        flag_values=fv,
     )
     flags.DEFINE_string(
         "pvc",
@@ -1332,46 +1349,91 @@ def define_k8s_flags(fv: flags.FlagValues) -> None:
         lower_bound=1,
         flag_values=fv,
     )
+    flags.DEFINE_integer(
+        "max_restarts",
+        LAUNCH_MAX_RESTARTS,
+        "Restarts after a task is lost (exit 130, 137, 138, 143), by TensorFlow's rules: a "
+        "parameter_server worker (and the evaluator) alone, up to N times each; anything else every "
+        "pod together, up to N times (JobSet failurePolicy.maxRestarts; a TFJob's backoffLimit).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "cpu", None, "CPU each pod requests: 4 (every role) or 2,worker=8 (every role 2, workers 8).", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "memory",
+        None,
+        "Memory each pod requests and is limited to: 16Gi, or 4Gi,worker=32Gi (as --cpu).",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "gpus",
+        False,
+        "The trainers run on GPUs: each trainer pod asks for num_clones nvidia.com/gpu (without it, "
+        "only when num_clones > 1 and not --clone_on_cpu).",
+        flag_values=fv,
+    )
 
 
 @command(
     "k8s",
-    "Write a Kubeflow TFJob manifest for the cluster (stdout, or --out).",
+    "Write a Kubernetes JobSet (or a Kubeflow TFJob) for the cluster (stdout, or --out).",
     """
-Writes a TFJob (kubeflow.org/v1) with replica types PS / Chief / Worker / Evaluator as in the
-cluster file (counts and ports), a container `tensorflow` running `od-dist train` with the given
-train flags (role and index come from the TF_CONFIG the operator sets in each pod), restart
-policies after TensorFlow's failure rules, and a PersistentVolumeClaim for --model_dir.
+Writes a JobSet (jobset.x-k8s.io/v1alpha2): one replicated job per role of the cluster file, a pod
+per task running `od-dist train --role R --index I`, the index being the pod's own (its Job's
+completion index), the cluster of the pods' DNS names with the file's ports (TF_CONFIG), success
+when the master (and the evaluator) is done, restarts after TensorFlow's failure rules within
+--max_restarts, a permanent error failing it at once, and a PersistentVolumeClaim for --model_dir.
+--queue hands it to Kueue. --kind tfjob writes the Kubeflow TFJob (kubeflow.org/v1) instead.
 
 Example:
   od-dist k8s --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
-      --model_dir runs/lan --image registry.example/od-dist:latest --out tfjob.yaml
+      --model_dir runs/lan --image registry.example/od-dist:latest --out jobset.yaml
 """,
     define_k8s_flags,
 )
 def cmd_k8s(fv) -> int:
+    from od_dist.data import records
+    from od_dist.job import supervisor
     from od_dist.render import k8s
 
     cluster, passed_on = _render_input(fv, "k8s")
     if not fv.image:
         raise UsageError("--image: '': required; pass --image=REGISTRY/IMAGE:TAG (od-dist installed in it)")
+
+    def decides(role: str, code: int, action: str) -> bool:
+        return supervisor.decide(cluster.strategy, role, code) == action
+
+    roles = [r for r in k8s.ROLES if cluster.tasks_of(r)]
+    restarts = k8s.Restarts(
+        fv.max_restarts,
+        tuple(sorted(exit_codes.RETRYABLE)),
+        frozenset(r for r in roles if decides(r, exit_codes.LOST_PEER, supervisor.RESTART_TASK)),
+        frozenset(r for r in roles if not decides(r, exit_codes.FAILED, supervisor.PERMANENT)),
+    )
     try:
+        resources = k8s.Resources(k8s.per_role("cpu", fv.cpu), k8s.per_role("memory", fv.memory), fv.gpus)
         text = k8s.render(
             cluster,
             fv.cluster,
             fv.image,
             passed_on,
+            restarts,
+            kind=fv.kind,
             name=fv.name,
             namespace=fv.namespace,
             pvc=fv.pvc,
             mount_path=fv.mount_path,
             grace_period=fv.grace_period,
+            resources=resources,
+            queue=fv.queue,
         )
-    except k8s.K8sError as e:
+        if fv.out:
+            records.write_file(fv.out, text)
+    except (k8s.K8sError, records.DatasetError) as e:
         raise UsageError(str(e)) from None
     if fv.out:
-        with open(fv.out, "w", encoding="utf-8") as f:
-            f.write(text)
         print(f"wrote {fv.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -1459,7 +1521,7 @@ def main(argv: list[str]) -> int:
     except OSError as e:  # e.g. an --out or --model_dir that cannot be written
         where = f" '{e.filename}'" if e.filename else ""
         print(f"od-dist {name}: cannot use{where}: {e.strerror or e}", file=sys.stderr)
-        return exit_codes.FAILED
+        return exit_exit_codes.FAILED
     except KeyboardInterrupt:
         print(f"od-dist {name}: interrupted", file=sys.stderr)
         return 130

@@ -1,6 +1,6 @@
 """The `od-dist train` command line of one task of a job, built here for every path that starts
 tasks: `launch` (its children), `train --max_restarts` (its child), `scripts` (a script per task)
-and `k8s` (a container per replica type). So a flag the user gave reaches every task the same way,
+and `k8s` (a container per role: a TFJob replica type or a JobSet replicated job). So a flag the user gave reaches every task the same way,
 and what `launch` checks before any task starts is what each task is started with.
 
 `flags` are the job's `od-dist train` flags as the user set them (`--name=value`, `--name`,
@@ -32,11 +32,16 @@ def train_args(
     cluster: Cluster | None = None,
     task: Task | None = None,
     cluster_path: str | None = None,
+    index: str | None = None,
 ) -> list[str]:
     """`train` and its arguments for `task`: the cluster file and the task's role and index when
-    the task comes from a file (a TF_CONFIG task, such as a pod, finds its own; one machine without
-    a cluster has none), then the job's flags as its role gets them."""
+    the task comes from a file (a TF_CONFIG task, such as a TFJob pod, finds its own; one machine
+    without a cluster has none), then the job's flags as its role gets them. `index` stands for the
+    index of every task of the role in one template (a JobSet pod's `$(VAR)`, which Kubernetes fills
+    in from the pod): the role and that index, the cluster coming from TF_CONFIG."""
     where = []
     if cluster_path is not None and task is not None:
         where = [f"--cluster={cluster_path}", f"--role={task.role}", f"--index={task.index}"]
+    elif index is not None and task is not None:
+        where = [f"--role={task.role}", f"--index={index}"]
     return [TRAIN, *where, *role_flags(flags, cluster, task.role if task else None)]
