@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import jobset_schema
 import mslex
 import powershell
 import pytest
@@ -263,7 +264,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
         assert record.read_bytes().decode().split("\0")[:-1] == master
 
 
-# ----- 2: the TFJob manifest ---------------------------------------------------------------------
+# ----- 2: the Kubernetes manifests (JobSet, TFJob) -----------------------------------------------
 
 
 def k8s(capsys, tmp_path, **given):
@@ -273,20 +274,35 @@ def k8s(capsys, tmp_path, **given):
     return (*run_cli(capsys, "k8s", f"--cluster={cluster}", *(f"--{k}={v}" for k, v in flags.items())), flags)
 
 
+def pods(doc):
+    """Each role's pod spec, whatever the kind."""
+    if doc["kind"] == "TFJob":
+        return {t: s["template"]["spec"] for t, s in doc["spec"]["tfReplicaSpecs"].items()}
+    return {r["name"]: r["template"]["spec"]["template"]["spec"] for r in doc["spec"]["replicatedJobs"]}
+
+
 def pod_args(text):
+    """Each role's `train` arguments as its container gets them, Kubernetes' `$(VAR)` filled in
+    (pod 0), without a JobSet pod's --role/--index."""
     (doc,) = yaml.safe_load_all(text)
-    return {
-        t: s["template"]["spec"]["containers"][0]["args"] for t, s in doc["spec"]["tfReplicaSpecs"].items()
-    }
+    out = {}
+    for role, pod in pods(doc).items():
+        (container,) = pod["containers"]
+        env = jobset_schema.container_env(container, {"batch.kubernetes.io/job-completion-index": "0"})
+        args = [jobset_schema.expand(a, env) for a in container["args"]]
+        out[role] = [a for a in args if not a.startswith(("--role=", "--index="))]
+    return out
 
 
+@pytest.mark.parametrize("kind", ["jobset", "tfjob"])
 @pytest.mark.parametrize(
     "flag", ["model_dir", "mount_path", "cluster_name", "image", "params_override", "pipeline"]
 )
-def test_manifest_carries_or_refuses_hostile_values(flag, tmp_path, capsys):
+def test_manifest_carries_or_refuses_hostile_values(flag, kind, tmp_path, capsys):
     """Each hostile value as each input: one line and exit 2, or one YAML document whose pods get
-    exactly the values given, model_dir on the volume."""
-    for text in HOSTILE:
+    exactly the values given, model_dir on the volume, Kubernetes' own `$(VAR)` expansion in the
+    pod included (a value naming TF_CONFIG arrives as written)."""
+    for text in HOSTILE + ["$(TF_CONFIG)", "$(OD_DIST_INDEX)$", "$$(x)"]:
         value = text
         if flag == "mount_path":
             value = f"/mnt/{text}"
@@ -294,14 +310,15 @@ def test_manifest_carries_or_refuses_hostile_values(flag, tmp_path, capsys):
             if "/" in text or "\x00" in text or text in ("..",):
                 continue
             value = text + ".yaml"
-        code, out, err, flags = k8s(capsys, tmp_path, **{flag: value})
+        code, out, err, flags = k8s(capsys, tmp_path, **{flag: value}, kind=kind)
         if code:
             lines = one_line_refusal(code, err)
             assert len(lines) == 1, (flag, text, err)
             continue
-        assert text in SAFE, (flag, text)
+        assert not validate.unsafe_char(text), (flag, text)
         (doc,) = yaml.safe_load_all(out)
-        mount = doc["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["volumeMounts"][0]
+        assert doc["kind"] == {"jobset": "JobSet", "tfjob": "TFJob"}[kind]
+        mount = next(iter(pods(doc).values()))["containers"][0]["volumeMounts"][0]
         model_dir = f"--model_dir={os.path.normpath(os.path.join(mount['mountPath'], flags['model_dir']))}"
         assert model_dir.startswith("--model_dir=" + mount["mountPath"].rstrip("/") + "/")
         want = ["train", f"--pipeline={flags['pipeline']}", model_dir]
@@ -309,8 +326,8 @@ def test_manifest_carries_or_refuses_hostile_values(flag, tmp_path, capsys):
             want.append(f"--params_override={flags['params_override']}")
         for replica, args in pod_args(out).items():
             assert args[: len(want)] == want, (replica, args)
-        for replica in doc["spec"]["tfReplicaSpecs"].values():
-            assert replica["template"]["spec"]["containers"][0]["image"] == flags["image"]
+        for pod in pods(doc).values():
+            assert pod["containers"][0]["image"] == flags["image"]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""`od-dist k8s`: the TFJob manifest parses, has the replica types, counts, ports, container,
+"""`od-dist k8s --kind tfjob`: the TFJob manifest parses, has the replica types, counts, ports, container,
 restart policies and volume it should, and the TF_CONFIG the training operator renders for each
 pod from it goes through od-dist's own TF_CONFIG reader to the same roles, indexes and counts as
 the cluster file."""
@@ -10,6 +10,7 @@ import pytest
 import yaml
 from loopback import ROOT, od_dist
 
+from od_dist import cli
 from od_dist.cluster import spec as cluster_mod
 from od_dist.render import k8s
 
@@ -30,6 +31,7 @@ def render(path, *extra):
         "--pipeline=pipelines/shapes_retinanet.yaml",
         "--model_dir=runs/lan",
         "--image=registry.example/od-dist:1",
+        "--kind=tfjob",
         *extra,
     )
     assert r.returncode == 0, r.stderr
@@ -91,7 +93,7 @@ def test_manifest_structure():
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "TFJob"
     assert job["metadata"]["name"] == "od-dist-lan-example"
     # The evaluator outlives the chief (the final checkpoint): no pod is deleted when the job ends.
-    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": k8s.BACKOFF_LIMIT}
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": cli.LAUNCH_MAX_RESTARTS}
     specs = job["spec"]["tfReplicaSpecs"]
     assert list(specs) == ["PS", "Chief", "Worker", "Evaluator"]
     assert {rt: s["replicas"] for rt, s in specs.items()} == {
@@ -162,6 +164,7 @@ def test_grace_period_reaches_every_pod():
         "--model_dir=runs/x",
         "--image=img",
         "--grace_period=0",
+        "--kind=tfjob",
     )
     assert r.returncode == 2 and "grace_period" in r.stderr, r.stderr
 
@@ -179,6 +182,7 @@ def test_out_file_name_namespace_pvc(tmp_path):
         "--namespace=ml",
         "--pvc=runs-claim",
         "--mount_path=/data",
+        "--kind=tfjob",
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""  # the manifest went to the file
@@ -204,10 +208,15 @@ def test_model_dir_placement():
 
 def test_url_model_dir_needs_no_volume():
     job = yaml.safe_load(
-        k8s.render(cluster_mod.load(LAN), "clusters/lan-example.yaml", "img", ["--model_dir=gs://b/runs"])
+        k8s.render(
+            cluster_mod.load(LAN), "clusters/lan-example.yaml", "img", ["--model_dir=gs://b/runs"], RESTARTS, "tfjob"
+        )
     )
     pod = job["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]
     assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
+
+
+RESTARTS = k8s.Restarts(3, (130, 137, 138, 143))
 
 
 def test_job_names():
@@ -256,7 +265,7 @@ def test_file_num_clones_reaches_every_trainer_pod(tmp_path):
 
 def test_header_values_are_checked():
     """A newline in --pvc used to end the header comment and add a second Kubernetes document."""
-    base = [f"--cluster={LAN}", "--pipeline=p", "--model_dir=m", "--image=registry.example/od-dist:1"]
+    base = [f"--cluster={LAN}", "--pipeline=p", "--model_dir=m", "--image=registry.example/od-dist:1", "--kind=tfjob"]
     for extra, fragment in [
         (["--pvc=claim\nkind: Secret"], "--pvc: 'claim\\nkind: Secret': contains a control character"),
         (["--pvc=Claim_1"], "--pvc: 'Claim_1': not a PersistentVolumeClaim name"),

@@ -158,11 +158,14 @@ def job_name(cluster_path: str) -> str:
     return name[:40].rstrip("-")
 
 
-def check_job_name(name: str) -> str:
-    if not re.fullmatch(r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?", name):
+def check_job_name(name: str, kind: str = TFJOB) -> str:
+    """A TFJob's services add up to '-evaluator-0' to its name; a JobSet's pod names are checked
+    whole (check_pod_names)."""
+    longest = 40 if kind == TFJOB else POD_NAME_MAX
+    if not (len(name) <= longest and re.fullmatch(r"[a-z]([a-z0-9-]*[a-z0-9])?", name)):
         raise K8sError(
-            f"--name: '{name}': not a valid job name; use up to 40 lower-case letters, digits "
-            "and '-', starting with a letter (pod and service names add '-evaluator-0')"
+            f"--name: '{name}': not a valid job name; use up to {longest} lower-case letters, digits "
+            "and '-', starting with a letter and ending with a letter or digit"
         )
     return name
 
@@ -495,7 +498,8 @@ def render(
 ) -> str:
     """The manifest as YAML, with a header that explains it. `passed_on` are the train flags as the
     user gave them (`--model_dir=` is rewritten to its place on the volume)."""
-    name = check_job_name(name or job_name(cluster_path))
+    name = check_job_name(name or job_name(cluster_path), kind)
+    resources = resources or Resources()
     check_values(cluster_path, image, passed_on, namespace, pvc, mount_path, queue)
     if kind == TFJOB and queue:
         raise K8sError(
@@ -514,7 +518,7 @@ def render(
         args.append(arg)
     mount = posixpath.normpath(mount_path)
     pvc = (pvc or f"{name}-model-dir") if needs_volume else None
-    pods = Pods(image, tuple(args), pvc, mount, grace_period, resources or Resources(), restarts)
+    pods = Pods(image, tuple(args), pvc, mount, grace_period, resources, restarts)
     doc = jobset(cluster, pods, name, namespace, queue) if kind == JOBSET else tfjob(cluster, pods, name, namespace)
     try:
         return quote.yaml_dump(doc, header(kind, cluster, cluster_path, pods, name, queue))

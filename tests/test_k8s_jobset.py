@@ -1,0 +1,329 @@
+"""`od-dist k8s` (a JobSet by default): every manifest is valid against JobSet's own CRD and the
+creation checks of its webhook; each pod's TF_CONFIG and command line, filled in as Kubernetes fills
+them in, are its task of the cluster file at the pods' DNS names; success, failure and restart
+policies do what job/supervisor.py does; Kueue's label; resources; bad input refused. Pure
+Python, in this process (no TensorFlow)."""
+
+import json
+import os
+
+import jobset_schema
+import pytest
+import yaml
+from absl import flags
+from loopback import ROOT
+
+from od_dist import cli
+from od_dist.cluster import spec as cluster_mod
+from od_dist.job import config, exit_codes, supervisor
+from od_dist.render import k8s
+
+LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
+PS_NO_EVALUATOR = "master: 10.1.0.1:2223\nworker: [10.1.0.2:2222, 10.1.0.3:2225]\nps: [10.1.0.4:2224, 10.1.0.5:2224]\n"
+MWMS = "master: 10.1.0.1:3000\nworker: [10.1.0.2:3001, 10.1.0.3:3001, 10.1.0.4:3002]\nevaluator: 10.1.0.5\n"
+MWMS_WORKERS = "strategy: multi_worker_mirrored\nworker: [10.1.0.2:3001, 10.1.0.3:3001]\n"
+CLUSTERS = {"lan-example": None, "ps": PS_NO_EVALUATOR, "mwms": MWMS, "mwms-workers": MWMS_WORKERS}
+OPTIONS = {
+    "plain": [],
+    "queue": ["--queue=team-a", "--namespace=ml"],
+    "gpus": ["--gpus", "--num_clones=2", "--cpu=2,worker=8", "--memory=8Gi,ps=4Gi"],
+    "url": ["--model_dir=gs://bucket/run", "--max_restarts=0", "--grace_period=600"],
+}
+
+
+def cluster_file(tmp_path, which):
+    if CLUSTERS[which] is None:
+        return LAN
+    path = tmp_path / f"{which}.yaml"
+    path.write_text(CLUSTERS[which])
+    return str(path)
+
+
+def run(capsys, *args):
+    code = cli.main(["od-dist", "k8s", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(capsys, cluster, *extra):
+    base = ["--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=runs/lan", "--image=registry.example/od-dist:1"]
+    code, out, err = run(capsys, f"--cluster={cluster}", *base, *extra)
+    assert code == 0, err
+    (doc,) = yaml.safe_load_all(out)
+    return out, doc
+
+
+def rjobs(doc):
+    return {r["name"]: r for r in doc["spec"]["replicatedJobs"]}
+
+
+def container(rjob):
+    (c,) = rjob["template"]["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def pod_view(rjob, index):
+    """Pod `index` of a replicated job as it runs: its environment and args with `$(VAR)` filled in."""
+    c = container(rjob)
+    env = jobset_schema.container_env(c, {"batch.kubernetes.io/job-completion-index": str(index)})
+    return env, [jobset_schema.expand(a, env) for a in c["args"]]
+
+
+def test_crd_is_the_released_file():
+    assert jobset_schema.sha256_ok()
+    rules = {" ".join(r.split()) for r in jobset_schema.cel_rules(jobset_schema.crd())}
+    assert rules - {"self == oldSelf"} == set(jobset_schema.CEL_RULES)
+
+
+def test_the_checks_refuse_what_the_server_would(capsys):
+    """The schema test can fail: an unknown field, a wrong type, a misspelt policy, a bad reason."""
+    _, doc = write(capsys, LAN)
+    assert jobset_schema.schema_errors(doc) == [] and jobset_schema.create_errors(doc) == []
+    for path, value in [
+        (("spec", "sucessPolicy"), {"operator": "All"}),
+        (("spec", "failurePolicy", "maxRestarts"), "3"),
+        (("spec", "successPolicy", "operator"), "Every"),
+        (("spec", "network", "enableDNSHostname"), True),
+    ]:
+        bad = json.loads(json.dumps(doc))
+        node = bad
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        assert jobset_schema.schema_errors(bad), path
+    bad = json.loads(json.dumps(doc))
+    bad["spec"]["failurePolicy"]["rules"][0]["onJobFailureReasons"] = ["ExitCode2"]
+    bad["spec"]["successPolicy"]["targetReplicatedJobs"] = ["chief"]
+    assert len(jobset_schema.create_errors(bad)) == 2
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("which", CLUSTERS)
+def test_every_manifest_matches_jobsets_crd(which, options, tmp_path, capsys):
+    text, doc = write(capsys, cluster_file(tmp_path, which), *OPTIONS[options])
+    assert text.startswith("# JobSet for ")  # the default kind
+    assert doc["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and doc["kind"] == "JobSet"
+    assert jobset_schema.schema_errors(doc) == []
+    assert jobset_schema.create_errors(doc) == []
+    # No field the CEL rules govern.
+    assert "volumeClaimPolicies" not in doc["spec"] and "startupPolicy" not in doc["spec"]
+    assert not any("dependsOn" in r for r in doc["spec"]["replicatedJobs"])
+
+
+@pytest.mark.parametrize("which", CLUSTERS)
+def test_each_pod_is_its_task_at_its_dns_name(which, tmp_path, capsys, monkeypatch):
+    """One replicated job per role of the file; pod i of a role, its env and args filled in by
+    Kubernetes from its completion index, is task i: `train --role R --index i`, and a TF_CONFIG
+    whose cluster is the file's tasks in the file's order at the pods' DNS names with the file's
+    ports, which od-dist's own reader accepts for that very task."""
+    path = cluster_file(tmp_path, which)
+    original = cluster_mod.load(path)
+    _, doc = write(capsys, path)
+    name = doc["metadata"]["name"]
+    assert doc["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True}
+    jobs = rjobs(doc)
+    assert list(jobs) == [r for r in ("ps", "master", "worker", "evaluator") if original.tasks_of(r)]
+    for role, rjob in jobs.items():
+        tasks = original.tasks_of(role)
+        job = rjob["template"]["spec"]
+        assert rjob["replicas"] == 1 and job["completionMode"] == "Indexed"
+        assert job["completions"] == job["parallelism"] == len(tasks)
+        for task in tasks:
+            env, args = pod_view(rjob, task.index)
+            assert args[:3] == ["train", f"--role={role}", f"--index={task.index}"]
+            parsed, tf_role, tf_index = cluster_mod.from_tf_config(env["TF_CONFIG"])
+            assert (tf_role, tf_index) == (role, task.index) and parsed.strategy == original.strategy
+            for r in ("ps", "master", "worker", "evaluator"):
+                seen = [t.address for t in parsed.tasks_of(r)]
+                want = [
+                    cluster_mod.Address(f"{name}-{r}-0-{t.index}.{name}", t.address.port) for t in original.tasks_of(r)
+                ]
+                # The evaluator runs no server: only its own pod lists it.
+                assert seen == (want if r != "evaluator" or role == "evaluator" else []), (role, r)
+            # What `od-dist train` in the pod does with both: the same task, no host check.
+            monkeypatch.setenv("TF_CONFIG", env["TF_CONFIG"])
+            fv = flags.FlagValues()
+            cli.define_train_flags(fv)
+            cli.define_restart_flags(fv, 0)
+            fv(["od-dist train", *args[1:]])
+            selected = config.select(None, fv.role, fv.index, allow_public=True)
+            assert (selected.task.role, selected.task.index) == (role, task.index)
+            assert selected.source == "TF_CONFIG" and fv.model_dir == "/mnt/od-dist/runs/lan"
+        # A pod told another index by its TF_CONFIG than by its args is refused (exit 2).
+        env, args = pod_view(rjob, 0)
+        monkeypatch.setenv("TF_CONFIG", env["TF_CONFIG"].replace('"index": 0', '"index": 7'))
+        with pytest.raises(cluster_mod.InvalidCluster):
+            config.select(None, role, 0, allow_public=True)
+
+
+def outcome(doc, role, code):
+    """What Kubernetes does when a pod of `role` exits with `code`, read from the manifest by the
+    documented rules: the Job's podFailurePolicy (first matching rule; no match counts against
+    backoffLimit), then the JobSet's failurePolicy (first matching rule; none: RestartJobSet)."""
+    if code == 0:
+        return "done"
+    job = rjobs(doc)[role]["template"]["spec"]
+    action = "Count"
+    for rule in job["podFailurePolicy"]["rules"]:
+        codes = rule["onExitCodes"]
+        if (code in codes["values"]) == (codes["operator"] == "In"):
+            action = rule["action"]
+            break
+    if action == "Ignore":
+        return "pod restarts alone"
+    reason = "PodFailurePolicy" if action == "FailJob" else "BackoffLimitExceeded"
+    if action == "Count" and job["backoffLimit"] > 0:
+        return "pod restarts alone"
+    for rule in doc["spec"]["failurePolicy"]["rules"]:
+        if reason in rule.get("onJobFailureReasons", [reason]) and role in rule.get("targetReplicatedJobs", [role]):
+            return {"FailJobSet": "fails", "RestartJobSet": "restarts all"}[rule["action"]]
+    return "restarts all"
+
+
+SUPERVISOR = {
+    supervisor.DONE: "done",
+    supervisor.PERMANENT: "fails",
+    supervisor.RESTART_TASK: "pod restarts alone",
+    supervisor.RESTART_ALL: "restarts all",
+}
+
+
+@pytest.mark.parametrize("which", CLUSTERS)
+def test_restarts_follow_the_supervisors_rules(which, tmp_path, capsys):
+    """Exit 2 (and 1) fails the JobSet at once; 130, 137, 138, 143 restart a parameter_server worker
+    alone and anything else every pod (a multi_worker_mirrored trainer: every trainer), exactly as
+    job/supervisor.py decides under launch; the budget is --max_restarts; the evaluator's own
+    supervisor restarts it whatever its exit, so a pod of it fails only when lost."""
+    path = cluster_file(tmp_path, which)
+    cluster = cluster_mod.load(path)
+    _, doc = write(capsys, path, "--max_restarts=5")
+    policy = doc["spec"]["failurePolicy"]
+    assert policy["maxRestarts"] == 5 and policy["restartStrategy"] == "BlockingRecreate"
+    for role, rjob in rjobs(doc).items():
+        job = rjob["template"]["spec"]
+        assert job["template"]["spec"]["restartPolicy"] == "Never"
+        for code in (2, 1, 3, 139, *sorted(exit_codes.RETRYABLE)):
+            got = outcome(doc, role, code)
+            if role == "evaluator":  # a permanent exit of the pod is its supervisor's own bad input
+                want = "fails" if code not in exit_codes.RETRYABLE else "pod restarts alone"
+            else:
+                want = SUPERVISOR[supervisor.decide(cluster.strategy, role, code)]
+            assert got == want, (role, code)
+        assert job["backoffLimit"] == (5 if outcome(doc, role, 137) == "pod restarts alone" else 0)
+    alone = [r for r in rjobs(doc) if outcome(doc, r, exit_codes.LOST_PEER) == "pod restarts alone"]
+    assert alone == [r for r in ("worker", "evaluator") if (r != "worker" or cluster.ps) and cluster.tasks_of(r)]
+    evaluator = rjobs(doc).get("evaluator")
+    if evaluator:
+        _, args = pod_view(evaluator, 0)
+        assert "--max_restarts=5" in args
+    for role in set(rjobs(doc)) - {"evaluator"}:
+        assert not any(a.startswith("--max_restarts") for a in pod_view(rjobs(doc)[role], 0)[1])
+
+
+@pytest.mark.parametrize("which", CLUSTERS)
+def test_done_when_the_lead_trainer_and_the_evaluator_are(which, tmp_path, capsys):
+    """A finished JobSet deletes the pods still running: the evaluator, which evaluates the final
+    checkpoint after the master, is waited for too."""
+    path = cluster_file(tmp_path, which)
+    cluster = cluster_mod.load(path)
+    text, doc = write(capsys, path)
+    lead = "master" if cluster.master else "worker"
+    want = [lead] + (["evaluator"] if cluster.evaluator else [])
+    assert doc["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": want}
+    assert f"# - Done when {' and '.join(want)} " in text
+
+
+def test_queue_label_and_suspend(tmp_path, capsys):
+    _, doc = write(capsys, LAN, "--queue=team-a")
+    assert doc["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert doc["spec"]["suspend"] is True
+    _, doc = write(capsys, LAN)
+    assert "kueue.x-k8s.io/queue-name" not in doc["metadata"]["labels"] and "suspend" not in doc["spec"]
+
+
+def test_resources_per_role(tmp_path, capsys):
+    _, doc = write(capsys, LAN, "--cpu=2,worker=8", "--memory=16Gi,ps=4Gi", "--gpus")
+    res = {r: container(j).get("resources") for r, j in rjobs(doc).items()}
+    assert res["worker"] == {"requests": {"cpu": "8", "memory": "16Gi"}, "limits": {"memory": "16Gi", "nvidia.com/gpu": 1}}
+    assert res["ps"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+    # Under parameter_server only the workers hold replicas: the master and evaluator get no GPU.
+    assert res["master"] == res["evaluator"] == {"requests": {"cpu": "2", "memory": "16Gi"}, "limits": {"memory": "16Gi"}}
+    (tmp_path / "m.yaml").write_text(MWMS + "num_clones: 2\n")
+    _, doc = write(capsys, str(tmp_path / "m.yaml"))
+    gpus = {r: container(j).get("resources", {}).get("limits", {}).get("nvidia.com/gpu") for r, j in rjobs(doc).items()}
+    assert gpus == {"master": 2, "worker": 2, "evaluator": None}
+    _, doc = write(capsys, LAN)  # one clone, GPUs not said: nothing asked for
+    assert not any("resources" in container(j) for j in rjobs(doc).values())
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--kind=helm"], "--kind=helm: value should be one of <jobset|tfjob>"),
+        (["--queue=Team_A"], "--queue: 'Team_A': not a Kueue LocalQueue name (a DNS label)"),
+        (["--queue=" + "q" * 64], "--queue: '" + "q" * 64 + "': not a Kueue LocalQueue name"),
+        (["--kind=tfjob", "--queue=team-a"], "--queue: 'team-a': Kueue's TFJob integration is off"),
+        (["--name=" + "n" * 44], "the pod name " + "n" * 44 + "-evaluator-0-0-abcde would be 64 characters"),
+        (["--cpu=lots"], "--cpu: 'lots': 'lots' is not a Kubernetes quantity"),
+        (["--memory=chief=4Gi"], "--memory: 'chief=4Gi': 'chief' is not a role"),
+        (["--gpus", "--clone_on_cpu"], "--gpus: 'True': the trainers' replicas are CPU devices"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(extra, fragment, tmp_path, capsys):
+    out = tmp_path / "jobset.yaml"
+    code, stdout, err = run(
+        capsys, f"--cluster={LAN}", "--pipeline=p.yaml", "--model_dir=m", "--image=i", f"--out={out}", *extra
+    )
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and fragment in lines[0], err
+    assert not out.exists() and stdout == ""
+    if extra[0].startswith("--name"):
+        assert "over Kubernetes' limit of 63; pass a --name of at most 43 characters" in lines[0]
+        code, _, err = run(capsys, f"--cluster={LAN}", "--pipeline=p.yaml", "--model_dir=m", "--image=i", "--name=" + "n" * 43)
+        assert code == 0, err
+
+
+def test_fixed_addresses_become_dns_names_and_say_so(tmp_path, capsys):
+    text, _ = write(capsys, LAN)
+    (line,) = [x for x in text.splitlines() if x.startswith("# Hosts:")]
+    assert "the pods' DNS names above with the ports of" in line and "not its addresses" in line
+
+
+def test_tfjob_stays_available(capsys):
+    text, doc = write(capsys, LAN, "--kind=tfjob", "--max_restarts=7", "--memory=8Gi")
+    assert text.startswith("# Kubeflow TFJob") and doc["kind"] == "TFJob"
+    assert doc["spec"]["runPolicy"]["backoffLimit"] == 7  # the same flag, the same budget
+    pod = doc["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"] == {"memory": "8Gi"}
+
+
+def test_out_is_replaced_whole(tmp_path, capsys):
+    """--out is written beside and renamed over the old file: a reader of the old file keeps
+    reading it whole, a symlink is replaced rather than written through, no temporary is left."""
+    out = tmp_path / "jobset.yaml"
+    out.write_text("old manifest\n" * 1000)
+    base = [f"--cluster={LAN}", "--pipeline=p.yaml", "--model_dir=m", "--image=i", f"--out={out}"]
+    with open(out) as reader:
+        code, stdout, err = run(capsys, *base)
+        assert code == 0 and stdout == "" and f"wrote {out}" in err, err
+        assert reader.read() == "old manifest\n" * 1000
+    assert yaml.safe_load(out.read_text())["kind"] == "JobSet"
+    target = tmp_path / "kept.yaml"
+    target.write_text("not od-dist's\n")
+    link = tmp_path / "link.yaml"
+    link.symlink_to(target)
+    code, _, err = run(capsys, *base[:-1], f"--out={link}")
+    assert code == 0, err
+    assert target.read_text() == "not od-dist's\n" and not link.is_symlink()
+    assert sorted(os.listdir(tmp_path)) == ["jobset.yaml", "kept.yaml", "link.yaml"]
+    code, _, err = run(capsys, *base[:-1], f"--out={tmp_path}")
+    assert code == 2 and "a directory" in err
+
+
+def test_train_args_stand_for_every_task_of_a_role():
+    from od_dist.cluster import commandline
+
+    cluster = cluster_mod.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:1"]})
+    args = commandline.train_args(["--num_clones=2", "--model_dir=m"], cluster, cluster.task("ps", 0), index="$(I)")
+    assert args == ["train", "--role=ps", "--index=$(I)", "--model_dir=m"]  # a ps holds no replicas
+    assert k8s.kubernetes_literal("--params_override=a: $(TF_CONFIG) $$") == "--params_override=a: $$(TF_CONFIG) $$$$"
