@@ -461,7 +461,7 @@ def cmd_doctor(fv) -> int:
         else f"od-dist doctor: nothing to fix ({len(checks)} checks)",
         flush=True,
     )
-    return exit_exit_codes.FAILED if fixes else exit_codes.OK
+    return exit_codes.FAILED if fixes else exit_codes.OK
 
 
 # ----- train / eval / launch / data -----------------------------------------------------------
@@ -480,7 +480,7 @@ def _run_role(run, *args) -> int:
         return exit_codes.INVALID
     except (RoleError, TrainerError) as e:
         print(f"od-dist: {e}", file=sys.stderr)
-        return exit_exit_codes.FAILED
+        return exit_codes.FAILED
 
 
 @command(
@@ -652,7 +652,7 @@ def cmd_launch(fv) -> int:
             raise UsageError(problem)
         if code:
             print(f"od-dist launch: {problem}", file=sys.stderr)
-            return exit_exit_codes.FAILED
+            return exit_codes.FAILED
     return launch.run(cluster.strategy, list(tasks), args, fv.model_dir, fv.max_restarts, fv.grace_period)
 
 
@@ -1134,7 +1134,7 @@ def cmd_export(fv) -> int:
         raise UsageError(str(e)) from None
     except export.ExportError as e:
         print(f"od-dist export: {e}", file=sys.stderr)
-        return exit_exit_codes.FAILED if "no checkpoint" in str(e) else exit_codes.INVALID
+        return exit_codes.FAILED if "no checkpoint" in str(e) else exit_codes.INVALID
     print(
         f"exported {done['checkpoint']} to {done['out']} (input: uint8 images of any size, resized to "
         f"{done['input_size'][0]}x{done['input_size'][1]} inside; detections scored from "
@@ -1359,7 +1359,10 @@ def define_k8s_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_string(
-        "cpu", None, "CPU each pod requests: 4 (every role) or 2,worker=8 (every role 2, workers 8).", flag_values=fv
+        "cpu",
+        None,
+        "CPU each pod requests: 4 (every role) or 2,worker=8 (every role 2, workers 8).",
+        flag_values=fv,
     )
     flags.DEFINE_string(
         "memory",
@@ -1521,7 +1524,7 @@ def main(argv: list[str]) -> int:
     except OSError as e:  # e.g. an --out or --model_dir that cannot be written
         where = f" '{e.filename}'" if e.filename else ""
         print(f"od-dist {name}: cannot use{where}: {e.strerror or e}", file=sys.stderr)
-        return exit_exit_codes.FAILED
+        return exit_codes.FAILED
     except KeyboardInterrupt:
         print(f"od-dist {name}: interrupted", file=sys.stderr)
         return 130

@@ -86,9 +86,7 @@ def validator():
 
 
 def schema_errors(doc) -> list[str]:
-    return [
-        f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in validator().iter_errors(doc)
-    ]
+    return [f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in validator().iter_errors(doc)]
 
 
 def create_errors(doc) -> list[str]:
@@ -139,8 +137,16 @@ def create_errors(doc) -> list[str]:
     for rule in rules:
         if not (1 <= len(rule["name"]) <= 128 and RULE_NAME.fullmatch(rule["name"])):
             errors.append(f"failurePolicy rule name {rule['name']!r}")
-        errors += [f"failurePolicy: no replicated job {t!r}" for t in rule.get("targetReplicatedJobs", []) if t not in names]
-        errors += [f"failurePolicy: reason {x!r}" for x in rule.get("onJobFailureReasons", []) if x not in JOB_FAILURE_REASONS]
+        errors += [
+            f"failurePolicy: no replicated job {t!r}"
+            for t in rule.get("targetReplicatedJobs", [])
+            if t not in names
+        ]
+        errors += [
+            f"failurePolicy: reason {x!r}"
+            for x in rule.get("onJobFailureReasons", [])
+            if x not in JOB_FAILURE_REASONS
+        ]
     if len({r["name"] for r in rules}) != len(rules):
         errors.append("failurePolicy: rule names not unique")
     return errors

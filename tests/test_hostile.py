@@ -1,4 +1,4 @@
-"""Hostile input: every writer (launch scripts, their README, the TFJob manifest, records, predictions,
+"""Hostile input: every writer (launch scripts, their README, the Kubernetes manifests, records, predictions,
 exports, reports) either carries a hostile value exactly or refuses it with one line and exit 2;
 no command injects a line, reads a file from outside its input, overwrites a user's file or prints a
 Python traceback. Fast: validation and writer tests, no training."""

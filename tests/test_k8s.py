@@ -209,7 +209,12 @@ def test_model_dir_placement():
 def test_url_model_dir_needs_no_volume():
     job = yaml.safe_load(
         k8s.render(
-            cluster_mod.load(LAN), "clusters/lan-example.yaml", "img", ["--model_dir=gs://b/runs"], RESTARTS, "tfjob"
+            cluster_mod.load(LAN),
+            "clusters/lan-example.yaml",
+            "img",
+            ["--model_dir=gs://b/runs"],
+            RESTARTS,
+            "tfjob",
         )
     )
     pod = job["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]
@@ -265,7 +270,13 @@ def test_file_num_clones_reaches_every_trainer_pod(tmp_path):
 
 def test_header_values_are_checked():
     """A newline in --pvc used to end the header comment and add a second Kubernetes document."""
-    base = [f"--cluster={LAN}", "--pipeline=p", "--model_dir=m", "--image=registry.example/od-dist:1", "--kind=tfjob"]
+    base = [
+        f"--cluster={LAN}",
+        "--pipeline=p",
+        "--model_dir=m",
+        "--image=registry.example/od-dist:1",
+        "--kind=tfjob",
+    ]
     for extra, fragment in [
         (["--pvc=claim\nkind: Secret"], "--pvc: 'claim\\nkind: Secret': contains a control character"),
         (["--pvc=Claim_1"], "--pvc: 'Claim_1': not a PersistentVolumeClaim name"),

@@ -19,7 +19,9 @@ from od_dist.job import config, exit_codes, supervisor
 from od_dist.render import k8s
 
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
-PS_NO_EVALUATOR = "master: 10.1.0.1:2223\nworker: [10.1.0.2:2222, 10.1.0.3:2225]\nps: [10.1.0.4:2224, 10.1.0.5:2224]\n"
+PS_NO_EVALUATOR = (
+    "master: 10.1.0.1:2223\nworker: [10.1.0.2:2222, 10.1.0.3:2225]\nps: [10.1.0.4:2224, 10.1.0.5:2224]\n"
+)
 MWMS = "master: 10.1.0.1:3000\nworker: [10.1.0.2:3001, 10.1.0.3:3001, 10.1.0.4:3002]\nevaluator: 10.1.0.5\n"
 MWMS_WORKERS = "strategy: multi_worker_mirrored\nworker: [10.1.0.2:3001, 10.1.0.3:3001]\n"
 CLUSTERS = {"lan-example": None, "ps": PS_NO_EVALUATOR, "mwms": MWMS, "mwms-workers": MWMS_WORKERS}
@@ -46,7 +48,11 @@ def run(capsys, *args):
 
 
 def write(capsys, cluster, *extra):
-    base = ["--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=runs/lan", "--image=registry.example/od-dist:1"]
+    base = [
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        "--model_dir=runs/lan",
+        "--image=registry.example/od-dist:1",
+    ]
     code, out, err = run(capsys, f"--cluster={cluster}", *base, *extra)
     assert code == 0, err
     (doc,) = yaml.safe_load_all(out)
@@ -120,7 +126,11 @@ def test_each_pod_is_its_task_at_its_dns_name(which, tmp_path, capsys, monkeypat
     original = cluster_mod.load(path)
     _, doc = write(capsys, path)
     name = doc["metadata"]["name"]
-    assert doc["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True}
+    assert doc["spec"]["network"] == {
+        "enableDNSHostnames": True,
+        "subdomain": name,
+        "publishNotReadyAddresses": True,
+    }
     jobs = rjobs(doc)
     assert list(jobs) == [r for r in ("ps", "master", "worker", "evaluator") if original.tasks_of(r)]
     for role, rjob in jobs.items():
@@ -136,7 +146,8 @@ def test_each_pod_is_its_task_at_its_dns_name(which, tmp_path, capsys, monkeypat
             for r in ("ps", "master", "worker", "evaluator"):
                 seen = [t.address for t in parsed.tasks_of(r)]
                 want = [
-                    cluster_mod.Address(f"{name}-{r}-0-{t.index}.{name}", t.address.port) for t in original.tasks_of(r)
+                    cluster_mod.Address(f"{name}-{r}-0-{t.index}.{name}", t.address.port)
+                    for t in original.tasks_of(r)
                 ]
                 # The evaluator runs no server: only its own pod lists it.
                 assert seen == (want if r != "evaluator" or role == "evaluator" else []), (role, r)
@@ -175,7 +186,9 @@ def outcome(doc, role, code):
     if action == "Count" and job["backoffLimit"] > 0:
         return "pod restarts alone"
     for rule in doc["spec"]["failurePolicy"]["rules"]:
-        if reason in rule.get("onJobFailureReasons", [reason]) and role in rule.get("targetReplicatedJobs", [role]):
+        if reason in rule.get("onJobFailureReasons", [reason]) and role in rule.get(
+            "targetReplicatedJobs", [role]
+        ):
             return {"FailJobSet": "fails", "RestartJobSet": "restarts all"}[rule["action"]]
     return "restarts all"
 
@@ -211,7 +224,9 @@ def test_restarts_follow_the_supervisors_rules(which, tmp_path, capsys):
             assert got == want, (role, code)
         assert job["backoffLimit"] == (5 if outcome(doc, role, 137) == "pod restarts alone" else 0)
     alone = [r for r in rjobs(doc) if outcome(doc, r, exit_codes.LOST_PEER) == "pod restarts alone"]
-    assert alone == [r for r in ("worker", "evaluator") if (r != "worker" or cluster.ps) and cluster.tasks_of(r)]
+    assert alone == [
+        r for r in ("worker", "evaluator") if (r != "worker" or cluster.ps) and cluster.tasks_of(r)
+    ]
     evaluator = rjobs(doc).get("evaluator")
     if evaluator:
         _, args = pod_view(evaluator, 0)
@@ -244,13 +259,23 @@ def test_queue_label_and_suspend(tmp_path, capsys):
 def test_resources_per_role(tmp_path, capsys):
     _, doc = write(capsys, LAN, "--cpu=2,worker=8", "--memory=16Gi,ps=4Gi", "--gpus")
     res = {r: container(j).get("resources") for r, j in rjobs(doc).items()}
-    assert res["worker"] == {"requests": {"cpu": "8", "memory": "16Gi"}, "limits": {"memory": "16Gi", "nvidia.com/gpu": 1}}
+    assert res["worker"] == {
+        "requests": {"cpu": "8", "memory": "16Gi"},
+        "limits": {"memory": "16Gi", "nvidia.com/gpu": 1},
+    }
     assert res["ps"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
     # Under parameter_server only the workers hold replicas: the master and evaluator get no GPU.
-    assert res["master"] == res["evaluator"] == {"requests": {"cpu": "2", "memory": "16Gi"}, "limits": {"memory": "16Gi"}}
+    assert (
+        res["master"]
+        == res["evaluator"]
+        == {"requests": {"cpu": "2", "memory": "16Gi"}, "limits": {"memory": "16Gi"}}
+    )
     (tmp_path / "m.yaml").write_text(MWMS + "num_clones: 2\n")
     _, doc = write(capsys, str(tmp_path / "m.yaml"))
-    gpus = {r: container(j).get("resources", {}).get("limits", {}).get("nvidia.com/gpu") for r, j in rjobs(doc).items()}
+    gpus = {
+        r: container(j).get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+        for r, j in rjobs(doc).items()
+    }
     assert gpus == {"master": 2, "worker": 2, "evaluator": None}
     _, doc = write(capsys, LAN)  # one clone, GPUs not said: nothing asked for
     assert not any("resources" in container(j) for j in rjobs(doc).values())
@@ -279,7 +304,14 @@ def test_bad_input_is_one_line_and_writes_nothing(extra, fragment, tmp_path, cap
     assert not out.exists() and stdout == ""
     if extra[0].startswith("--name"):
         assert "over Kubernetes' limit of 63; pass a --name of at most 43 characters" in lines[0]
-        code, _, err = run(capsys, f"--cluster={LAN}", "--pipeline=p.yaml", "--model_dir=m", "--image=i", "--name=" + "n" * 43)
+        code, _, err = run(
+            capsys,
+            f"--cluster={LAN}",
+            "--pipeline=p.yaml",
+            "--model_dir=m",
+            "--image=i",
+            "--name=" + "n" * 43,
+        )
         assert code == 0, err
 
 
@@ -323,7 +355,14 @@ def test_out_is_replaced_whole(tmp_path, capsys):
 def test_train_args_stand_for_every_task_of_a_role():
     from od_dist.cluster import commandline
 
-    cluster = cluster_mod.from_document({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:1"]})
-    args = commandline.train_args(["--num_clones=2", "--model_dir=m"], cluster, cluster.task("ps", 0), index="$(I)")
+    cluster = cluster_mod.from_document(
+        {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:1"]}
+    )
+    args = commandline.train_args(
+        ["--num_clones=2", "--model_dir=m"], cluster, cluster.task("ps", 0), index="$(I)"
+    )
     assert args == ["train", "--role=ps", "--index=$(I)", "--model_dir=m"]  # a ps holds no replicas
-    assert k8s.kubernetes_literal("--params_override=a: $(TF_CONFIG) $$") == "--params_override=a: $$(TF_CONFIG) $$$$"
+    assert (
+        k8s.kubernetes_literal("--params_override=a: $(TF_CONFIG) $$")
+        == "--params_override=a: $$(TF_CONFIG) $$$$"
+    )

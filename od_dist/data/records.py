@@ -316,21 +316,32 @@ def staging_dir(out_dir: str) -> str:
     return staging
 
 
-def write_file(out: str, text: str) -> None:
-    """`text` into the file `out` through a temporary file beside it, renamed over it when
-    complete: a reader sees the old file or the new one, never a part; a symlink at `out` is
-    replaced, never written through. DatasetError (nothing changed) for a directory at `out`."""
-    if os.path.isdir(out) and not os.path.islink(out):
-        raise DatasetError(f"--out: '{out}': a directory; name the file to write, e.g. {out}/jobset.yaml")
+def text_beside(out: str, text: str, suffix: str = "") -> str:
+    """A new temporary file beside `out` (the same file system, so a rename moves it in at once)
+    holding `text`, with the mode a new file gets; the caller moves it in or removes it."""
     folder = os.path.dirname(os.path.abspath(out))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.partial-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.partial-", suffix=suffix, dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would become the file's mode
+    except BaseException:
+        os.remove(tmp)
+        raise
+    return tmp
+
+
+def write_file(out: str, text: str) -> None:
+    """`text` into the file `out` through a temporary file beside it, renamed over it when
+    complete: a reader sees the old file or the new one, never a part; a symlink at `out` is
+    replaced, never written through. DatasetError (nothing changed) for a directory at `out`."""
+    if os.path.isdir(out) and not os.path.islink(out):
+        raise DatasetError(f"--out: '{out}': a directory; name the file to write, e.g. {out}/jobset.yaml")
+    tmp = text_beside(out, text)
+    try:
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):

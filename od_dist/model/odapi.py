@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 
 from od_dist.data import textproto
@@ -675,15 +674,10 @@ def write(text: str, out: str, force: bool, check) -> None:
     ``force``. Nothing is left behind on failure."""
     if os.path.exists(out) and not force:
         raise ImportProblem(f"--out: '{out}': exists; choose another --out or pass --force to replace it")
-    folder = os.path.dirname(os.path.abspath(out))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.partial-", suffix=".yaml", dir=folder)
+    from od_dist.data import records
+
+    tmp = records.text_beside(out, text, ".yaml")  # the loader that checks it reads .yaml files
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would become the pipeline's mode
         check(tmp)
         if force:
             os.replace(tmp, out)

@@ -350,7 +350,11 @@ def metadata(cluster: Cluster, name: str, namespace: str | None, labels: dict | 
     meta = {"name": name}
     if namespace:
         meta["namespace"] = namespace
-    meta["labels"] = {"app.kubernetes.io/name": "od-dist", "od-dist/strategy": cluster.strategy, **(labels or {})}
+    meta["labels"] = {
+        "app.kubernetes.io/name": "od-dist",
+        "od-dist/strategy": cluster.strategy,
+        **(labels or {}),
+    }
     return meta
 
 
@@ -362,7 +366,9 @@ def tfjob(cluster: Cluster, pods: Pods, name: str, namespace: str | None) -> dic
         if not tasks:
             continue
         container = pods.container(cluster, role, TFJOB_CONTAINER, index=None)
-        container["ports"] = [{"name": TFJOB_PORT_NAME, "containerPort": tasks[0].address.port or DEFAULT_PORT}]
+        container["ports"] = [
+            {"name": TFJOB_PORT_NAME, "containerPort": tasks[0].address.port or DEFAULT_PORT}
+        ]
         specs[TF_REPLICA_TYPES[role]] = {
             "replicas": len(tasks),
             "restartPolicy": RESTART_POLICY,
@@ -416,9 +422,7 @@ def success_roles(cluster: Cluster) -> list[str]:
     return [cluster.lead_task().role] + (["evaluator"] if cluster.tasks_of("evaluator") else [])
 
 
-def jobset(
-    cluster: Cluster, pods: Pods, name: str, namespace: str | None, queue: str | None
-) -> dict:
+def jobset(cluster: Cluster, pods: Pods, name: str, namespace: str | None, queue: str | None) -> dict:
     """The JobSet as a dict."""
     seen = pods_cluster(cluster, name)
     replicated = []
@@ -466,7 +470,11 @@ def jobset(
             # The old pods (same names) get their grace period to save before the new ones start.
             "restartStrategy": "BlockingRecreate",
             "rules": [
-                {"name": "PermanentError", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+                {
+                    "name": "PermanentError",
+                    "action": "FailJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
+                }
             ],
         },
         "replicatedJobs": replicated,
@@ -507,7 +515,9 @@ def render(
             "is no longer maintained); leave --kind out for a JobSet, which Kueue admits"
         )
     if resources.gpus and "--clone_on_cpu" in passed_on:
-        raise K8sError("--gpus: 'True': the trainers' replicas are CPU devices (--clone_on_cpu); pass one of them")
+        raise K8sError(
+            "--gpus: 'True': the trainers' replicas are CPU devices (--clone_on_cpu); pass one of them"
+        )
     if kind == JOBSET:
         check_pod_names(cluster, name)
     args, needs_volume = [], False
@@ -519,7 +529,11 @@ def render(
     mount = posixpath.normpath(mount_path)
     pvc = (pvc or f"{name}-model-dir") if needs_volume else None
     pods = Pods(image, tuple(args), pvc, mount, grace_period, resources, restarts)
-    doc = jobset(cluster, pods, name, namespace, queue) if kind == JOBSET else tfjob(cluster, pods, name, namespace)
+    doc = (
+        jobset(cluster, pods, name, namespace, queue)
+        if kind == JOBSET
+        else tfjob(cluster, pods, name, namespace)
+    )
     try:
         return quote.yaml_dump(doc, header(kind, cluster, cluster_path, pods, name, queue))
     except quote.QuoteError as e:
@@ -553,7 +567,9 @@ def header(kind: str, cluster: Cluster, cluster_path: str, pods: Pods, name: str
             **values,
             name=name,
             index_var=INDEX_VAR,
-            kueue=f" and Kueue with the LocalQueue {queue} (created suspended: Kueue admits it)" if queue else "",
+            kueue=f" and Kueue with the LocalQueue {queue} (created suspended: Kueue admits it)"
+            if queue
+            else "",
             hosts_note=(
                 f"the pods' DNS names above with the ports of {cluster_path}, not its addresses"
                 if moved
@@ -574,7 +590,11 @@ def header(kind: str, cluster: Cluster, cluster_path: str, pods: Pods, name: str
                 else ""
             ),
         )
-    roles = ("PS replicas", "Chief", "Chief and Workers", "PS") if kind == TFJOB else ("ps", "master", "master and workers", "ps")
+    roles = (
+        ("PS replicas", "Chief", "Chief and Workers", "PS")
+        if kind == TFJOB
+        else ("ps", "master", "master and workers", "ps")
+    )
     strategy_note = (
         f"Strategy: parameter_server ({roles[0]} hold the variables; {roles[1]} coordinates).\n"
         if cluster.strategy == PARAMETER_SERVER
