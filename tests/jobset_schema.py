@@ -4,6 +4,7 @@ unknown fields refused where the server would prune them), the creation checks o
 that the schema cannot express, and Kubernetes' `$(VAR)` expansion of a container's env and args."""
 
 import copy
+import functools
 import gzip
 import hashlib
 import os
@@ -38,8 +39,9 @@ def crd_bytes() -> bytes:
         return f.read()
 
 
+@functools.cache
 def crd() -> dict:
-    return yaml.safe_load(crd_bytes())
+    return yaml.load(crd_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def cel_rules(node) -> list[str]:

@@ -586,7 +586,7 @@ def header(kind: str, cluster: Cluster, cluster_path: str, pods: Pods, name: str
             evaluator_note=(
                 "- The evaluator runs its own supervisor (`train --max_restarts`): any exit restarts it "
                 f"alone, up to {pods.restarts.budget}\n  times; past them training goes on without it.\n"
-                if any(cluster.tasks_of(r) for r in pods.restarts.sidecars)
+                if pods.restarts.budget and any(cluster.tasks_of(r) for r in pods.restarts.sidecars)
                 else ""
             ),
         )
