@@ -233,6 +233,13 @@ def test_restarts_follow_the_supervisors_rules(which, tmp_path, capsys):
         assert "--max_restarts=5" in args
     for role in set(rjobs(doc)) - {"evaluator"}:
         assert not any(a.startswith("--max_restarts") for a in pod_view(rjobs(doc)[role], 0)[1])
+    # No budget: no supervisor in the evaluator's pod, and the header does not promise one.
+    text, doc = write(capsys, path, "--max_restarts=0")
+    assert doc["spec"]["failurePolicy"]["maxRestarts"] == 0
+    assert all(rjob["template"]["spec"]["backoffLimit"] == 0 for rjob in rjobs(doc).values())
+    for rjob in rjobs(doc).values():
+        assert not any(a.startswith("--max_restarts") for a in pod_view(rjob, 0)[1])
+    assert "its own supervisor" not in text
 
 
 @pytest.mark.parametrize("which", CLUSTERS)

@@ -313,7 +313,7 @@ class Pods:
         clones = replica_clones(cluster, role, list(self.flags))
         flags = [a for a in self.flags if not a.startswith(commandline.NUM_CLONES)]
         flags += [f"{commandline.NUM_CLONES}{clones}"] if clones else []
-        if index is not None and role in self.restarts.sidecars:
+        if index is not None and role in self.restarts.sidecars and self.restarts.budget:
             # Its failures are never the job's: its own supervisor restarts it within the budget
             # and exits 0 past it, as under launch; Kubernetes sees the pod lost only.
             flags += [f"--max_restarts={self.restarts.budget}"]
