@@ -21,6 +21,7 @@ from od_dist.cluster.spec import InvalidCluster
 from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
 from od_dist.job import exit_codes
 from od_dist.job.strategy import ALL_REDUCE_PACKS
+from od_dist.job.watch import LOST_PEER_TIMEOUT_S
 
 
 class UsageError(Exception):
@@ -197,6 +198,15 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_integer(
+        "lost_peer_timeout",
+        LOST_PEER_TIMEOUT_S,
+        "multi_worker_mirrored: seconds another trainer may stay unreachable (a network outage, "
+        "a switch restarting) before this trainer takes it for lost and exits 138 to be restarted "
+        "with every trainer from the last checkpoint.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
         "wait_timeout",
         300,
         "Seconds to wait for every peer (and for servers: for the "
@@ -311,6 +321,7 @@ def train_config_of(fv: flags.FlagValues, selected, files_here: bool = True):
         fv.data_threads,
         fixed_replica_batch=fv.fixed_replica_batch,
         all_reduce_packs=fv.all_reduce_packs,
+        lost_peer_timeout=fv.lost_peer_timeout,
         files_here=files_here,
     )
 

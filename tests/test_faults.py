@@ -243,7 +243,7 @@ def _slow_state_write(write):
             print("test: the final save waits for the worker to exit", flush=True)
             while is_listening("127.0.0.1", port):
                 time.sleep(0.2)
-            time.sleep(2 * (watch.TRAINER_GONE_S + watch.PROBE_S))
+            time.sleep(2 * (watch.LOST_PEER_TIMEOUT_S + watch.PROBE_S))
             print("test: the final save goes on", flush=True)
         return write(save_dir, model_checkpoint_path, *args, **kwargs)
 

@@ -14,6 +14,7 @@ from od_dist.cluster import validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.job import threads as threads_mod
 from od_dist.job.strategy import ALL_REDUCE_PACKS
+from od_dist.job.watch import LOST_PEER_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ class TrainConfig:
     fixed_replica_batch: bool = False  # --fixed_replica_batch
     all_reduce_packs: int = ALL_REDUCE_PACKS  # --all_reduce_packs (multi_worker_mirrored)
     replicas: int = 1  # replicas in sync in the whole job (replicas_in_job)
+    lost_peer_timeout: int = LOST_PEER_TIMEOUT_S  # --lost_peer_timeout (multi_worker_mirrored)
 
     @property
     def role(self) -> str:
@@ -248,6 +250,7 @@ def train_config(
     data_threads: int | None = None,
     fixed_replica_batch: bool = False,
     all_reduce_packs: int = ALL_REDUCE_PACKS,
+    lost_peer_timeout: int = LOST_PEER_TIMEOUT_S,
     files_here: bool = True,
 ) -> TrainConfig:
     """The task's configuration, every flag checked (InvalidCluster). `files_here`: the pipeline
@@ -271,6 +274,7 @@ def train_config(
         fixed_replica_batch,
         all_reduce_packs,
         replicas,
+        lost_peer_timeout,
     )
     problems = []
     if fixed_replica_batch and strategy == validate.PARAMETER_SERVER:

@@ -242,7 +242,7 @@ def _watched(config: TrainConfig, peers) -> list:
             ([t for t in peers if t.role == "ps"], False, config.wait_timeout, _after_loss(config)),
         ]
     if config.strategy_name == "multi_worker_mirrored":
-        return [(peers, False, watch.TRAINER_GONE_S, _after_loss(config))]
+        return [(peers, False, config.lost_peer_timeout, _after_loss(config))]
     return []
 
 

@@ -21,8 +21,8 @@ from od_dist.job.server import is_listening
 
 PROBE_S = 2.0
 # multi_worker_mirrored cannot go on without any trainer; a port closed this long is a lost peer
-# (a peer that finished training stops this watch before it closes its port).
-TRAINER_GONE_S = 6.0
+# (a peer that finished training stops this watch before it closes its port). --lost_peer_timeout.
+LOST_PEER_TIMEOUT_S = 6
 
 
 def _names(tasks) -> str:
