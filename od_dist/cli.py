@@ -543,6 +543,8 @@ def cmd_train(fv) -> int:
             fv.max_restarts,
             fv.grace_period,
             tf_config if selected.source == "TF_CONFIG" else None,
+            lead=selected.cluster is None or selected.task == selected.cluster.lead_task(),
+            eval_command=eval_command(fv),
         )
     from od_dist.job import console
 
@@ -664,7 +666,28 @@ def cmd_launch(fv) -> int:
         if code:
             print(f"od-dist launch: {problem}", file=sys.stderr)
             return exit_codes.FAILED
-    return launch.run(cluster.strategy, list(tasks), args, fv.model_dir, fv.max_restarts, fv.grace_period)
+    lead = cluster.lead_task()
+    return launch.run(
+        cluster.strategy,
+        list(tasks),
+        args,
+        fv.model_dir,
+        fv.max_restarts,
+        fv.grace_period,
+        lead=lead.name if lead in tasks else None,
+        eval_command=eval_command(fv),
+    )
+
+
+def eval_command(fv: flags.FlagValues) -> str:
+    """The `od-dist eval` line that evaluates the job's final checkpoint (said when an evaluator
+    gave up)."""
+    import shlex
+
+    args = ["od-dist", "eval", f"--pipeline={fv.pipeline}", f"--model_dir={fv.model_dir}"]
+    if fv.params_override:
+        args.append(f"--params_override={fv.params_override}")
+    return shlex.join(args)
 
 
 def define_shapes_flags(fv: flags.FlagValues) -> None:

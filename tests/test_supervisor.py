@@ -31,7 +31,7 @@ MASTER, PS0, W0, W1, EVAL = (
 JOB = [PS0, W0, W1, MASTER, EVAL]
 
 
-@pytest.mark.parametrize("code", [137, -9, 143, -15, 130, -2, 138])
+@pytest.mark.parametrize("code", [137, -9, 143, -15, 138])
 def test_retryable_exits(code):
     assert decide(PS, "worker", code) == RESTART_TASK  # the coordinator re-queues; it rejoins alone
     assert decide(PS, "evaluator", code) == RESTART_TASK  # training goes on without it
@@ -41,6 +41,18 @@ def test_retryable_exits(code):
     assert decide(MWMS, "master", code) == RESTART_ALL  # an all-reduce cannot lose a member
     assert decide(MWMS, "worker", code) == RESTART_ALL
     assert decide("mirrored", "single", code) == RESTART_ALL
+
+
+@pytest.mark.parametrize("code", [130, -2])
+def test_sigint_is_a_persons_stop_never_restarted(code):
+    """SIGINT reaches a task only from a person: Ctrl+C, or a peer's Ctrl+C passed on through the
+    job (every multi_worker_mirrored trainer saves and exits 130; the master tells the servers)."""
+    for strategy, role in ((PS, "worker"), (PS, "ps"), (PS, "master"), (MWMS, "worker"), (MWMS, "master")):
+        assert decide(strategy, role, code) == supervisor.PERSON
+    assert decide(MWMS, "evaluator", code) == RESTART_TASK  # a sidecar, as for any exit
+    assert plan(MWMS, [MASTER, W0], [(W0, 138), (MASTER, 130)]) == supervisor.Plan(
+        supervisor.PERSON, (MASTER, 130)
+    )
 
 
 @pytest.mark.parametrize("code", [1, 2, 3, 42, 126, 127, 139, -11])
@@ -79,13 +91,21 @@ class Job:
     """Stand-in tasks: each child runs a small script chosen per (task, start number). Restarts
     come at once (no backoff): the backoff's values are test_describe_and_backoff's."""
 
-    def __init__(self, strategy, tasks, scripts, max_restarts=3, grace_s=5.0):
+    def __init__(self, strategy, tasks, scripts, max_restarts=3, grace_s=5.0, **kwargs):
         self.started = []  # (task name, start number)
         self.procs = []
         self.lines = []
         self.scripts = scripts
+        kwargs.setdefault("lead", "master:0" if MASTER in tasks else None)  # as launch and train say
         self.sup = supervisor.Supervisor(
-            strategy, tasks, self.start, self.lines.append, max_restarts, grace_s, backoff=lambda n: 0.0
+            strategy,
+            tasks,
+            self.start,
+            self.lines.append,
+            max_restarts,
+            grace_s,
+            backoff=lambda n: 0.0,
+            **kwargs,
         )
 
     def start(self, t):
@@ -94,7 +114,7 @@ class Job:
         code = self.scripts(t, n)
         proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
         self.procs.append(proc)
-        return supervisor.Running(t, proc)
+        return supervisor.Running(t, proc, f"logs/{t.role}-{t.index}.log")
 
     def run(self, timeout=60):
         result = []
@@ -171,7 +191,7 @@ def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
     assert job.lines[0] == "ps:0 died (exit 137, killed); restart 1/1 of every task in 0 s"
     assert job.lines[1] == (
         "ps:0 died (exit 138, lost a peer); no restart left (--max_restarts 1); stopping every "
-        "task; the first failure (root cause): ps:0 died (exit 137, killed)"
+        "task; the first failure (root cause): ps:0 died (exit 137, killed). Its log: logs/ps-0.log"
     )
 
 
@@ -180,7 +200,8 @@ def test_a_permanent_error_is_not_retried():
     assert job.run() == 2
     assert job.started == [("ps:0", 0), ("master:0", 0)]
     assert job.lines == [
-        "master:0 died (exit 2, invalid input); a permanent error, not retried; stopping every task"
+        "master:0 died (exit 2, invalid input); a permanent error, not retried; stopping every task. "
+        "Its log: logs/master-0.log"
     ]
     job = Job(MWMS, [MASTER, W0], lambda t, n: exits(1) if t.name == "worker:0" else SERVE)
     assert job.run() == 1 and len(job.started) == 2
@@ -246,3 +267,121 @@ def test_nothing_restarts_once_training_is_over():
     assert job.run() == 0, job.lines
     assert len(job.started) == 2
     assert "worker:0 exited after training finished (exit 138, lost a peer); not restarted" in job.lines
+
+
+def test_a_worker_failing_after_the_master_finished_is_a_line():
+    job = Job(MWMS, [MASTER, W0], lambda t, n: exits(0, 0.3) if t.role == "master" else exits(1, 1.0))
+    assert job.run() == 0, job.lines
+    assert "worker:0 exited after training finished (exit 1, a permanent failure); not restarted" in job.lines
+
+
+def test_a_master_failing_after_the_worker_finished_fails_the_job():
+    """The master writes the final checkpoint: once worker 0 finished, its failure (a final save or
+    export that failed) is the job's, named with its log."""
+    job = Job(MWMS, [MASTER, W0], lambda t, n: exits(1, 1.0) if t.role == "master" else exits(0, 0.2))
+    assert job.run() == 1, job.lines
+    assert job.lines[-1] == (
+        "master:0 died after worker:0 finished training (exit 1, a permanent failure); a permanent "
+        "error, not retried; its final checkpoint or export may be missing; stopping every task. "
+        "Its log: logs/master-0.log"
+    )
+    assert len(job.started) == 2
+
+
+def writes_slowly(seconds, done):
+    """A master writing its final checkpoint to a slow share: a few bytes at a time, then done."""
+    return (
+        f"import os, time\nend = time.monotonic() + {seconds}\n"
+        f"with open({str(done)!r} + '.part', 'w') as f:\n"
+        "    while time.monotonic() < end:\n        f.write('x' * 100); f.flush(); time.sleep(0.05)\n"
+        f"os.rename({str(done)!r} + '.part', {str(done)!r})"
+    )
+
+
+def test_a_master_still_writing_after_the_worker_finished_is_waited_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(supervisor, "SERVER_GRACE_S", 1.0)  # what others get; the master gets longer
+    done = tmp_path / "ckpt"
+    job = Job(
+        MWMS,
+        [MASTER, W0],
+        lambda t, n: writes_slowly(4.0, done) if t.role == "master" else exits(0, 0.2),
+        progress_every_s=1.0,
+        stalled_s=2.0,
+    )
+    assert job.run() == 0, job.lines
+    assert done.exists(), "the master was stopped before it finished writing"
+    assert any(
+        line.startswith("master:0 still finishing") and "after worker:0 finished training" in line
+        and "MB written" in line
+        for line in job.lines
+    ), job.lines
+    assert job.lines[-1] == "every task finished"
+
+
+def test_a_master_stalled_after_the_worker_finished_fails_the_job(monkeypatch):
+    monkeypatch.setattr(supervisor, "SERVER_GRACE_S", 1.0)
+    job = Job(
+        MWMS,
+        [MASTER, W0],
+        lambda t, n: "import time; time.sleep(60)" if t.role == "master" else exits(0, 0.2),
+        progress_every_s=0.5,
+        stalled_s=1.5,
+    )
+    start = time.monotonic()
+    assert job.run() == 1, job.lines
+    assert time.monotonic() - start < 15
+    assert job.lines[-1].startswith("master:0 made no progress for ")
+    assert "after worker:0 finished training" in job.lines[-1]
+    assert job.lines[-1].endswith("its final checkpoint or export may be missing. Its log: logs/master-0.log")
+
+
+def test_a_stuck_worker_after_the_master_finished_is_stopped_and_the_job_succeeds(monkeypatch):
+    monkeypatch.setattr(supervisor, "SERVER_GRACE_S", 1.0)
+    job = Job(MWMS, [MASTER, W0], lambda t, n: exits(0, 0.2) if t.role == "master" else SERVE)
+    assert job.run() == 0, job.lines
+    assert "worker:0 still running 1 s after training finished; stopping it (nothing of it is needed)" in job.lines
+
+
+def test_an_evaluator_out_of_restarts_is_the_last_line_with_the_command():
+    command = "od-dist eval --pipeline=p.yaml --model_dir=runs/x"
+    job = Job(
+        PS,
+        [PS0, MASTER, EVAL],
+        lambda t, n: exits(1, 0.1) if t.role == "evaluator" else exits(0, 1.5 if t.role == "master" else 2.0),
+        max_restarts=1,
+        eval_command=command,
+    )
+    assert job.run() == 0, job.lines
+    assert job.lines[-1] == (
+        "training finished; evaluation is missing (evaluator:0 used up its restarts); evaluate the "
+        f"final checkpoint with: {command}"
+    )
+
+
+def test_a_persons_stop_on_another_machine_ends_this_one_with_130_and_no_restart():
+    """`train --max_restarts 3` on the worker's machine: Ctrl+C on the master's machine makes both
+    trainers save and exit 130; this machine's od-dist ends too, not restarting its worker."""
+    job = Job(MWMS, [W0], lambda t, n: exits(130, 0.3))
+    start = time.monotonic()
+    assert job.run() == 130, job.lines
+    assert time.monotonic() - start < 10
+    assert job.started == [("worker:0", 0)]
+    assert job.lines == [
+        "worker:0 was stopped by a person (exit 130, interrupted: Ctrl+C, on this machine or another "
+        "of the job); not restarted: stopping every task"
+    ]
+
+
+def test_a_persons_stop_of_one_task_stops_the_others_trainers_first(tmp_path):
+    """Under launch, SIGINT sent to the master alone: the other trainer is asked to save (SIGINT),
+    then the servers are stopped; nothing restarts."""
+    got = tmp_path / "got"
+    worker = (
+        f"import signal, sys, time\n"
+        f"def stop(signum, frame):\n    open({str(got)!r}, 'w').write(str(signum)); sys.exit(130)\n"
+        f"signal.signal(signal.SIGINT, stop)\ntime.sleep(60)"
+    )
+    job = Job(MWMS, [MASTER, W0], lambda t, n: exits(130, 0.5) if t.role == "master" else worker)
+    assert job.run() == 130, job.lines
+    assert got.read_text() == str(int(signal.SIGINT))
+    assert sorted(job.started) == [("master:0", 0), ("worker:0", 0)]

@@ -169,9 +169,11 @@ def run(
     model_dir: str,
     max_restarts: int,
     grace_s: float,
+    lead: str | None = None,
+    eval_command: str | None = None,
 ) -> int:
     """Starts the tasks, each with its `args` (`train ...`), supervises and restarts them
-    (supervisor.py), returns the job's exit status."""
+    (supervisor.py), returns the job's exit status. `lead`, `eval_command`: supervisor.Supervisor's."""
     log_dir = log_dir_for(model_dir)
     os.makedirs(log_dir, exist_ok=True)
     lock = threading.Lock()
@@ -182,7 +184,17 @@ def run(
     def finish(child: Child) -> None:
         child.reader.join(timeout=5)  # the last lines of a task that exited
 
-    sup = supervisor.Supervisor(strategy, tasks, start, _say, max_restarts, grace_s, finish=finish)
+    sup = supervisor.Supervisor(
+        strategy,
+        tasks,
+        start,
+        _say,
+        max_restarts,
+        grace_s,
+        finish=finish,
+        lead=lead,
+        eval_command=eval_command,
+    )
     previous = handle_signals(sup.on_signal)
     try:
         _say(
@@ -202,9 +214,12 @@ def run_task(
     max_restarts: int,
     grace_s: float,
     tf_config: str | None = None,
+    lead: bool = True,
+    eval_command: str | None = None,
 ) -> int:
     """`od-dist train --max_restarts N`: this machine's one task as a child (its output straight to
-    the console), restarted by the same rules and messages as under launch."""
+    the console), restarted by the same rules and messages as under launch. `lead`: the task writes
+    the final checkpoint."""
 
     def say(message: str) -> None:
         print(f"od-dist train: {message}", file=sys.stderr, flush=True)
@@ -216,6 +231,8 @@ def run_task(
         say,
         max_restarts,
         grace_s,
+        lead=task.name if lead else None,
+        eval_command=eval_command,
     )
     previous = handle_signals(sup.on_signal)
     try:

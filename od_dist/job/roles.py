@@ -227,8 +227,6 @@ def _after_loss(config: TrainConfig) -> str:
 def _watched(config: TrainConfig, peers) -> list:
     """What a trainer watches: under parameter_server, the workers (the job goes on while one is
     left) and each ps; under multi_worker_mirrored, every other trainer."""
-    from od_dist.job import watch
-
     if config.is_coordinator:
         workers = [t for t in peers if t.role == "worker"]
         return [

@@ -11,8 +11,16 @@ The rules (TensorFlow's fault tolerance for parameter-server and multi-worker tr
   - the evaluator is a sidecar: whatever its exit (a pycocotools error, no checkpoint yet), it is
     restarted alone, up to --max_restarts times of its own; past them training goes on without
     it. It never stops the trainers.
+  - a person's stop (a trainer or server that exits 130, SIGINT: Ctrl+C on this machine or, passed
+    on through the job, on another) is never restarted: every task here is stopped, trainers
+    first, and the job exits 130.
 Each restart waits a backoff and counts against --max_restarts; past it the job stops and exits 1
 naming the first failure (the root cause, as torchrun reports it).
+
+The job succeeded only if the lead (the task that writes the final checkpoint: the master, or
+worker 0 without one) exited 0. Once it has, a task that exits otherwise is a line, not a failure;
+while it still runs after another trainer finished (its final save or export, maybe to a slow
+share), it is waited for as long as it makes progress (CPU or bytes written), with a line a minute.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.job import exit_codes
 
 DONE, PERMANENT, RESTART_TASK, RESTART_ALL = "done", "permanent", "restart the task", "restart all"
+PERSON = "stopped by a person"
 BACKOFF_S = 2.0  # before the first restart; doubles each time, up to BACKOFF_MAX_S
 BACKOFF_MAX_S = 30.0
 # Stopping every task for a restart: the lost task held the variables (ps), was the one that saves
@@ -38,6 +47,11 @@ BACKOFF_MAX_S = 30.0
 RESTART_STOP_GRACE_S = 10.0
 SERVER_STOP_GRACE_S = 10.0  # servers and the evaluator hold no training state
 SERVER_GRACE_S = 60.0  # servers stop by themselves within this after the master is done
+PROGRESS_EVERY_S = 60.0  # a lead still finishing after the others: a line this often
+# ...and stopped after this long without progress: long enough for TensorFlow's shutdown, which
+# may wait about a minute for the heartbeats of a peer that is gone.
+STALLED_S = 180.0
+MIN_CPU_SHARE = 0.02  # less CPU than this (and no byte written) is no progress: an idle process
 POLL_S = 0.2
 
 MEANINGS = {
@@ -69,6 +83,8 @@ def decide(strategy: str, role: str, returncode: int) -> str:
         return DONE
     if role == "evaluator":  # a sidecar: its failure is never the job's
         return RESTART_TASK
+    if code == exit_codes.INTERRUPTED:  # SIGINT reaches a task only from a person (its own or a peer's)
+        return PERSON
     if code not in exit_codes.RETRYABLE:
         return PERMANENT
     if role == "worker" and strategy == PARAMETER_SERVER:
@@ -90,7 +106,7 @@ def plan(strategy: str, tasks: list[Task], exits: list[tuple[Task, int]]) -> Pla
     so a restart of every task wins over a permanent failure seen at the same moment: if the
     permanent one was real it happens again and stops the job then."""
     decided = [(decide(strategy, task.role, code), task, code) for task, code in exits]
-    for wanted in (RESTART_ALL, PERMANENT):
+    for wanted in (PERSON, RESTART_ALL, PERMANENT):
         for action, task, code in decided:
             if action == wanted:
                 return Plan(action, (task, code), tuple(tasks) if action == RESTART_ALL else ())
@@ -166,12 +182,58 @@ class Running:
     log_path: str | None = None  # where its output goes, for the messages
 
 
+def _work_done(proc: subprocess.Popen) -> tuple[float, int]:
+    """(CPU seconds, bytes written) so far by a child and its own children; (0, 0) once gone."""
+    import psutil
+
+    cpu, written = 0.0, 0
+    try:
+        root = psutil.Process(proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                cpu += t.user + t.system
+                io = p.io_counters()
+                written += getattr(io, "write_chars", 0) or io.write_bytes
+            except (psutil.Error, AttributeError, NotImplementedError):
+                pass
+    except psutil.Error:
+        pass
+    return cpu, written
+
+
+@dataclass
+class Progress:
+    """Whether a child still does something: CPU used or bytes written since the last look."""
+
+    proc: subprocess.Popen
+    last: tuple[float, int] = (0.0, 0)
+    last_at: float = 0.0
+    last_progress_at: float = 0.0
+
+    def __post_init__(self):
+        self.last, self.last_at = _work_done(self.proc), time.monotonic()
+        self.last_progress_at = self.last_at
+
+    def look(self) -> tuple[float, int]:
+        """The CPU seconds and bytes written since the last look."""
+        now, work = time.monotonic(), _work_done(self.proc)
+        cpu, written = work[0] - self.last[0], work[1] - self.last[1]
+        if written > 0 or cpu >= MIN_CPU_SHARE * (now - self.last_at):
+            self.last_progress_at = now
+        self.last, self.last_at = work, now
+        return cpu, written
+
+
 @dataclass
 class Supervisor:
     """Runs tasks as children, restarting them by the rules above until the job is done.
 
     `start(task)` starts one task and returns its Running; `finish(running)` is called once each
-    child has exited (e.g. to let its output reader finish). `say` prints one line for the user."""
+    child has exited (e.g. to let its output reader finish). `say` prints one line for the user.
+    `lead`: the name of the task here that writes the final checkpoint (the master, or worker 0
+    without one), if it runs here. `eval_command`: the `od-dist eval` line that evaluates the
+    final checkpoint, said when an evaluator gave up."""
 
     strategy: str
     tasks: list[Task]
@@ -181,12 +243,20 @@ class Supervisor:
     grace_s: float  # how long trainers get to save a checkpoint after SIGINT/SIGTERM
     finish: Callable[[Running], None] = lambda r: None
     backoff: Callable[[int], float] = backoff_s  # seconds before restart number n (1-based)
+    lead: str | None = None
+    eval_command: str | None = None
+    progress_every_s: float = PROGRESS_EVERY_S
+    stalled_s: float = STALLED_S
     running: dict[str, Running] = field(default_factory=dict)
     pending: dict[str, float] = field(default_factory=dict)  # task name -> when to start it
     signals: list[int] = field(default_factory=list)
     restarts: int = 0
     first_failure: str | None = None
     evaluator_restarts: dict[str, int] = field(default_factory=dict)  # its own budget, per evaluator
+    no_evaluation: list[str] = field(default_factory=list)  # evaluators that gave up
+    finished: set[str] = field(default_factory=set)  # tasks done for good (exit 0, or after training)
+    first_done: tuple[str, float] | None = None  # the first trainer that finished training, and when
+    lead_progress: Progress | None = None
 
     def on_signal(self, signum, _frame=None) -> None:
         self.signals.append(signum)
@@ -219,14 +289,15 @@ class Supervisor:
             self.finish(r)
         self.running.clear()
 
-    def _interrupt(self) -> int:
-        """The user (or the system) stops the job: trainers first, so they save a checkpoint while
-        the servers still hold the variables; then the rest."""
-        signum = self.signals[0]
+    def _interrupt(self, signum: int, why: str | None = None) -> int:
+        """The job is stopped: by a signal to this supervisor, or (`why`) by a person elsewhere.
+        Trainers first, so they save a checkpoint while the servers still hold the variables;
+        then the rest."""
         try:
             name = signal.Signals(signum).name
         except ValueError:
             name = f"signal {signum}"
+        why = why or name
         trainers = [
             r.task.name
             for r in self.running.values()
@@ -234,20 +305,20 @@ class Supervisor:
         ]
         if trainers:
             self.say(
-                f"{name}: asking {', '.join(trainers)} to save a checkpoint and stop (up to "
+                f"{why}: asking {', '.join(trainers)} to save a checkpoint and stop (up to "
                 f"{self.grace_s:.0f} s; interrupt again to stop at once), then the other tasks"
             )
             for p in self._procs(trainers=True):
                 send(p, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
             if not wait_all(self._procs(trainers=True), self.grace_s, lambda: len(self.signals) > 1):
-                if len(self.signals) == 1:
+                if len(self.signals) <= 1:
                     self.say(
                         f"{', '.join(trainers)} still running after {self.grace_s:.0f} s "
                         "(--grace_period); killing them"
                     )
                 kill_all(self._procs(trainers=True))
         else:
-            self.say(f"{name}: stopping every task")
+            self.say(f"{why}: stopping every task")
         self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
         return exit_codes.INTERRUPTED if signum == signal.SIGINT else exit_codes.TERMINATED
 
@@ -255,13 +326,31 @@ class Supervisor:
         log = self.running[task.name].log_path if task.name in self.running else None
         return f". Its log: {log}" if log else ""
 
+    def _succeeded(self) -> int:
+        """The job's end when the lead finished: exit 0, and a last line when evaluation is missing
+        (0 all the same, as JobSet's success policy on the master has it: the model is trained)."""
+        if self.no_evaluation:
+            command = f": {self.eval_command}" if self.eval_command else " (od-dist eval)"
+            self.say(
+                f"training finished; evaluation is missing ({', '.join(self.no_evaluation)} used up its "
+                f"restarts); evaluate the final checkpoint with{command}"
+            )
+        else:
+            self.say("every task finished")
+        return exit_codes.OK
+
+    def _training_over(self) -> bool:
+        """Every trainer reaches the last step together: once one finished, nothing restarts."""
+        return self.first_done is not None
+
+    def _lead_done(self) -> bool:
+        """The lead exited 0, or no lead runs here and a trainer here finished."""
+        return self.lead in self.finished if self.lead is not None else self._training_over()
+
     def _loop(self) -> int:
-        trainers = [t for t in self.tasks if is_trainer(self.strategy, t.role)]
-        finished: set[str] = set()  # tasks done for good (exit 0, or any exit after training)
-        trainers_done_at = None
         while True:
             if self.signals:
-                return self._interrupt()
+                return self._interrupt(self.signals[0])
             now = time.monotonic()
             for name, due in list(self.pending.items()):
                 if now >= due:
@@ -273,39 +362,64 @@ class Supervisor:
                 code = r.proc.poll()
                 if code is not None:
                     exits.append((r.task, code))
-            # Training is over once a trainer finished (exit 0): under multi_worker_mirrored they
-            # all reach the last step together, and a trainer left behind may hang in TensorFlow's
-            # shutdown or exit 138 for the one that finished first; nothing is restarted then.
-            training_over = any(t.name in finished for t in trainers)
             if exits:
-                result = self._handle(exits, finished, training_over)
+                result = self._handle(exits)
                 if result is not None:
                     return result
-                training_over = any(t.name in finished for t in trainers)
             if not self.running and not self.pending:
-                self.say("every task finished")
-                return exit_codes.OK
-            # Once training is over the servers must stop by themselves soon (the master's stop
-            # marker), the other trainers too; the evaluator after the final checkpoint.
-            if training_over and trainers_done_at is None:
-                trainers_done_at = time.monotonic()
-                for t in self.tasks:  # a task lost meanwhile has nothing left to do
-                    if t.role != "evaluator" and self.pending.pop(t.name, None) is not None:
-                        finished.add(t.name)
-            if trainers_done_at is not None and time.monotonic() - trainers_done_at > SERVER_GRACE_S:
-                stuck = [r.task for r in self.running.values() if r.task.role != "evaluator"]
-                if stuck and len(stuck) == len(self.running):
-                    self.say(
-                        f"{', '.join(t.name for t in stuck)} still running {SERVER_GRACE_S:.0f} s after "
-                        "training finished; stopping them"
-                    )
-                    servers = [t for t in stuck if not is_trainer(self.strategy, t.role)]
-                    return exit_codes.FAILED if servers else exit_codes.OK
+                return self._succeeded()
+            if self.first_done is not None:
+                result = self._after_training()
+                if result is not None:
+                    return result
             time.sleep(POLL_S)
 
-    def _restart_evaluators(self, evaluators, exits, finished: set[str]) -> None:
+    def _after_training(self) -> int | None:
+        """Once a trainer finished: the lead, if still running, is waited for while it makes
+        progress; the other tasks (not the evaluator, which evaluates the final checkpoint) get
+        SERVER_GRACE_S to stop by themselves."""
+        first, done_at = self.first_done
+        now = time.monotonic()
+        lead = self.running.get(self.lead) if self.lead is not None else None
+        if lead is not None:
+            if self.lead_progress is None:
+                self.lead_progress = Progress(lead.proc)
+            progress = self.lead_progress
+            if now - progress.last_at < self.progress_every_s:
+                return None
+            cpu, written = progress.look()
+            if now - progress.last_progress_at >= self.stalled_s:
+                self.say(
+                    f"{lead.task.name} made no progress for {now - progress.last_progress_at:.0f} s after "
+                    f"{first} finished training (no CPU, no byte written); stopping every task; its final "
+                    f"checkpoint or export may be missing{self._log_note(lead.task)}"
+                )
+                return exit_codes.FAILED
+            self.say(
+                f"{lead.task.name} still finishing {now - done_at:.0f} s after {first} finished training "
+                f"(its final checkpoint and export): {cpu:.1f} s CPU, {written / 1e6:.1f} MB written in the "
+                f"last {self.progress_every_s:.0f} s; waiting for it while it makes progress"
+            )
+            return None
+        if now - done_at <= SERVER_GRACE_S:
+            return None
+        stuck = [r.task for r in self.running.values() if r.task.role != "evaluator"]
+        if not stuck or len(stuck) != len(self.running):
+            return None
+        names = ", ".join(t.name for t in stuck)
+        if any(not is_trainer(self.strategy, t.role) for t in stuck):
+            self.say(f"{names} still running {SERVER_GRACE_S:.0f} s after training finished; stopping them")
+            return exit_codes.FAILED
+        self.say(
+            f"{names} still running {SERVER_GRACE_S:.0f} s after training finished; stopping "
+            f"{'them (nothing of theirs' if len(stuck) > 1 else 'it (nothing of it'} is needed)"
+        )
+        self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
+        return self._succeeded()
+
+    def _restart_evaluators(self, evaluators, exits) -> None:
         """Restarts each evaluator alone within its own --max_restarts; past them, training goes on
-        without it."""
+        without it (and the job's last line says so)."""
         codes = dict((t.name, c) for t, c in exits)
         for t in evaluators:
             cause = f"{t.name} died ({describe(codes[t.name])})"
@@ -313,13 +427,14 @@ class Supervisor:
             if n >= self.max_restarts:
                 self.say(
                     f"{cause}; no restart left for it (--max_restarts {self.max_restarts}); training "
-                    f"goes on without evaluation (run od-dist eval afterwards){self._log_note(t)}"
+                    f"goes on without evaluation{self._log_note(t)}"
                 )
-                finished.add(t.name)
+                self.no_evaluation.append(t.name)
+                self.finished.add(t.name)
                 self.finish(self.running.pop(t.name))
                 continue
             self.evaluator_restarts[t.name] = n + 1
-            wait = backoff_s(n + 1)
+            wait = self.backoff(n + 1)
             self.say(
                 f"{cause}; restart {n + 1}/{self.max_restarts} of {t.name} alone in {wait:.0f} s; "
                 f"training goes on{self._log_note(t)}"
@@ -327,28 +442,48 @@ class Supervisor:
             self.finish(self.running.pop(t.name))
             self.pending[t.name] = time.monotonic() + wait
 
-    def _handle(self, exits: list[tuple[Task, int]], finished: set[str], training_over: bool) -> int | None:
+    def _done(self, task: Task) -> None:
+        self.finished.add(task.name)
+        self.finish(self.running.pop(task.name))
+        if self.first_done is None and is_trainer(self.strategy, task.role):
+            self.first_done = (task.name, time.monotonic())
+            for t in self.tasks:  # a task lost meanwhile has nothing left to do
+                if t.role != "evaluator" and self.pending.pop(t.name, None) is not None:
+                    self.finished.add(t.name)
+
+    def _handle(self, exits: list[tuple[Task, int]]) -> int | None:
         """Acts on the tasks that just exited; returns the job's exit status when it is over."""
         for task, code in exits:
-            r = self.running[task.name]
-            if code == 0 or (training_over and task.role != "evaluator"):
-                # Done; or lost after training: nothing left for it to do.
-                if code != 0:
-                    self.say(f"{task.name} exited after training finished ({describe(code)}); not restarted")
-                finished.add(task.name)
-                self.finish(r)
-                del self.running[task.name]
+            if code == 0:
+                self._done(task)
+        for task, code in exits:
+            if task.name not in self.running or task.role == "evaluator" or task.name == self.lead:
+                continue
+            # Nothing of it is needed once the lead is done; a trainer's, once training is over.
+            if self._lead_done() or (self._training_over() and is_trainer(self.strategy, task.role)):
+                self.say(f"{task.name} exited after training finished ({describe(code)}); not restarted")
+                self._done(task)
         exits = [(t, c) for t, c in exits if t.name in self.running]
         if not exits:
             return None
         p = plan(self.strategy, self.tasks, exits)
         task, code = p.cause
-        cause = f"{task.name} died ({describe(code)})"
+        after = f" after {self.first_done[0]} finished training" if self.first_done else ""
+        cause = f"{task.name} died{after} ({describe(code)})"
         if p.action == RESTART_TASK and all(t.role == "evaluator" for t in p.restart):
-            self._restart_evaluators(p.restart, exits, finished)
+            self._restart_evaluators(p.restart, exits)
             return None
+        if p.action == PERSON:
+            return self._interrupt(
+                signal.SIGINT,
+                f"{task.name} was stopped by a person ({describe(code)}: Ctrl+C, on this machine or "
+                "another of the job); not restarted",
+            )
         if p.action == PERMANENT:
-            self.say(f"{cause}; a permanent error, not retried; stopping every task{self._log_note(task)}")
+            lost = "; its final checkpoint or export may be missing" if after and task.name == self.lead else ""
+            self.say(
+                f"{cause}; a permanent error, not retried{lost}; stopping every task{self._log_note(task)}"
+            )
             return (
                 exit_codes.INVALID if exit_codes.normalize(code) == exit_codes.INVALID else exit_codes.FAILED
             )
@@ -369,7 +504,8 @@ class Supervisor:
             self.say(f"{cause}; restart {self.restarts}/{self.max_restarts}{which} in {wait:.0f} s")
             self._stop_all(RESTART_STOP_GRACE_S, trainers_first=False)
             restart = list(self.tasks)
-            finished.clear()
+            self.finished.clear()
+            self.first_done, self.lead_progress = None, None
         else:
             names = ", ".join(t.name for t in p.restart)
             which = f" of {names} alone" if len(self.tasks) > 1 else ""
