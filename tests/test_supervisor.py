@@ -311,7 +311,8 @@ def test_a_master_still_writing_after_the_worker_finished_is_waited_for(tmp_path
     assert job.run() == 0, job.lines
     assert done.exists(), "the master was stopped before it finished writing"
     assert any(
-        line.startswith("master:0 still finishing") and "after worker:0 finished training" in line
+        line.startswith("master:0 still finishing")
+        and "after worker:0 finished training" in line
         and "MB written" in line
         for line in job.lines
     ), job.lines
@@ -339,7 +340,10 @@ def test_a_stuck_worker_after_the_master_finished_is_stopped_and_the_job_succeed
     monkeypatch.setattr(supervisor, "SERVER_GRACE_S", 1.0)
     job = Job(MWMS, [MASTER, W0], lambda t, n: exits(0, 0.2) if t.role == "master" else SERVE)
     assert job.run() == 0, job.lines
-    assert "worker:0 still running 1 s after training finished; stopping it (nothing of it is needed)" in job.lines
+    assert (
+        "worker:0 still running 1 s after training finished; stopping it (nothing of it is needed)"
+        in job.lines
+    )
 
 
 def test_an_evaluator_out_of_restarts_is_the_last_line_with_the_command():

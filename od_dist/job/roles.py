@@ -124,7 +124,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             # waiting --wait_timeout for a master that will not come back and then restarting.
             # SIGTERM is a pause (a drained node, an orchestrator's restart): they stay up for the
             # master's return, as after a crash.
-            _stop_servers(cluster, "was stopped (Ctrl+C)")
+            _stop_servers(cluster, server.STOPPED_BY_PERSON)
         if cluster is not None:
             # The checkpoint is saved and the line printed. A peer that stopped first leaves
             # TensorFlow's shutdown waiting about a minute for its heartbeats: end here instead.

@@ -31,6 +31,9 @@ POLL_S = 0.5
 MASTER_PROBE_S = 5.0
 MASTER_EXIT_WAIT_S = 30.0
 DONE = "finished training"  # the stop marker's text when the master is done
+# ...and when a person stopped it (Ctrl+C): the servers then exit 130 as the master does, so that
+# no supervisor restarts them (supervisor.PERSON).
+STOPPED_BY_PERSON = "was stopped (Ctrl+C)"
 MARKER_WRITE_POLLS = 4  # polls a stop marker may stay empty (being written) before it counts as DONE
 
 
@@ -69,8 +72,8 @@ def bind_port(task: Task) -> socket.socket:
 
 
 def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> int:
-    """Runs this task's server until the master says done (0), a signal (143 for SIGTERM, 130 for
-    SIGINT/SIGBREAK: retryable, unless the master's stop marker is there: 0), or the master stays
+    """Runs this task's server until the master says done (0) or that a person stopped it (130),
+    a signal (143 for SIGTERM, 130 for SIGINT/SIGBREAK, unless the master's word came first), or the master stays
     unreachable for wait_timeout seconds (LOST_PEER, 138: it never came, or it died)."""
     import tensorflow as tf
 
@@ -129,9 +132,9 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
                 if not why and unwritten < MARKER_WRITE_POLLS:  # seen between its creation and its text
                     unwritten += 1
                     continue
-                print(f"{task.name}: the master {why or DONE}; stopping", flush=True)
+                code = _told(task, why)
                 _wait_for_master_exit(master, wait_timeout)
-                return 0
+                return code
             now = time.monotonic()
             if master is not None and now >= next_probe:
                 next_probe = now + MASTER_PROBE_S
@@ -146,9 +149,8 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
                         flush=True,
                     )
                     return exit_codes.LOST_PEER
-        if os.path.exists(marker):  # the master said done, then the signal came: done
-            print(f"{task.name}: the master {_read_marker(marker) or DONE}; stopping", flush=True)
-            return 0
+        if os.path.exists(marker):  # the master said done (or stopped), then the signal came
+            return _told(task, _read_marker(marker))
         # Without the master's word this is a stop, not the end of the job: a supervisor restarts
         # a server stopped this way (SIGTERM: a drained node), as it would after a crash.
         code = exit_codes.TERMINATED if received[0] == signal.SIGTERM else exit_codes.INTERRUPTED
@@ -157,6 +159,16 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     finally:
         if os.path.exists(marker):
             os.remove(marker)
+
+
+def _told(task: Task, why: str) -> int:
+    """The line for the master's word, and the exit code it means: 0 when training is done, 130
+    when a person stopped the job."""
+    if why == STOPPED_BY_PERSON:
+        print(f"{task.name}: the master {why}; stopping; exit {exit_codes.INTERRUPTED}", flush=True)
+        return exit_codes.INTERRUPTED
+    print(f"{task.name}: the master {why or DONE}; stopping", flush=True)
+    return 0
 
 
 def _read_marker(path: str) -> str:

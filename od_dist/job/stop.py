@@ -29,6 +29,11 @@ def code_for(signum: int) -> int:
     return exit_codes.TERMINATED if signum == signal.SIGTERM else exit_codes.INTERRUPTED
 
 
+def request_of(code: int) -> str:
+    """What a stop's exit code says about who asked: a person (Ctrl+C) or the system (SIGTERM)."""
+    return "SIGTERM" if code == exit_codes.TERMINATED else "Ctrl+C"
+
+
 class StopRequest:
     """Records the first stop signal; exits the process at once on a later one."""
 

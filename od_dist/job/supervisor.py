@@ -480,7 +480,9 @@ class Supervisor:
                 "another of the job); not restarted",
             )
         if p.action == PERMANENT:
-            lost = "; its final checkpoint or export may be missing" if after and task.name == self.lead else ""
+            lost = (
+                "; its final checkpoint or export may be missing" if after and task.name == self.lead else ""
+            )
             self.say(
                 f"{cause}; a permanent error, not retried{lost}; stopping every task{self._log_note(task)}"
             )

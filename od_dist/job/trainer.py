@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from od_dist.job.stop import request_of
+
 _PREFIX = "od-dist"
 
 
@@ -203,7 +205,7 @@ def _controller_cls():
             why = (
                 self._od_stop.name
                 if self._od_stop.requested
-                else ", ".join(f"{name} was stopped" for name, _ in asked)
+                else ", ".join(f"{name} was stopped by {request_of(code)}" for name, code in asked)
             )
             raise Stopped(max(code for _, code in asked), step, path, why)
 
