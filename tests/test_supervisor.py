@@ -389,3 +389,28 @@ def test_a_persons_stop_of_one_task_stops_the_others_trainers_first(tmp_path):
     assert job.run() == 130, job.lines
     assert got.read_text() == str(int(signal.SIGINT))
     assert sorted(job.started) == [("master:0", 0), ("worker:0", 0)]
+
+
+WAITED_OUT = (
+    "import os\nfrom od_dist.job import exit_codes\n"
+    "exit_codes.tell_supervisor(exit_codes.WAITED_OUT)\nos._exit(138)"
+)
+
+
+def test_a_pause_elsewhere_is_waited_for_once_within_wait_timeout():
+    """SIGTERM to the master's machine (a drained node): the worker saves and exits 143 with it,
+    is restarted to wait --wait_timeout for the master (one wait: a restart after that would only
+    wait again), then this machine's od-dist ends, 138, naming why."""
+    job = Job(MWMS, [W0], lambda t, n: exits(143, 0.2) if n == 0 else WAITED_OUT)
+    assert job.run() == 138, job.lines
+    assert job.started == [("worker:0", 0), ("worker:0", 1)]
+    assert job.lines[-1] == (
+        "worker:0 waited --wait_timeout for peers that did not come (exit 138, lost a peer); not "
+        "restarted: it would only wait again; stopping every task"
+    )
+
+
+def test_a_server_that_waited_out_its_master_is_not_restarted():
+    job = Job(PS, [PS0, W0], lambda t, n: WAITED_OUT if t.role == "ps" else SERVE)
+    assert job.run() == 138, job.lines
+    assert sorted(job.started) == [("ps:0", 0), ("worker:0", 0)]

@@ -8,6 +8,8 @@ TFJob restarts exactly the pods od-dist would restart itself.
 
 from __future__ import annotations
 
+import os
+
 OK = 0
 FAILED = 1  # permanent: a bug or an unrecoverable runtime failure (no checkpoint to evaluate, ...)
 INVALID = 2  # permanent: invalid input (cluster file, flag, pipeline); nothing was started
@@ -29,3 +31,25 @@ def normalize(returncode: int) -> int:
 
 def is_retryable(returncode: int) -> bool:
     return normalize(returncode) in RETRYABLE
+
+
+# A task run by od-dist's own supervisor (launch, train --max_restarts) can say more than its exit
+# code, which stays the table's for Kubernetes: a file named <its pid>.<word> in this folder.
+NOTES_ENV = "OD_DIST_SUPERVISOR_NOTES"
+WAITED_OUT = "waited-out"  # exit 138 after --wait_timeout without a peer: a restart would wait again
+
+
+def tell_supervisor(word: str) -> None:
+    """Leaves `word` for this process's supervisor, if it has one."""
+    folder = os.environ.get(NOTES_ENV)
+    if folder:
+        try:
+            with open(os.path.join(folder, f"{os.getpid()}.{word}"), "w"):
+                pass
+        except OSError:
+            pass  # the supervisor then restarts it, as for any 138
+
+
+def told(folder: str, pid: int, word: str) -> bool:
+    """Whether the child `pid` left `word` in `folder` (tell_supervisor)."""
+    return os.path.exists(os.path.join(folder, f"{pid}.{word}"))

@@ -89,6 +89,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         # Retryable, like a peer lost later: a peer that is late (a pod still scheduling, a machine
         # still booting) is there at the next try; the server side exits 138 the same way.
         print(f"od-dist: {e}; exit {exit_codes.LOST_PEER}", file=sys.stderr, flush=True)
+        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)  # its restart would only wait again
         return exit_codes.LOST_PEER
     except (devices.DeviceError, server.ServerError) as e:
         raise RoleError(str(e)) from None
@@ -236,11 +237,12 @@ def _watched(config: TrainConfig, peers) -> list:
                 config.wait_timeout,
                 "every worker is gone, so nothing trains; restart them "
                 "on the same addresses to rejoin, or restart the job to resume from the last checkpoint",
+                True,
             ),
-            ([t for t in peers if t.role == "ps"], False, config.wait_timeout, _after_loss(config)),
+            ([t for t in peers if t.role == "ps"], False, config.wait_timeout, _after_loss(config), True),
         ]
     if config.strategy_name == "multi_worker_mirrored":
-        return [(peers, False, config.lost_peer_timeout, _after_loss(config))]
+        return [(peers, False, config.lost_peer_timeout, _after_loss(config), False)]
     return []
 
 

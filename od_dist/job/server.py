@@ -148,6 +148,7 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
                         file=sys.stderr,
                         flush=True,
                     )
+                    exit_codes.tell_supervisor(exit_codes.WAITED_OUT)  # its restart would wait again
                     return exit_codes.LOST_PEER
         if os.path.exists(marker):  # the master said done (or stopped), then the signal came
             return _told(task, _read_marker(marker))

@@ -26,8 +26,10 @@ share), it is waited for as long as it makes progress (CPU or bytes written), wi
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -257,6 +259,7 @@ class Supervisor:
     finished: set[str] = field(default_factory=set)  # tasks done for good (exit 0, or after training)
     first_done: tuple[str, float] | None = None  # the first trainer that finished training, and when
     lead_progress: Progress | None = None
+    notes: str = ""  # the folder where children leave words (exit_codes.tell_supervisor)
 
     def on_signal(self, signum, _frame=None) -> None:
         self.signals.append(signum)
@@ -265,6 +268,9 @@ class Supervisor:
 
     def run(self) -> int:
         """Starts every task and supervises them; returns the job's exit status."""
+        previous = os.environ.get(exit_codes.NOTES_ENV)
+        self.notes = tempfile.mkdtemp(prefix="od-dist-notes-")
+        os.environ[exit_codes.NOTES_ENV] = self.notes  # the children inherit it
         try:
             for task in self.tasks:
                 self.running[task.name] = self.start(task)
@@ -272,6 +278,11 @@ class Supervisor:
         finally:
             # Whatever happened (an exception included), no child outlives the supervisor.
             self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
+            if previous is None:
+                os.environ.pop(exit_codes.NOTES_ENV, None)
+            else:
+                os.environ[exit_codes.NOTES_ENV] = previous
+            shutil.rmtree(self.notes, ignore_errors=True)
 
     def _procs(self, trainers: bool | None = None) -> list[subprocess.Popen]:
         return [
@@ -321,6 +332,16 @@ class Supervisor:
             self.say(f"{why}: stopping every task")
         self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
         return exit_codes.INTERRUPTED if signum == signal.SIGINT else exit_codes.TERMINATED
+
+    def _waited_out(self, task: Task) -> bool:
+        """The task said it exits 138 after --wait_timeout without its peers (a pause elsewhere
+        that did not end, a machine that never came): one wait, not one per restart."""
+        r = self.running.get(task.name)
+        return (
+            r is not None
+            and bool(self.notes)
+            and exit_codes.told(self.notes, r.proc.pid, exit_codes.WAITED_OUT)
+        )
 
     def _log_note(self, task: Task) -> str:
         log = self.running[task.name].log_path if task.name in self.running else None
@@ -479,6 +500,14 @@ class Supervisor:
                 f"{task.name} was stopped by a person ({describe(code)}: Ctrl+C, on this machine or "
                 "another of the job); not restarted",
             )
+        waited = [(t, c) for t, c in exits if self._waited_out(t)]
+        if waited and p.action in (RESTART_ALL, RESTART_TASK):
+            task, code = waited[0]
+            self.say(
+                f"{task.name} waited --wait_timeout for peers that did not come ({describe(code)}); not "
+                "restarted: it would only wait again; stopping every task"
+            )
+            return exit_codes.LOST_PEER
         if p.action == PERMANENT:
             lost = (
                 "; its final checkpoint or export may be missing" if after and task.name == self.lead else ""

@@ -30,9 +30,11 @@ def _names(tasks) -> str:
 
 
 class Watch:
-    """Probes groups of peers in a daemon thread. A group is (tasks, every, timeout_s, why): lost
-    when one of its tasks (every=False) or all of them (every=True) stayed unreachable for
-    timeout_s; then prints one line and exits the process with LOST_PEER."""
+    """Probes groups of peers in a daemon thread. A group is (tasks, every, timeout_s, why,
+    waited_out): lost when one of its tasks (every=False) or all of them (every=True) stayed
+    unreachable for timeout_s; then prints one line and exits the process with LOST_PEER.
+    `waited_out`: timeout_s is --wait_timeout, so a supervisor is told a restart would only wait
+    again (exit_codes.WAITED_OUT)."""
 
     def __init__(self, who: str, groups):
         self.who = who
@@ -56,7 +58,7 @@ class Watch:
         gone_since: dict = {}
         while not self._stop.wait(PROBE_S):
             now = time.monotonic()
-            for tasks, every, timeout_s, why in self.groups:
+            for tasks, every, timeout_s, why, waited_out in self.groups:
                 for t in tasks:
                     if is_listening(t.address.host, t.address.port):
                         gone_since.pop(t.name, None)
@@ -64,6 +66,8 @@ class Watch:
                         gone_since.setdefault(t.name, now)
                 lost = [t for t in tasks if now - gone_since.get(t.name, now) >= timeout_s]
                 if lost and (not every or len(lost) == len(tasks)) and not self._stop.is_set():
+                    if waited_out:
+                        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)
                     exit_lost(self.who, f"lost {_names(lost)} (unreachable for {timeout_s:.0f} s); {why}")
 
 
