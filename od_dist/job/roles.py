@@ -116,16 +116,18 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
                 who=who,
                 on_model=_model_built(config, dist, who),
                 on_last_loop=peers_watch.stop,
+                peer_requests=_server_requests(config, peers),
             )
     except trainer.Stopped as e:
         saved = f"saved {e.path}" if e.path else "the master saved it"
         print(f"{who}: stopped at step {e.step} ({e.why}); {saved}; exit {e.code}", flush=True)
         if config.is_coordinator and e.code == exit_codes.INTERRUPTED:
-            # Ctrl+C (or Ctrl+Break) is a person ending the job: the servers stop too, instead of
-            # waiting --wait_timeout for a master that will not come back and then restarting.
-            # SIGTERM is a pause (a drained node, an orchestrator's restart): they stay up for the
-            # master's return, as after a crash.
-            _stop_servers(cluster, server.STOPPED_BY_PERSON)
+            # Ctrl+C (or Ctrl+Break) here or on a server is a person ending the job: the servers
+            # stop too (exit 130), instead of waiting --wait_timeout for a master that will not
+            # come back and then restarting. SIGTERM is a pause (a drained node, an orchestrator's
+            # restart): they stay up for the master's return, as after a crash.
+            own = e.why in ("SIGINT", "SIGBREAK")
+            _stop_servers(cluster, server.STOPPED_BY_PERSON if own else server.stopped_the_job(e.why))
         if cluster is not None:
             # The checkpoint is saved and the line printed. A peer that stopped first leaves
             # TensorFlow's shutdown waiting about a minute for its heartbeats: end here instead.
@@ -135,7 +137,9 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         print(f"od-dist: {who}: {e}", file=sys.stderr, flush=True)
         return exit_codes.INVALID
     except Exception as e:  # noqa: BLE001 - TensorFlow's error for a lost peer: name it, exit 138
-        lost = watch.lost_in_error(str(e), peers) if _is_peer_error(e) else []
+        # A peer error that names none (a collective aborted when the coordination service's
+        # heartbeat timed out over a network outage) is still a lost peer: all of them, for all it says.
+        lost = (watch.lost_in_error(str(e), peers) or peers) if _is_peer_error(e) else []
         if not lost:
             missing = _missing_data(e, peers, who)
             if config.is_coordinator:
@@ -202,6 +206,17 @@ def _missing_data(e: Exception, peers, who: str) -> str | None:
     )
 
 
+def _server_requests(config: TrainConfig, peers):
+    """The parameter_server master reads the servers' stop requests (a Ctrl+C on a server's
+    machine) at each loop boundary; other trainers have none to read."""
+    if not config.is_coordinator:
+        return None
+    from od_dist.job import server
+
+    servers = [t for t in peers if t.role in ("ps", "worker")]
+    return lambda: server.stop_requests(config.selected.cluster, servers)
+
+
 def _stop_servers(cluster, why: str) -> None:
     """Tells the ps and parameter_server workers to exit 0 (their stop marker says `why`)."""
     from od_dist.job import server
@@ -249,7 +264,15 @@ def _watched(config: TrainConfig, peers) -> list:
 def _is_peer_error(e: Exception) -> bool:
     import tensorflow as tf
 
-    return isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError))
+    return isinstance(
+        e,
+        (
+            tf.errors.UnavailableError,
+            tf.errors.AbortedError,
+            tf.errors.CancelledError,
+            tf.errors.DeadlineExceededError,  # a peer's heartbeat missed (a network outage)
+        ),
+    )
 
 
 def run_evaluator(config: TrainConfig) -> int:

@@ -31,9 +31,12 @@ POLL_S = 0.5
 MASTER_PROBE_S = 5.0
 MASTER_EXIT_WAIT_S = 30.0
 DONE = "finished training"  # the stop marker's text when the master is done
-# ...and when a person stopped it (Ctrl+C): the servers then exit 130 as the master does, so that
-# no supervisor restarts them (supervisor.PERSON).
+# ...and when a person stopped it (Ctrl+C), or a server (stopped_the_job): the servers then exit 130
+# as the master does, so that no supervisor restarts them (supervisor.PERSON).
 STOPPED_BY_PERSON = "was stopped (Ctrl+C)"
+# A server stopped with Ctrl+C asks the master to save and end the job (stop_request), and waits
+# this long for its word (--grace_period's default: a loop plus a save).
+PERSON_STOP_WAIT_S = 120.0
 MARKER_WRITE_POLLS = 4  # polls a stop marker may stay empty (being written) before it counts as DONE
 
 
@@ -45,6 +48,21 @@ def stop_marker(cluster: Cluster, task: Task) -> str:
     """Relative on purpose: it resolves in the server's own working directory, on its own machine.
     It names the job (Cluster.job_id) as well as the task: jobs may share a directory (an NFS home)."""
     return f".od-dist-stop-{cluster.job_id()}-{task.tf_job}-{task.index}"
+
+
+def stop_request(cluster: Cluster, task: Task) -> str:
+    """What a server stopped by a person leaves in its working directory for the master to read
+    through it (stop_requests): relative, named like its stop marker."""
+    return stop_marker(cluster, task).replace("-stop-", "-stop-request-", 1)
+
+
+def stopped_the_job(why: str) -> str:
+    """The master's word to the servers when it stopped for a server's request."""
+    return f"stopped the job: {why}"
+
+
+def is_person_stop(why: str) -> bool:
+    return "Ctrl+C" in why
 
 
 def is_listening(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -79,11 +97,14 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
 
     bind_port(task).close()
     marker = stop_marker(cluster, task)
+    request = stop_request(cluster, task)
     try:
         # Left by an earlier run, it is no stop request for this one; and the master will write it here.
         with open(marker, "w"):
             pass
         os.remove(marker)
+        if os.path.exists(request):
+            os.remove(request)
     except OSError as e:
         print(
             f"{task.name}: cannot write in its working directory {os.getcwd()} ({e.strerror}): the master "
@@ -125,8 +146,15 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     last_seen = time.monotonic()
     next_probe = 0.0
     unwritten = 0
+    asked_at = None  # when a Ctrl+C here asked the master to end the job
     try:
-        while not stop.wait(POLL_S):
+        while True:
+            if stop.wait(POLL_S):
+                if asked_at is None and _ask_master(cluster, task, request, received):
+                    asked_at = time.monotonic()
+                    stop.clear()
+                    continue
+                break
             if os.path.exists(marker):
                 why = _read_marker(marker)
                 if not why and unwritten < MARKER_WRITE_POLLS:  # seen between its creation and its text
@@ -135,6 +163,14 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
                 code = _told(task, why)
                 _wait_for_master_exit(master, wait_timeout)
                 return code
+            if asked_at is not None and (
+                time.monotonic() - asked_at > PERSON_STOP_WAIT_S or not is_listening(master.host, master.port)
+            ):
+                print(
+                    f"{task.name}: the master did not answer; stopping, exit {exit_codes.INTERRUPTED}",
+                    flush=True,
+                )
+                return exit_codes.INTERRUPTED
             now = time.monotonic()
             if master is not None and now >= next_probe:
                 next_probe = now + MASTER_PROBE_S
@@ -158,14 +194,37 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
         print(f"{task.name}: stopped by signal {received[0]}; exit {code}", flush=True)
         return code
     finally:
-        if os.path.exists(marker):
-            os.remove(marker)
+        for path in (marker, request):
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _ask_master(cluster: Cluster, task: Task, request: str, received: list) -> bool:
+    """After a first Ctrl+C (SIGINT, SIGBREAK; not SIGTERM, a pause) with the master up: asks it to
+    save a checkpoint and end the job, which it reads at its next loop boundary. False when the
+    server should stop at once instead."""
+    master = cluster.master
+    if len(received) != 1 or received[0] == signal.SIGTERM or master is None:
+        return False
+    if not is_listening(master.host, master.port):
+        return False
+    try:
+        with open(request, "w", encoding="utf-8") as f:
+            f.write(f"{task.name} was stopped by Ctrl+C")
+    except OSError:
+        return False
+    print(
+        f"{task.name}: Ctrl+C: asking the master to save a checkpoint and end the job (up to "
+        f"{PERSON_STOP_WAIT_S:.0f} s; Ctrl+C again to stop at once)",
+        flush=True,
+    )
+    return True
 
 
 def _told(task: Task, why: str) -> int:
     """The line for the master's word, and the exit code it means: 0 when training is done, 130
     when a person stopped the job."""
-    if why == STOPPED_BY_PERSON:
+    if is_person_stop(why):
         print(f"{task.name}: the master {why}; stopping; exit {exit_codes.INTERRUPTED}", flush=True)
         return exit_codes.INTERRUPTED
     print(f"{task.name}: the master {why or DONE}; stopping", flush=True)
@@ -187,6 +246,29 @@ def _wait_for_master_exit(master, limit_s: float) -> None:
     deadline = time.monotonic() + min(limit_s, MASTER_EXIT_WAIT_S)
     while master is not None and time.monotonic() < deadline and is_listening(master.host, master.port):
         time.sleep(POLL_S)
+
+
+def stop_requests(cluster: Cluster, tasks) -> list[str]:
+    """From the connected master, at a loop boundary: what each server stopped by a person asks
+    (`ps:0 was stopped (Ctrl+C)`), read through the server itself as its stop marker is written.
+    A server that cannot be reached asks nothing here: the master's peer watch deals with it."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+    from tensorflow.python.eager import executor as executor_lib
+
+    asked = []
+    for task in tasks:
+        try:
+            with (
+                context.executor_scope(executor_lib.new_executor(enable_async=False)),
+                tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"),
+            ):
+                found = tf.io.matching_files(stop_request(cluster, task)).numpy()
+                if len(found):
+                    asked.append(tf.io.read_file(found[0]).numpy().decode("utf-8", "replace").strip())
+        except tf.errors.OpError as e:
+            logging.info("could not read the stop request of %s: %s", task.name, e)
+    return [a for a in asked if a]
 
 
 def send_stop(cluster: Cluster, tasks, why: str = DONE, timeout_s: float = 30.0) -> dict[str, str]:

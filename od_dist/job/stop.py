@@ -37,8 +37,10 @@ def request_of(code: int) -> str:
 class StopRequest:
     """Records the first stop signal; exits the process at once on a later one."""
 
-    def __init__(self, who: str = "od-dist"):
+    def __init__(self, who: str = "od-dist", peer_requests=None):
         self.who = who
+        self.peer_requests = peer_requests  # () -> the stop requests of peers (parameter_server servers)
+        self.why = ""  # a peer's request, taken as a Ctrl+C here
         self.signum: int | None = None
         self._first_at = 0.0
         self._lock = threading.Lock()
@@ -57,7 +59,22 @@ class StopRequest:
 
     @property
     def name(self) -> str:
+        """The signal's name, or the peer's request that stopped it."""
+        if self.why:
+            return self.why
         return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def poll_peers(self) -> None:
+        """At a loop boundary: a peer's stop request (a server stopped with Ctrl+C) counts as a
+        Ctrl+C here, so the job ends with a checkpoint as it would for the master's own."""
+        if self.signum is not None or self.peer_requests is None:
+            return
+        asked = self.peer_requests()
+        if asked:
+            with self._lock:
+                if self.signum is None:
+                    self.signum, self.why, self._first_at = signal.SIGINT, ", ".join(asked), time.monotonic()
+            print(f"{self.who}: {', '.join(asked)}; saving a checkpoint and ending the job", flush=True)
 
     def note(self, signum: int) -> None:
         with self._lock:

@@ -328,6 +328,16 @@ class Supervisor:
                         "(--grace_period); killing them"
                     )
                 kill_all(self._procs(trainers=True))
+        elif signum == signal.SIGINT and any(p.poll() is None for p in self._procs()):
+            # Servers alone here (a ps's machine): Ctrl+C asks the master (elsewhere) to save and
+            # end the job; they exit once it has answered (server.py).
+            self.say(
+                f"{why}: asking the master to save a checkpoint and end the job (up to {self.grace_s:.0f} s; "
+                "interrupt again to stop at once)"
+            )
+            for p in self._procs():
+                send(p, signal.SIGINT)
+            wait_all(self._procs(), self.grace_s, lambda: len(self.signals) > 1)
         else:
             self.say(f"{why}: stopping every task")
         self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
@@ -351,10 +361,9 @@ class Supervisor:
         """The job's end when the lead finished: exit 0, and a last line when evaluation is missing
         (0 all the same, as JobSet's success policy on the master has it: the model is trained)."""
         if self.no_evaluation:
-            command = f": {self.eval_command}" if self.eval_command else " (od-dist eval)"
             self.say(
                 f"training finished; evaluation is missing ({', '.join(self.no_evaluation)} used up its "
-                f"restarts); evaluate the final checkpoint with{command}"
+                f"restarts); evaluate the final checkpoint with: {self.eval_command or 'od-dist eval'}"
             )
         else:
             self.say("every task finished")

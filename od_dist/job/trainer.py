@@ -190,6 +190,7 @@ def _controller_cls():
             checkpoint at this same step, then raises Stopped."""
             if self._od_stop is None:
                 return
+            self._od_stop.poll_peers()
             asked = [(name, code) for name, code in self._od_all_trainers(self._od_stop.code) if code]
             if not asked:
                 return
@@ -468,6 +469,7 @@ def train(
     who: str = "single",
     on_last_loop=None,
     on_model=None,
+    peer_requests=None,
 ) -> int:
     """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``; returns the
     final step.
@@ -477,7 +479,8 @@ def train(
     Model Garden does (on the chief only). ``data_threads`` > 0 caps the input pipeline's
     tf.data thread pool (--data_threads). SIGTERM/SIGINT/SIGBREAK stop it at the end of the
     current loop with a checkpoint: raises Stopped (see od_dist.job.stop). ``on_last_loop`` is
-    called once the last loop has run, before the final checkpoint is saved.
+    called once the last loop has run, before the final checkpoint is saved. ``peer_requests``:
+    () -> the stop requests of peers, read at each loop boundary (stop.StopRequest.poll_peers).
     """
     import tensorflow as tf
     from official.core import train_utils
@@ -493,7 +496,7 @@ def train(
     params = params.replace()
     params.override({"trainer": {"preemption_on_demand_checkpoint": False}}, is_strict=True)
     start = time.time()
-    with stop_mod.StopRequest(who) as stop:
+    with stop_mod.StopRequest(who, peer_requests) as stop:
         controller = _run(
             params,
             model_dir,
