@@ -294,7 +294,8 @@ def cpu_seconds(proc):
 def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path, data_dir, procs):
     """kill -9 of a worker: the master trains on; the worker restarted by hand rejoins (it burns
     CPU on steps again); SIGTERM to the master mid-loop saves a checkpoint (exit 143) while the
-    servers wait; the master restarted resumes from it; Ctrl+C to it stops every process."""
+    servers wait; the master restarted resumes from it; Ctrl+C to the ps stops every process, the
+    master after a checkpoint."""
     cluster = write_cluster(tmp_path, ps=1, workers=2)
     model_dir = tmp_path / "model"
 
@@ -350,25 +351,29 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
     assert stopped == master.step() and checkpoint_step(str(model_dir)) == stopped
     assert all(p.proc.poll() is None for p in (ps, w0, w1))  # the servers wait for the master's restart
 
-    # Restarted, it resumes there. Ctrl+C to it is a person ending the job: it saves, tells the
-    # servers, and every process exits 130 instead of the servers
-    # waiting --wait_timeout and then being restarted by their own supervisors.
+    # Restarted, it resumes there. Ctrl+C on the ps's machine is a person ending the job: the ps
+    # asks the master, which saves, tells the servers, and every process exits 130 (no supervisor
+    # restarts them), instead of the master losing the ps and every machine waiting --wait_timeout.
     master = task("master", 0, name="master-restarted")
     master.wait_step(stopped, 400)
     assert re.search(rf"restored (model )?from .*ckpt-{stopped}\b", master.out), master.out[-3000:]
     assert [int(s) for s in PROGRESS.findall(master.out)][0] == stopped + 5
-    master.proc.send_signal(signal.SIGINT)
+    ps.proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
     assert master.wait(180) == 130, master.out[-3000:]
     m = STOPPED.search(master.out)
-    assert m and m.group(3) == "SIGINT" and checkpoint_step(str(model_dir)) == int(m.group(2)), master.out[
-        -3000:
-    ]
-    assert "master: was stopped (Ctrl+C); told ps:0, worker:0, worker:1 to stop" in master.out, master.out[
-        -3000:
-    ]
-    for p in (ps, w0, w1):  # 130 as the master: no supervisor of theirs restarts them
-        assert p.wait(90) == 130, p.out[-2000:]  # told: their --wait_timeout is 180 s
-        assert "the master was stopped (Ctrl+C); stopping; exit 130" in p.out, p.out[-2000:]
+    assert m and m.group(3) == "ps:0 was stopped by Ctrl+C", master.out[-3000:]
+    assert checkpoint_step(str(model_dir)) == int(m.group(2)), master.out[-3000:]
+    assert "master: stopped the job: ps:0 was stopped by Ctrl+C; told ps:0, worker:0, worker:1 to stop" in (
+        master.out
+    ), master.out[-3000:]
+    assert "ps:0: Ctrl+C: asking the master to save a checkpoint and end the job" in ps.out, ps.out[-2000:]
+    for p in (ps, w0, w1):  # told: their --wait_timeout is 180 s
+        assert p.wait(90) == 130, p.out[-2000:]
+        assert "the master stopped the job: ps:0 was stopped by Ctrl+C; stopping; exit 130" in p.out, p.out[
+            -2000:
+        ]
+    print(f"parameter_server: Ctrl+C to the ps: every process gone {time.monotonic() - sent:.1f} s after it")
 
 
 def test_multi_worker_mirrored_pair_stop_mismatch_and_lost_trainer(tmp_path, data_dir, procs):
