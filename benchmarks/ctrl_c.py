@@ -32,6 +32,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def small_data(work: str) -> str:
+    """The shapes records a short run trains on, written under `work`; returns their folder."""
+    data = os.path.join(work, "data")
+    subprocess.run(
+        [PY, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=200", "--num_val=8"],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return data
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategy", choices=sorted(ROLES), default="multi_worker_mirrored")
@@ -44,13 +56,7 @@ def main(argv=None) -> int:
         parser.error(f"--stop: {args.stop!r}: one of {', '.join(roles)} under {args.strategy}")
     work = args.keep or tempfile.mkdtemp(prefix="od-dist-ctrl-c-")
     os.makedirs(work, exist_ok=True)
-    data = os.path.join(work, "data")
-    subprocess.run(
-        [PY, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=200", "--num_val=8"],
-        cwd=REPO,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    data = small_data(work)
     cluster = os.path.join(work, "cluster.yaml")
     with open(cluster, "w") as f:
         for role in roles:

@@ -30,6 +30,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import netns  # noqa: E402 (the tests' simulated machines)
+from ctrl_c import small_data  # noqa: E402 (benchmarks/: this script's folder)
 
 PIPELINE = os.path.join(REPO, "pipelines", "shapes_retinanet.yaml")
 PY = sys.executable
@@ -134,13 +135,7 @@ def main(argv=None) -> int:
     netns.remove_stale()
     work = args.keep or tempfile.mkdtemp(prefix="od-dist-outage-")
     os.makedirs(work, exist_ok=True)
-    data_dir = os.path.join(work, "data")
-    subprocess.run(
-        [PY, "-m", "od_dist", "data", "shapes", f"--out={data_dir}", "--num_train=200", "--num_val=8"],
-        cwd=REPO,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    data_dir = small_data(work)
     print(f"--lost_peer_timeout {args.lost_peer_timeout}; logs in {work}", flush=True)
     for seconds in (float(s) for s in args.outages.split(",")):
         r = run_outage(seconds, args, work, data_dir)

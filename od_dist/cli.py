@@ -257,9 +257,10 @@ def define_restart_flags(fv: flags.FlagValues, max_restarts: int) -> None:
         "max_restarts",
         max_restarts,
         "Restarts after a task is lost (a retryable exit: "
-        "lost peer, signal), by TensorFlow's rules: a parameter_server worker or an "
+        "lost peer, SIGTERM, SIGKILL), by TensorFlow's rules: a parameter_server worker or an "
         "evaluator alone, anything else every task together from the last checkpoint; "
-        "2 s backoff, doubling. Permanent errors (exit 1, 2) are never retried.",
+        "2 s backoff, doubling. Permanent errors (exit 1, 2) and a person's stop (exit 130: "
+        "Ctrl+C on any machine of the job) are never retried.",
         lower_bound=0,
         flag_values=fv,
     )
@@ -619,7 +620,8 @@ restarted by TensorFlow's rules, up to --max_restarts times: a parameter_server 
 evaluator alone, a ps, the master or any multi_worker_mirrored trainer with every task, from the
 last checkpoint. A permanent error (exit 1, 2) stops every task at once, exit 1 (2) naming it.
 Ctrl+C (SIGTERM) asks the trainers to save and stop, then stops the rest: exit 130 (143); a second
-Ctrl+C stops everything at once. No task outlives the launcher.
+Ctrl+C stops everything at once. A Ctrl+C on another machine of the job ends it here too (exit 130,
+after the checkpoint it saved). It exits 0 only when the master exited 0. No task outlives the launcher.
 
 Example:
   od-dist launch --cluster clusters/local.yaml --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
