@@ -243,7 +243,7 @@ def _slow_state_write(write):
             print("test: the final save waits for the worker to exit", flush=True)
             while is_listening("127.0.0.1", port):
                 time.sleep(0.2)
-            time.sleep(2 * (watch.LOST_PEER_TIMEOUT_S + watch.PROBE_S))
+            time.sleep(2 * (int(os.environ["OD_DIST_TEST_LOST_PEER_S"]) + watch.PROBE_S))
             print("test: the final save goes on", flush=True)
         return write(save_dir, model_checkpoint_path, *args, **kwargs)
 
@@ -286,11 +286,20 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
         "OD_DIST_TEST_WORKER_PORT": open(cluster).read().split("worker: [127.0.0.1:")[1].split("]")[0],
         "OD_DIST_TEST_MODEL_DIR": model_dir,
         "OD_DIST_TEST_FINAL_STEP": "20",
+        "OD_DIST_TEST_LOST_PEER_S": "4",  # --lost_peer_timeout: shorter than the default, a faster test
     }
     # Model Garden's own preemption handler restores the chief alone before training, which puts
     # the two trainers' collectives out of step after a resume; od-dist's trainer turns it off.
     # 20 steps: the kill follows the first checkpoint, so the resumed pair still trains a loop or more.
-    args = launch_args(tmp_path, data_dir, cluster, 20, "--max_restarts=1", "--fixed_replica_batch")
+    args = launch_args(
+        tmp_path,
+        data_dir,
+        cluster,
+        20,
+        "--max_restarts=1",
+        "--fixed_replica_batch",
+        f"--lost_peer_timeout={slow_final_save['OD_DIST_TEST_LOST_PEER_S']}",
+    )
     args[4] += ",trainer.preemption_on_demand_checkpoint=false,runtime.all_reduce_alg=ring"
     job = jobs(*args, cwd=str(tmp_path), env=slow_final_save)
     i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/20")

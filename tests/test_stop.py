@@ -72,3 +72,32 @@ def test_codes_and_restore():
         assert signal.getsignal(signal.SIGINT) is not before
         assert not s.requested and s.code == 0
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_servers_stop_request_stops_the_master_as_a_ctrl_c_here():
+    """Ctrl+C on a parameter_server server's machine: the master reads the server's request at a
+    loop boundary and stops as for its own Ctrl+C (a checkpoint, exit 130), naming who asked."""
+    from od_dist.job.stop import StopRequest
+
+    asked = []
+    stop = StopRequest("master:0", peer_requests=lambda: list(asked))
+    stop.poll_peers()
+    assert not stop.requested
+    asked.append("ps:0 was stopped by Ctrl+C")
+    stop.poll_peers()
+    assert stop.requested and stop.code == 130 and stop.name == "ps:0 was stopped by Ctrl+C"
+
+
+def test_a_server_told_of_a_persons_stop_exits_130_and_of_the_end_0(capsys):
+    from od_dist.cluster.spec import Address, Task
+    from od_dist.job import server
+
+    ps = Task("ps", 0, Address("127.0.0.1", 2222))
+    assert server._told(ps, server.STOPPED_BY_PERSON) == 130
+    assert server._told(ps, server.stopped_the_job("ps:0 was stopped by Ctrl+C")) == 130
+    assert server._told(ps, server.DONE) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "ps:0: the master was stopped (Ctrl+C); stopping; exit 130",
+        "ps:0: the master stopped the job: ps:0 was stopped by Ctrl+C; stopping; exit 130",
+        "ps:0: the master finished training; stopping",
+    ]
