@@ -370,19 +370,21 @@ def render_readme(
         "",
         "Any order. Every trainer and server waits for its peers, up to `--wait_timeout` seconds "
         f"({wait_timeout} s here), and then names the ones still missing; start all machines within "
-        "that window. The servers exit by themselves after the master finishes; Ctrl+C stops any "
-        "task (a trainer saves a checkpoint first).",
+        "that window. The servers exit by themselves after the master finishes. Ctrl+C on any "
+        "machine ends the job on every machine: the trainers save one checkpoint first, and every "
+        "script's `od-dist train` exits 130 without restarting its task.",
         "",
         "## Faults",
         "",
         f"Each script runs its task with `--max_restarts {max_restarts}`: when the task is lost (killed, "
-        "or it lost a peer: exit 130, 137, 138 or 143) the script's `od-dist train` starts it again, "
+        "or it lost a peer: exit 137, 138 or 143) the script's `od-dist train` starts it again, "
         f"up to {max_restarts} times, after 2 s (doubling), so the job heals itself: a lost "
         "parameter_server worker rejoins; when a ps or the master is lost (under "
         "multi_worker_mirrored, any trainer), the other trainers exit 138 naming it and are "
         "restarted too, and training resumes from the last checkpoint in model_dir. A permanent "
-        "error (exit 1, or 2 for invalid input) is not retried. Past the limit, or for a machine "
-        "that is gone for good, stop all tasks and start them all again.",
+        "error (exit 1, or 2 for invalid input) is not retried, nor a task that waited "
+        "`--wait_timeout` for peers that did not come (exit 138 once, not once per restart). Past "
+        "the limit, or for a machine that is gone for good, stop all tasks and start them all again.",
         "",
         "## Firewall: inbound TCP, from these peers only",
         "",
