@@ -96,7 +96,7 @@ def decide(strategy: str, role: str, returncode: int) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    action: str  # DONE, PERMANENT, RESTART_TASK or RESTART_ALL
+    action: str  # DONE, PERSON, PERMANENT, RESTART_TASK or RESTART_ALL
     cause: tuple[Task, int] | None  # the exit that decided it
     restart: tuple[Task, ...] = ()
 
