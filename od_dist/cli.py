@@ -601,7 +601,7 @@ def cmd_eval(fv) -> int:
         pipeline.check_inputs(params, fv.pipeline, evaluate=True)
         devices.apply_policy()
         # Its result is the trainer's one line: od-dist eval | step N | AP ... | AP50 ... | AP75 ...
-        trainer.evaluate_latest(params, fv.model_dir)
+        trainer.evaluate_latest(params, fv.model_dir, fv.pipeline)
         return exit_codes.OK
 
     return _run_role(evaluate)

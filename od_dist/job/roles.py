@@ -93,9 +93,6 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         return exit_codes.LOST_PEER
     except (devices.DeviceError, server.ServerError) as e:
         raise RoleError(str(e)) from None
-    # Here, not before the strategy: building a model initializes TensorFlow, after which neither
-    # logical devices (--clone_on_cpu) nor collectives (multi_worker_mirrored) can be set up.
-    pipeline.check_model(params, config.pipeline)
     print(
         f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
         f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}",
@@ -117,6 +114,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
                 on_model=_model_built(config, dist, who),
                 on_last_loop=peers_watch.stop,
                 peer_requests=_server_requests(config, peers),
+                pipeline_path=config.pipeline,
             )
     except trainer.Stopped as e:
         saved = f"saved {e.path}" if e.path else "the master saved it"
@@ -287,7 +285,6 @@ def run_evaluator(config: TrainConfig) -> int:
     params = _params(config)
     pipeline.check_inputs(params, config.pipeline, evaluate=True)
     devices.apply_policy()  # it often shares a GPU machine with a worker
-    pipeline.check_model(params, config.pipeline)
     lead = config.selected.cluster.lead_task() if config.selected.cluster else None
     master = lead.address if lead else None  # the master, or worker 0 when the cluster has none
     last_seen = [time.monotonic()]
@@ -298,7 +295,11 @@ def run_evaluator(config: TrainConfig) -> int:
         return time.monotonic() - last_seen[0] < config.wait_timeout
 
     metrics = trainer.continuous_eval(
-        params, config.model_dir, timeout_s=min(EVAL_POLL_S, config.wait_timeout), keep_waiting=keep_waiting
+        params,
+        config.model_dir,
+        timeout_s=min(EVAL_POLL_S, config.wait_timeout),
+        keep_waiting=keep_waiting,
+        pipeline_path=config.pipeline,
     )
     if metrics is None:
         raise RoleError(

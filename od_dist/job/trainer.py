@@ -20,6 +20,7 @@ evaluator sidecar's job.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -290,6 +291,23 @@ def _create_optimizer_slots(trainer, strategy) -> None:
             optimizer.build(variables)
 
 
+@contextlib.contextmanager
+def _replica_copies_read():
+    """While the model is built (before any restore or step), a batch-norm statistic (a
+    SyncOnReadVariable) read across replicas gives this replica's copy rather than all-reducing
+    the copies: each replica holds the same initial value then, so the all-reduce gives the same
+    tensor. Keras reads two per batch-norm layer as it builds; under multi_worker_mirrored each
+    one is a collective op, 256 for the demo's model."""
+    from tensorflow.python.distribute import values
+
+    all_reduced = values.SyncOnReadVariable._get_cross_replica
+    values.SyncOnReadVariable._get_cross_replica = lambda self: self._get_on_device_or_primary()
+    try:
+        yield
+    finally:
+        values.SyncOnReadVariable._get_cross_replica = all_reduced
+
+
 def _resolver(strategy):
     return getattr(strategy, "_cluster_resolver", None) or getattr(strategy, "cluster_resolver", None)
 
@@ -424,6 +442,7 @@ def _run(
     stop=None,
     on_model=None,
     on_last_loop=None,
+    pipeline_path: str = "the pipeline",
 ):
     import tensorflow as tf
     from official.core import (
@@ -431,10 +450,18 @@ def _run(
         train_utils,
     )
 
+    from od_dist.model import pipeline
+
     _prepare(params)
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         task = make_task(params, model_dir, data_threads)
+        # Built once and checked (a model that cannot be built is one line naming the pipeline's
+        # key, not a traceback at the first step), here rather than in Model Garden's
+        # create_trainer, whose gin wrapper would add its own line to that error.
+        with _replica_copies_read():
+            model = pipeline.check_model(params, pipeline_path, task.build_model)
+        task.build_model = lambda: model
         trainer_obj = None
         if mode == "train" and _num_ps_workers(strategy) > 1:
             trainer_obj = train_utils.create_trainer(
@@ -482,6 +509,7 @@ def train(
     on_last_loop=None,
     on_model=None,
     peer_requests=None,
+    pipeline_path: str = "the pipeline",
 ) -> int:
     """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``; returns the
     final step.
@@ -493,6 +521,7 @@ def train(
     current loop with a checkpoint: raises Stopped (see od_dist.job.stop). ``on_last_loop`` is
     called once the last loop has run, before the final checkpoint is saved. ``peer_requests``:
     () -> the stop requests of peers, read at each loop boundary (stop.StopRequest.poll_peers).
+    ``pipeline_path`` names the pipeline when its model cannot be built (PipelineError).
     """
     import tensorflow as tf
     from official.core import train_utils
@@ -518,6 +547,7 @@ def train(
             stop=stop,
             on_last_loop=on_last_loop,
             on_model=on_model,
+            pipeline_path=pipeline_path,
         )
     step = int(controller.global_step.numpy())
     print(
@@ -681,7 +711,7 @@ def _eval_params(params):
     return params
 
 
-def evaluate_latest(params, model_dir: str) -> dict:
+def evaluate_latest(params, model_dir: str, pipeline_path: str = "the pipeline") -> dict:
     """Evaluates the latest checkpoint in ``model_dir`` once on the validation split.
 
     Returns the metrics (``step``, COCO ``AP``, ``AP50``, ``AP75``, ``APs`` ... ``ARl``,
@@ -696,13 +726,15 @@ def evaluate_latest(params, model_dir: str) -> dict:
             f"model_dir '{model_dir}': no checkpoint to evaluate; train first "
             "(or pass the model_dir the trainer writes)"
         )
-    controller = _run(_eval_params(params), model_dir, None, "eval")
+    controller = _run(_eval_params(params), model_dir, None, "eval", pipeline_path=pipeline_path)
     if controller.last_eval is None:
         raise TrainerError(f"model_dir '{model_dir}': evaluation produced no metrics")
     return controller.last_eval
 
 
-def continuous_eval(params, model_dir: str, timeout_s: float, keep_waiting=None) -> dict | None:
+def continuous_eval(
+    params, model_dir: str, timeout_s: float, keep_waiting=None, pipeline_path: str = "the pipeline"
+) -> dict | None:
     """Evaluator sidecar: evaluates each new checkpoint in ``model_dir``.
 
     Returns the metrics of the last evaluation right after the checkpoint at
@@ -716,5 +748,5 @@ def continuous_eval(params, model_dir: str, timeout_s: float, keep_waiting=None)
     tf.io.gfile.makedirs(model_dir)
     params = _eval_params(params)
     params.override({"trainer": {"continuous_eval_timeout": int(math.ceil(timeout_s))}}, is_strict=True)
-    controller = _run(params, model_dir, None, "continuous_eval", keep_waiting)
+    controller = _run(params, model_dir, None, "continuous_eval", keep_waiting, pipeline_path=pipeline_path)
     return controller.last_eval
