@@ -1,7 +1,9 @@
 """A small reader of protobuf text format (what an Object Detection API ``pipeline.config`` and a
 ``label_map.pbtxt`` are written in), without the schema: ``name: value``, ``name { ... }`` (also
 ``name: { ... }`` and ``< ... >``), lists ``name: [1, 2]``, ``#`` comments, quoted strings with
-escapes, numbers, ``true``/``false`` and enum names. Blocks nest at most ``MAX_DEPTH`` deep and
+escapes, numbers, ``true``/``false`` and enum names. An extension field (``[full.name] { ... }``,
+``[full.name]: value``; also an ``Any``'s ``[type.googleapis.com/full.name]``) is read and left
+out: its schema lives in a proto we do not have; ``Message.extensions`` names each. Blocks nest at most ``MAX_DEPTH`` deep and
 integers fit 64 bits, as in protobuf's own parsers.
 
 A message is a ``Message``: field name -> list of values (every field may repeat); a value is a
@@ -32,6 +34,7 @@ class Enum(str):
 class Message:
     fields: dict[str, list] = field(default_factory=dict)
     line: int = 1  # where the message (or the file) starts
+    extensions: list[tuple[str, int]] = field(default_factory=list)  # (full name, line) skipped
 
     def get(self, name: str, default=None):
         """The last value of ``name`` (the text format's rule for a repeated scalar), or default."""
@@ -59,7 +62,7 @@ _TOKEN = re.compile(
   | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
   | (?P<number>[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[fF]?)
   | (?P<ident>[-+]?[A-Za-z_][A-Za-z0-9_.]*)
-  | (?P<punct>[{}\[\]<>:,;])
+  | (?P<punct>[{}\[\]<>:,;/])
     """,
     re.X,
 )
@@ -172,12 +175,33 @@ class _Parser:
                 raise TextFormatError(
                     f"missing '{close}' for the block opened on line {line}", tok.line, tok.column
                 )
-            if tok.kind != "ident" or tok.text[0] in "+-":
+            if tok.kind == "punct" and tok.text == "[":
+                name = self.extension_name()
+                self.field(Message(), f"[{name}]")  # read to its end, then left out
+                msg.extensions.append((name, tok.line))
+            elif tok.kind != "ident" or tok.text[0] in "+-":
                 self.fail(tok, "a field name" + (f" or '{close}'" if close else ""))
-            name = self.take().text
-            self.field(msg, name)
+            else:
+                name = self.take().text
+                self.field(msg, name)
             if self.peek().kind == "punct" and self.peek().text in ",;":
                 self.take()
+
+    def extension_name(self) -> str:
+        """``[a.b.C.d]`` or ``[host/a.b.C]`` -> its full name (between the brackets)."""
+        self.take()
+        parts = []
+        while True:
+            tok = self.take()
+            if not (tok.kind == "ident" and tok.text[0] not in "+-"):
+                self.fail(tok, "an extension's full name")
+            parts.append(tok.text)
+            tok = self.take()
+            if tok.kind == "punct" and tok.text == "]":
+                return "".join(parts)
+            if not (tok.kind == "punct" and tok.text == "/"):
+                self.fail(tok, f"']' after '[{''.join(parts)}'")
+            parts.append("/")
 
     def field(self, msg: Message, name: str) -> None:
         tok = self.peek()
