@@ -399,8 +399,11 @@ def _write_metrics(model_dir: str, metrics: dict) -> None:
 
 
 def _prepare(params) -> None:
-    import official.vision  # noqa: F401 (registers the detection tasks)
     from official.modeling import performance
+
+    from od_dist.model.pipeline import import_model_garden
+
+    import_model_garden()
 
     if params.runtime.mixed_precision_dtype:
         performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)

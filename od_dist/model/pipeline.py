@@ -39,7 +39,7 @@ STRATEGIES = ("parameter_server", "multi_worker_mirrored", "mirrored")
 # Model Garden's own name for "one device, no strategy"; fine wherever 'mirrored' is.
 _SINGLE_MACHINE_ALIASES = ("one_device",)
 _TOP_LEVEL = ("experiment", "task", "trainer", "runtime")
-_DETECTION_PREFIXES = ("retinanet", "fasterrcnn", "maskrcnn", "cascadercnn")
+_DETECTION_PREFIXES = ("retinanet", "fasterrcnn", "maskrcnn", "cascadercnn", "centernet")
 
 
 class PipelineError(ValueError):
@@ -120,14 +120,32 @@ def _parse_override(text: str) -> dict:
 
 def known_experiments() -> list[str]:
     """Registered Model Garden detection experiments."""
-    _import_model_garden()
+    import_model_garden()
     from official.core import exp_factory
 
     return sorted(n for n in exp_factory._REGISTERED_CONFIGS if n.startswith(_DETECTION_PREFIXES))
 
 
-def _import_model_garden() -> None:
-    import official.vision  # noqa: F401 (registers the detection experiments)
+def import_model_garden() -> None:
+    """Registers the detection experiments, their tasks and backbones: Model Garden's vision ones
+    and its CenterNet project's (which `pipeline import` maps CenterNet configs to)."""
+    import official.projects.centernet.common.registry_imports  # noqa: F401
+    import official.vision  # noqa: F401
+    from official.projects.centernet.ops import loss_ops
+
+    if not hasattr(loss_ops, "od_dist_gather"):
+        loss_ops.od_dist_gather = loss_ops.get_batch_predictions_from_indices
+        loss_ops.get_batch_predictions_from_indices = _gather_inside
+
+
+def _gather_inside(batch_predictions, indices):
+    """Model Garden's CenterNet loss gathers its padding instances at index -1 (their loss is
+    masked out after): GPUs and TPUs read zeros there, a CPU raises InvalidArgumentError at the
+    first step. Gathered inside the map, they give the same loss on every device."""
+    import tensorflow as tf
+
+    top = tf.shape(batch_predictions)[: tf.shape(indices)[-1]] - 1
+    return tf.gather_nd(batch_predictions, tf.clip_by_value(indices, 0, top))
 
 
 def _is_config(obj) -> bool:
@@ -493,7 +511,7 @@ def check_model(params, path: str, build=None):
     by default a throwaway model. Returns the model."""
     import tensorflow as tf
 
-    _import_model_garden()
+    import_model_garden()
     from official.core import task_factory
     from official.vision.configs import retinanet as retinanet_cfg
 
