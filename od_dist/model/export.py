@@ -92,11 +92,17 @@ def export(
     from official.vision.serving import export_saved_model_lib
 
     tf.get_logger().setLevel("ERROR")  # a page of "Skipping full serialization of layer" warnings
-    params.task.export_config.output_normalized_coordinates = True
-    generator = params.task.model.detection_generator
-    if min_score is not None:
-        generator.pre_nms_score_threshold = min_score
     size = list(params.task.model.input_size[:2])
+    module = None
+    if _is_centernet(params):
+        min_score = CENTERNET_MIN_SCORE if min_score is None else min_score
+        module = _centernet_module(params, size, min_score)
+    else:
+        params.task.export_config.output_normalized_coordinates = True
+        generator = params.task.model.detection_generator
+        if min_score is not None:
+            generator.pre_nms_score_threshold = min_score
+        min_score = generator.pre_nms_score_threshold
     out_dir = os.path.normpath(out_dir)
     if os.path.exists(out_dir) and not (
         os.path.isdir(out_dir)
@@ -120,6 +126,7 @@ def export(
                 params=params,
                 checkpoint_path=ckpt,
                 export_dir=staging,
+                export_module=module,
             )
         except tf.errors.OpError as e:  # e.g. a checkpoint of another model, or a damaged one
             raise ExportError(
@@ -131,7 +138,7 @@ def export(
             shutil.copyfile(label_map, os.path.join(staging, LABEL_MAP_FILE))
         os.makedirs(os.path.join(staging, os.path.dirname(EXPORT_INFO)), exist_ok=True)
         with open(os.path.join(staging, EXPORT_INFO), "w", encoding="utf-8") as f:
-            json.dump({"min_score": generator.pre_nms_score_threshold}, f)
+            json.dump({"min_score": min_score}, f)
         # An earlier export's files are replaced; anything else the user keeps there stays.
         try:
             records.move_into_place(staging, out_dir, WRITTEN.fullmatch)
@@ -144,8 +151,65 @@ def export(
         "out": out_dir,
         "label_map": label_map,
         "input_size": size,
-        "min_score": generator.pre_nms_score_threshold,
+        "min_score": min_score,
     }
+
+
+# The score under which an exported CenterNet drops detections unless --min_score says otherwise:
+# that of Model Garden's other detectors (detection_generator.pre_nms_score_threshold).
+CENTERNET_MIN_SCORE = 0.05
+
+
+def _is_centernet(params) -> bool:
+    from official.projects.centernet.configs import centernet
+
+    return isinstance(params.task, centernet.CenterNetTask)
+
+
+def _centernet_module(params, size: list[int], min_score: float):
+    """Model Garden ships no serving module for its CenterNet project: this one resizes and
+    normalises images as the project's parser does for evaluation, and returns what every od-dist
+    export returns (boxes normalised to the original image, scores, classes from 1, the count of
+    detections scored min_score or more)."""
+    import tensorflow as tf
+    from official.core import task_factory
+    from official.vision.ops import box_ops, preprocess_ops
+    from official.vision.serving import export_base
+
+    parser = params.task.validation_data.parser
+
+    class CenterNetModule(export_base.ExportModule):
+        def _build_model(self):
+            return task_factory.get_task(self.params.task).build_model()
+
+        def _one(self, image):
+            image, info = preprocess_ops.resize_and_crop_image(
+                tf.cast(image, tf.float32), size, padded_size=size, aug_scale_min=1.0, aug_scale_max=1.0
+            )
+            if parser.bgr_ordering:
+                image = image[..., ::-1]
+            image = preprocess_ops.normalize_image(image, offset=parser.channel_means, scale=parser.channel_stds)
+            return image, info
+
+        def serve(self, images):
+            images, info = tf.map_fn(
+                self._one,
+                images,
+                fn_output_signature=(tf.TensorSpec([*size, 3], tf.float32), tf.TensorSpec([4, 2], tf.float32)),
+                parallel_iterations=32,
+            )
+            out = self.inference_step(images)
+            boxes = out["boxes"] / tf.tile(info[:, 2:3, :], [1, 1, 2])  # back to the original pixels
+            boxes = tf.clip_by_value(box_ops.normalize_boxes(boxes, info[:, 0:1, :]), 0.0, 1.0)
+            scores = out["confidence"]  # sorted, highest first
+            return {
+                "detection_boxes": boxes,
+                "detection_scores": scores,
+                "detection_classes": tf.cast(out["classes"], tf.float32),
+                "num_detections": tf.reduce_sum(tf.cast(scores >= min_score, tf.int32), axis=1),
+            }
+
+    return CenterNetModule(params, batch_size=1, input_image_size=size, input_type="image_tensor")
 
 
 def exported_min_score(model_dir: str) -> float | None:

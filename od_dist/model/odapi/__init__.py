@@ -14,6 +14,7 @@ and label map. Everything else is returned as one line each, with why.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 
@@ -87,7 +88,7 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
             f"{path}.num_classes: '{num_classes}': must be a whole number >= 1; fix the config"
         )
     parts = family.build(cfg, body, kind, notes)
-    experiment, parser = parts.experiment, parts.parser
+    experiment, parser = parts.experiment, {**parts.inputs, **parts.parser}
     model = {"num_classes": num_classes + parts.background, **parts.model}
     model.setdefault("norm_activation", {"use_sync_bn": False})
     losses = parts.losses
@@ -160,6 +161,8 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
                 "global_batch_size": eval_batch,
                 "dtype": "float32",
                 "drop_remainder": False,
+                # A copy: the YAML would write the same object twice as an alias, which pipelines refuse.
+                **({"parser": copy.deepcopy(parts.inputs)} if parts.inputs else {}),
             },
         },
         "trainer": trainer,

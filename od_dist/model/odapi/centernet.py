@@ -64,7 +64,7 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
             )
     fe = cfg.sub(body, PATH, "feature_extractor")
     cfg.take(fe, FPATH, "type")
-    parser: dict = {}
+    inputs: dict = {}  # how images are normalised: the same for training and validation
     m = _HOURGLASS.match(kind)
     if m:
         depth = int(m.group(1))
@@ -83,13 +83,13 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
             "heatmaps here are half as fine"
         )
         # Model Garden's ResNet is trained on images scaled to [-1, 1], in RGB.
-        parser.update(bgr_ordering=False, channel_means=[127.5] * 3, channel_stds=[127.5] * 3)
+        inputs.update(bgr_ordering=False, channel_means=[127.5] * 3, channel_stds=[127.5] * 3)
     if fe is not None and fe.get("bgr_ordering") is not None:
-        parser["bgr_ordering"] = bool(cfg.take(fe, FPATH, "bgr_ordering"))
+        inputs["bgr_ordering"] = bool(cfg.take(fe, FPATH, "bgr_ordering"))
     for name in ("channel_means", "channel_stds"):
         if fe is not None and fe.all(name):
             cfg.take(fe, FPATH, name)
-            parser[name] = [float(v) for v in fe.all(name)]
+            inputs[name] = [float(v) for v in fe.all(name)]
     size, _ = walk.image_size(cfg, body, PATH, step, notes)
     model: dict = {"input_size": size, "backbone": backbone, "head": {"input_levels": levels}}
 
@@ -137,7 +137,7 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
         EXPERIMENT,
         model,
         losses,
-        parser,
+        inputs=inputs,
         # The Object Detection API's CenterNet configs have no L2 regularizer and clip only when asked.
         task={"weight_decay": 0.0, "gradient_clip_norm": float(clip or 0.0)},
         background=0,  # the project numbers classes from 1 (class_offset) without a background class

@@ -85,6 +85,7 @@ class Parts:
     model: dict  # task.model overrides (backbone, input_size, decoder, head, ...)
     losses: dict = field(default_factory=dict)  # task.losses overrides
     parser: dict = field(default_factory=dict)  # task.train_data.parser overrides
+    inputs: dict = field(default_factory=dict)  # the parser overrides of both train and validation data
     task: dict = field(default_factory=dict)  # other task overrides
     background: int = 1  # Model Garden's detectors count the background as class 0
     # Object Detection API augmentations that switch a parser flag on: name -> flag.
