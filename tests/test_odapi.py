@@ -550,6 +550,20 @@ eval_input_reader: {
 }
 """
 
+# More of the Zoo's configs, as downloaded: EfficientDet D0, CenterNet Hourglass-104 and ResNet-50 V2
+# (whose input readers are an in-house extension), CenterNet ResNet-50 FPN with keypoints.
+ZOO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "odapi_configs")
+EFFICIENTDET_D0 = "ssd_efficientdet_d0_512x512_coco17_tpu-8"
+CENTERNET_HG104 = "centernet_hourglass104_512x512_coco17_tpu-8"
+CENTERNET_RESNET50_V2 = "centernet_resnet50_v2_512x512_coco17_tpu-8"
+CENTERNET_RESNET50_KPTS = "centernet_resnet50_v1_fpn_512x512_kpts_coco17_tpu-8"
+
+
+def zoo(name):
+    with open(os.path.join(ZOO, name + ".config"), encoding="utf-8") as f:
+        return f.read()
+
+
 LABEL_MAP = "".join(f"item {{\n  id: {i}\n  name: '{n}'\n}}\n" for i, n in enumerate(shapes.CLASSES, 1))
 
 
@@ -652,6 +666,9 @@ def test_textproto_reads_the_zoo_syntax():
         ("a: 1 $\n", 1, 6, "unexpected character '$'"),
         ("a: 1\n}\n", 2, 1, "expected a field name"),
         ("a: 12abc\n", 1, 4, "bad number"),
+        ("a: 1\n[x y] { }\n", 2, 4, "expected ']' after '[x'"),
+        ("[x.y]\n", 2, 1, "expected ':' or '{' after '[x.y]'"),
+        ("[]: 1\n", 1, 2, "expected an extension's full name"),
     ],
 )
 def test_textproto_errors_name_line_and_column(text, line, column, words):
@@ -659,6 +676,19 @@ def test_textproto_errors_name_line_and_column(text, line, column, words):
         textproto.parse(text)
     assert (e.value.line, e.value.column) == (line, column), str(e.value)
     assert words in str(e.value) and str(e.value).startswith(f"line {line}, column {column}: ")
+
+
+def test_textproto_skips_extension_fields():
+    """An extension (a field of another proto, named in brackets) is read to its end and left out,
+    named with its line, in each of its forms."""
+    msg = textproto.parse(
+        "r {\n  [a.b.C.ext] { x: 1 inner { y: [1, 2] } }\n  k: 2\n  [a.b.d]: 'v'\n"
+        "  [type.googleapis.com/a.B] < z: 1 >\n  [a.b.e]: { }\n}\n"
+    )
+    r = msg.message("r")
+    assert r.fields == {"k": [2]}
+    assert r.extensions == [("a.b.C.ext", 2), ("a.b.d", 4), ("type.googleapis.com/a.B", 5), ("a.b.e", 6)]
+    assert msg.extensions == []
 
 
 # ----- pipeline import ------------------------------------------------------------------------
@@ -724,16 +754,15 @@ def test_import_bad_input(tmp_path):
     r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "line 7, column 17: expected ':' or '{' after 'num_classes'" in r.stderr
-    config.write_text("model {\n  center_net {\n    num_classes: 90\n  }\n}\n")
+    config.write_text("model {\n  experimental_model {\n    name: 'mine'\n  }\n}\n")
     r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "CenterNet" in r.stderr and "supported families: SSD with a MobileNet" in r.stderr
-    assert "Faster R-CNN" in r.stderr
-    config.write_text(
-        SSD_MOBILENET_V2_FPNLITE_320.replace("ssd_mobilenet_v2_fpn_keras", "ssd_efficientnet-b0_bifpn_keras")
-    )
+    assert "an experimental model" in r.stderr and "supported families: SSD with a MobileNet" in r.stderr
+    assert "Faster R-CNN" in r.stderr and "EfficientDet" in r.stderr and "CenterNet" in r.stderr
+    config.write_text(SSD_MOBILENET_V2_FPNLITE_320.replace("ssd_mobilenet_v2_fpn_keras", "ssd_inception_v2"))
     r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
-    assert r.returncode == 2 and "ssd_efficientnet-b0_bifpn_keras" in r.stderr and "supported:" in r.stderr
+    assert r.returncode == 2 and "'ssd_inception_v2'" in r.stderr and "supported:" in r.stderr
+    assert "ssd_efficientnet-b0..b7_bifpn_keras" in r.stderr
     config.write_text(SSD_MOBILENET_V2_FPNLITE_320.replace("num_steps: 50000", "num_steps: 'many'"))
     r = od_dist("pipeline", "import", f"--config={config}", f"--out={out}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -769,6 +798,128 @@ def test_import_refuses_text_no_config_holds(tmp_path, capsys, change, said):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err[-2000:]
     assert said in err and re.search(r"line \d+, column \d+", err), err
     assert len(err) < 400 and os.listdir(tmp_path) == ["pipeline.config"]
+
+
+@pytest.mark.parametrize(
+    "name, experiment, backbone, size, batch, steps",
+    [
+        (EFFICIENTDET_D0, "retinanet_resnetfpn_coco", ("efficientnet", "model_id", "b0"), 512, 128, 300000),
+        (CENTERNET_HG104, "centernet_hourglass_coco", ("hourglass", "model_id", 52), 512, 128, 140000),
+        (
+            CENTERNET_RESNET50_V2,
+            "centernet_hourglass_coco",
+            ("dilated_resnet", "model_id", 50),
+            512,
+            128,
+            250000,
+        ),
+        (
+            CENTERNET_RESNET50_KPTS,
+            "centernet_hourglass_coco",
+            ("dilated_resnet", "model_id", 50),
+            512,
+            128,
+            250000,
+        ),
+    ],
+    ids=["efficientdet_d0", "centernet_hg104", "centernet_resnet50_v2", "centernet_resnet50_kpts"],
+)
+def test_import_zoo_families(tmp_path, capsys, name, experiment, backbone, size, batch, steps):
+    """EfficientDet and CenterNet configs of the Zoo, as downloaded, import to a pipeline that loads,
+    with what carries over carried and each thing that does not said in one line."""
+    from od_dist.model.pipeline import load_pipeline
+
+    (tmp_path / "pipeline.config").write_text(zoo(name))
+    out = tmp_path / "p.yaml"
+    code, stdout, err = run_cli(
+        capsys, "pipeline", "import", f"--config={tmp_path / 'pipeline.config'}", f"--out={out}"
+    )
+    assert code == 0, err
+    assert f"experiment {experiment}" in stdout and "Traceback" not in stdout + err
+    params = load_pipeline(str(out))
+    task = params.task
+    kind, key, value = backbone
+    assert task.model.backbone.type == kind and getattr(task.model.backbone.get(), key) == value
+    assert list(task.model.input_size) == [size, size, 3]
+    assert task.train_data.global_batch_size == batch and params.trainer.train_steps == steps
+    assert task.train_data.parser.aug_rand_hflip is True
+    dropped = [
+        ln[len("not carried over: ") :] for ln in stdout.splitlines() if ln.startswith("not carried over: ")
+    ]
+    assert all(": " in ln for ln in dropped)  # each says why
+    opt = params.trainer.optimizer_config
+    if name == EFFICIENTDET_D0:
+        assert task.model.num_classes == 91  # + Model Garden's background
+        assert task.model.decoder.type == "fpn" and task.model.decoder.fpn.num_filters == 64
+        assert task.model.decoder.fpn.use_separable_conv and task.model.norm_activation.activation == "swish"
+        assert task.model.head.num_filters == 64 and task.model.head.num_convs == 3
+        assert task.model.anchor.num_scales == 3 and task.losses.focal_loss_gamma == 1.5
+        assert (task.train_data.parser.aug_scale_min, task.train_data.parser.aug_scale_max) == (0.1, 2.0)
+        assert opt.optimizer.type == "sgd" and opt.learning_rate.cosine.initial_learning_rate == 0.08
+        assert opt.learning_rate.cosine.offset == 2500 and opt.warmup.linear.warmup_steps == 2500
+        bifpn = [ln for ln in dropped if ln.startswith("model.ssd.feature_extractor.bifpn ")]
+        assert len(bifpn) == 1 and "an FPN" in bifpn[0] and "no BiFPN" in bifpn[0], dropped
+        return
+    # CenterNet: classes from 1 without a background class, the boxes a config keeps, its losses.
+    assert task.model.num_classes == 90 and task.model.max_num_instances == 100
+    assert task.model.detection_generator.max_detections == 100 and task.losses.gaussian_iou == 0.7
+    assert task.losses.detection.scale_weight == 0.1 and task.losses.detection.offset_weight == 1.0
+    assert task.weight_decay == 0.0 and task.gradient_clip_norm == 0.0
+    parser = task.train_data.parser
+    assert parser.aug_rand_hue and parser.aug_rand_contrast and parser.aug_rand_saturation
+    assert parser.aug_rand_brightness
+    assert opt.optimizer.type == "adam" and opt.optimizer.adam.epsilon == 1e-7
+    # The images are normalised alike in training and evaluation.
+    for field in ("bgr_ordering", "channel_means", "channel_stds"):
+        assert getattr(task.validation_data.parser, field) == getattr(parser, field)
+    if name == CENTERNET_HG104:
+        assert task.model.backbone.hourglass.num_hourglasses == 2 and list(task.model.head.input_levels) == [
+            "2_0",
+            "2",
+        ]
+        assert parser.bgr_ordering and list(parser.channel_means) == [104.01362025, 114.03422265, 119.9165958]
+        assert opt.learning_rate.type == "stepwise"
+        assert list(opt.learning_rate.stepwise.boundaries) == [90000, 120000]
+        assert list(opt.learning_rate.stepwise.values) == [1e-3, 1e-4, 1e-5]
+        assert task.validation_data.input_path.endswith("val2017-?????-of-00032.tfrecord")
+        return
+    assert task.model.backbone.dilated_resnet.output_stride == 8 and list(task.model.head.input_levels) == [
+        "3"
+    ]
+    assert parser.bgr_ordering is False and list(parser.channel_means) == [127.5] * 3
+    resnet = [ln for ln in dropped if ln.startswith("model.center_net.feature_extractor.type ")]
+    assert len(resnet) == 1 and "dilated ResNet-50" in resnet[0], dropped
+    if name == CENTERNET_RESNET50_V2:
+        extension = "[object_detection.protos.GoogleInputReader.google_input_reader]"
+        lines = [ln for ln in dropped if extension in ln]
+        assert [ln.split(extension)[0] for ln in lines] == [
+            "train_input_reader.external_input_reader.",
+            "eval_input_reader.external_input_reader.",
+        ], dropped
+        assert "(line 127)" in lines[0] and "left out" in lines[0]
+        assert opt.learning_rate.cosine.offset == 5000 and opt.warmup.linear.warmup_steps == 5000
+        assert task.train_data.input_path == "PATH_TO_BE_CONFIGURED"
+    else:
+        keypoints = [ln for ln in dropped if "keypoint" in ln.split(" ")[0]]
+        assert keypoints == [
+            "model.center_net.keypoint_estimation_task: the keypoint heads are not carried: Model Garden's "
+            "CenterNet detects boxes; the box detection is imported"
+        ], dropped
+
+
+def test_import_refuses_deepmac(tmp_path, capsys):
+    """DeepMAC (CenterNet with a mask head): one line saying why, exit 2, nothing written."""
+    config = tmp_path / "pipeline.config"
+    config.write_text(
+        zoo(CENTERNET_HG104).replace(
+            "    object_center_params {",
+            "    deepmac_mask_estimation {\n      dim: 32\n    }\n    object_center_params {",
+        )
+    )
+    code, _, err = run_cli(capsys, "pipeline", "import", f"--config={config}", f"--out={tmp_path / 'p.yaml'}")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "model.center_net.deepmac_mask_estimation: DeepMAC predicts instance masks" in err
+    assert os.listdir(tmp_path) == ["pipeline.config"]
 
 
 def test_import_never_leaves_a_pipeline_that_does_not_load(tmp_path, capsys):

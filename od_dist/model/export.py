@@ -188,14 +188,19 @@ def _centernet_module(params, size: list[int], min_score: float):
             )
             if parser.bgr_ordering:
                 image = image[..., ::-1]
-            image = preprocess_ops.normalize_image(image, offset=parser.channel_means, scale=parser.channel_stds)
+            image = preprocess_ops.normalize_image(
+                image, offset=parser.channel_means, scale=parser.channel_stds
+            )
             return image, info
 
         def serve(self, images):
             images, info = tf.map_fn(
                 self._one,
                 images,
-                fn_output_signature=(tf.TensorSpec([*size, 3], tf.float32), tf.TensorSpec([4, 2], tf.float32)),
+                fn_output_signature=(
+                    tf.TensorSpec([*size, 3], tf.float32),
+                    tf.TensorSpec([4, 2], tf.float32),
+                ),
                 parallel_iterations=32,
             )
             out = self.inference_step(images)

@@ -26,7 +26,16 @@ FAMILIES = (ssd, efficientdet, faster_rcnn, centernet)
 FAMILY_NAMES = ", ".join(f.NAME for f in FAMILIES)
 _OTHER_MODELS = {"experimental_model": "an experimental model"}
 
-__all__ = ["FAMILIES", "PLACEHOLDER", "ImportProblem", "Imported", "convert", "input_paths", "render", "write"]
+__all__ = [
+    "FAMILIES",
+    "PLACEHOLDER",
+    "ImportProblem",
+    "Imported",
+    "convert",
+    "input_paths",
+    "render",
+    "write",
+]
 
 
 @dataclass

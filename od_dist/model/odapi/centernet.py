@@ -74,7 +74,10 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
         step = 4 * 2 ** (_HOURGLASS_STAGES[model_id] - 1)
     else:
         m = _RESNET.match(kind)
-        backbone = {"type": "dilated_resnet", "dilated_resnet": {"model_id": int(m.group(2)), "output_stride": 8}}
+        backbone = {
+            "type": "dilated_resnet",
+            "dilated_resnet": {"model_id": int(m.group(2)), "output_stride": 8},
+        }
         levels, step = ["3"], 8
         notes.append(
             f"{FPATH}.type ({kind}): written as Model Garden's dilated ResNet-{m.group(2)} (V1 blocks) at "
@@ -114,14 +117,33 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
         if center.get("min_box_overlap_iou") is not None:
             losses["gaussian_iou"] = float(cfg.take(center, cpath, "min_box_overlap_iou"))
         if center.get("max_box_predictions") is not None:
-            model["detection_generator"] = {"max_detections": int(cfg.take(center, cpath, "max_box_predictions"))}
+            model["detection_generator"] = {
+                "max_detections": int(cfg.take(center, cpath, "max_box_predictions"))
+            }
         cls = center.message("classification_loss")
         focal = cls.message("penalty_reduced_logistic_focal_loss") if cls else None
         # The project's focal loss has the paper's alpha 2 and beta 4, fixed.
-        if focal is not None and float(focal.get("alpha", 2.0)) == 2.0 and float(focal.get("beta", 4.0)) == 4.0:
+        if (
+            focal is not None
+            and float(focal.get("alpha", 2.0)) == 2.0
+            and float(focal.get("beta", 4.0)) == 4.0
+        ):
             cfg.used.add(f"{cpath}.classification_loss")
     if body.get("keypoint_estimation_task") is not None:
-        cfg.used.update({f"{PATH}.keypoint_estimation_task", f"{PATH}.keypoint_label_map_path"})
+        # The keypoint heads' settings elsewhere go with them: one line says it.
+        cfg.used.update(
+            {
+                f"{PATH}.keypoint_estimation_task",
+                f"{PATH}.keypoint_label_map_path",
+                "train_input_reader.num_keypoints",
+                "eval_input_reader.num_keypoints",
+                "eval_config.keypoint_edge",
+            }
+        )
+        metric = cfg.root.message("eval_config")
+        metric = metric.message("parameterized_metric") if metric else None
+        if metric is not None and metric.message("coco_keypoint_metrics") is not None:
+            cfg.used.add("eval_config.parameterized_metric")
         notes.append(f"{PATH}.keypoint_estimation_task: {_KEYPOINTS_WHY}")
 
     train = cfg.root.message("train_config")

@@ -63,7 +63,9 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
     return retinanet(cfg, body, experiment, backbone, decoder, (fpn, f"{FPATH}.fpn"), notes)
 
 
-def retinanet(cfg: walk.Config, body, experiment: str, backbone: dict, decoder: dict, levels, notes) -> walk.Parts:
+def retinanet(
+    cfg: walk.Config, body, experiment: str, backbone: dict, decoder: dict, levels, notes
+) -> walk.Parts:
     """An SSD config's levels, anchors, head, NMS, focal loss, matcher, image size and L2 weight on
     Model Garden's RetinaNet. ``levels``: (the decoder's block naming min/max_level, its path)."""
     model: dict = {}

@@ -75,8 +75,6 @@ class ImportProblem(ValueError):
     """The config cannot be imported; the message is one line for the user (exit 2)."""
 
 
-
-
 @dataclass
 class Parts:
     """What a family's mapping gives the shared walk."""
@@ -161,7 +159,6 @@ def num(value, path: str) -> float:
     return value
 
 
-
 def image_size(cfg: Config, body, path: str, step: int, notes: list[str]) -> tuple[list[int], bool]:
     """([h, w, 3], keep_aspect_ratio); h and w rounded up to a multiple of ``step`` (the model's
     largest stride, which Model Garden pads to)."""
@@ -203,8 +200,6 @@ def l2_weight(body: textproto.Message) -> float | None:
     return float(l2.get("weight")) if l2 and l2.get("weight") is not None else None
 
 
-
-
 def nms(cfg: Config, msg, path: str) -> dict:
     """A batch_non_max_suppression block -> detection_generator overrides."""
     out: dict = {}
@@ -217,8 +212,6 @@ def nms(cfg: Config, msg, path: str) -> dict:
     if msg.get("max_total_detections") is not None:
         out["max_num_detections"] = int(cfg.take(msg, path, "max_total_detections"))
     return out
-
-
 
 
 def schedule(cfg: Config, optimizer_msg, opath: str, notes: list[str]) -> dict:
@@ -369,5 +362,3 @@ def inputs(cfg: Config, name: str) -> tuple[str, str | None]:
         cfg.take(records, f"{name}.tf_record_input_reader", "input_path")
     label_map = cfg.take(reader, name, "label_map_path")
     return ",".join(paths), (str(label_map) if label_map else None)
-
-
