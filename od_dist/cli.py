@@ -1023,8 +1023,10 @@ def define_pipeline_import_flags(fv: flags.FlagValues) -> None:
     """
 Reads an Object Detection API pipeline.config and writes the pipeline for the closest Model Garden
 experiment: SSD with a MobileNet feature extractor -> retinanet_mobile_coco with a MobileNet
-backbone and FPN; SSD with a ResNet FPN -> retinanet_resnetfpn_coco; Faster R-CNN with a ResNet ->
-fasterrcnn_resnetfpn_coco. Carries num_classes (+1 for the background), image size, batch size,
+backbone and FPN; SSD with a ResNet FPN -> retinanet_resnetfpn_coco; EfficientDet -> RetinaNet with
+an EfficientNet backbone and an FPN for its BiFPN; Faster R-CNN with a ResNet ->
+fasterrcnn_resnetfpn_coco; CenterNet (Hourglass, ResNet; boxes) -> Model Garden's CenterNet project,
+centernet_hourglass_coco. Carries num_classes (+1 for the background), image size, batch size,
 steps, learning-rate schedule and warmup, optimizer, the augmentations Model Garden has, anchors,
 NMS, input paths and label map; prints every setting that does not carry over, one line each, with
 why. The YAML is checked with the pipeline loader before it is put in place.
