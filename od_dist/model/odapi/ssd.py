@@ -115,24 +115,24 @@ def retinanet(
     loss = cfg.sub(body, PATH, "loss")
     cls = loss.message("classification_loss") if loss else None
     focal = cls.message("weighted_sigmoid_focal") if cls else None
-    if focal is not None:
-        lpath = f"{PATH}.loss.classification_loss.weighted_sigmoid_focal"
-        if focal.get("gamma") is not None:
-            losses["focal_loss_gamma"] = float(cfg.take(focal, lpath, "gamma"))
-        if focal.get("alpha") is not None:
-            losses["focal_loss_alpha"] = float(cfg.take(focal, lpath, "alpha"))
+    lpath = f"{PATH}.loss.classification_loss.weighted_sigmoid_focal"
+    _floats(cfg, focal, lpath, {"gamma": "focal_loss_gamma", "alpha": "focal_loss_alpha"}, losses)
     l2 = walk.l2_weight(body)
     if l2 is not None:
         losses["l2_weight_decay"] = l2  # both add weight * sum(w^2) / 2
     parser: dict = {}
     matcher = cfg.sub(body, PATH, "matcher")
     argmax = matcher.message("argmax_matcher") if matcher else None
-    if argmax is not None:
-        mpath = f"{PATH}.matcher.argmax_matcher"
-        if argmax.get("matched_threshold") is not None:
-            parser["match_threshold"] = float(cfg.take(argmax, mpath, "matched_threshold"))
-        if argmax.get("unmatched_threshold") is not None:
-            parser["unmatched_threshold"] = float(cfg.take(argmax, mpath, "unmatched_threshold"))
+    mpath = f"{PATH}.matcher.argmax_matcher"
+    names = {"matched_threshold": "match_threshold", "unmatched_threshold": "unmatched_threshold"}
+    _floats(cfg, argmax, mpath, names, parser)
     if not keep_aspect:
         parser["keep_aspect_ratio"] = False  # the Object Detection API stretches to a fixed shape
     return walk.Parts(experiment, model, losses, parser)
+
+
+def _floats(cfg: walk.Config, msg, path: str, names: dict, out: dict) -> None:
+    """out[key] = the float of each field of ``msg`` named in ``names`` (field -> key) that is set."""
+    for name, key in names.items():
+        if msg is not None and msg.get(name) is not None:
+            out[key] = float(cfg.take(msg, path, name))
