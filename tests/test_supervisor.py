@@ -1,6 +1,7 @@
 """The restart policy (pure) and the supervisor loop on stand-in processes (plain Python children,
 no TensorFlow): which tasks restart, when the job stops, what it says."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -193,6 +194,27 @@ def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
         "ps:0 died (exit 138, lost a peer); no restart left (--max_restarts 1); stopping every "
         "task; the first failure (root cause): ps:0 died (exit 137, killed). Its log: logs/ps-0.log"
     )
+
+
+def test_a_killed_tasks_temporary_files_are_removed(tmp_path):
+    """A task killed cannot remove its temporary files (TensorFlow's autograph sources, a
+    multi_worker_mirrored worker's checkpoint copy), and each restart would leave more: each start
+    gets a temporary folder of its own (TMPDIR), removed once it has exited."""
+    made = tmp_path / "made.txt"
+
+    def scripts(t, n):
+        write = (
+            "import tempfile\nf = tempfile.NamedTemporaryFile(delete=False)\nf.close()\n"
+            f"open({str(made)!r}, 'a').write(f.name + '\\n')\n"
+        )
+        return write + (kill_self(0.1) if (t.name, n) == ("worker:0", 0) else exits(0, 0.5))
+
+    job = Job(MWMS, [MASTER, W0], scripts)
+    assert job.run() == 0, job.lines
+    files = made.read_text().split()
+    assert len(files) == 4  # each task twice: the worker killed, then every task restarted
+    assert [f for f in files if os.path.exists(f)] == []
+    assert all(f"{os.sep}{name}-0-" in f for f, name in zip(sorted(files), ["master"] * 2 + ["worker"] * 2))
 
 
 def test_a_permanent_error_is_not_retried():

@@ -182,6 +182,7 @@ class Running:
     task: Task
     proc: subprocess.Popen
     log_path: str | None = None  # where its output goes, for the messages
+    tmp: str | None = None  # its temporary folder (TMPDIR), removed once it has exited
 
 
 def _work_done(proc: subprocess.Popen) -> tuple[float, int]:
@@ -260,6 +261,7 @@ class Supervisor:
     first_done: tuple[str, float] | None = None  # the first trainer that finished training, and when
     lead_progress: Progress | None = None
     notes: str = ""  # the folder where children leave words (exit_codes.tell_supervisor)
+    scratch: str = ""  # the children's temporary folders, one per start
 
     def on_signal(self, signum, _frame=None) -> None:
         self.signals.append(signum)
@@ -270,10 +272,11 @@ class Supervisor:
         """Starts every task and supervises them; returns the job's exit status."""
         previous = os.environ.get(exit_codes.NOTES_ENV)
         self.notes = tempfile.mkdtemp(prefix="od-dist-notes-")
+        self.scratch = tempfile.mkdtemp(prefix="od-dist-tasks-")
         os.environ[exit_codes.NOTES_ENV] = self.notes  # the children inherit it
         try:
             for task in self.tasks:
-                self.running[task.name] = self.start(task)
+                self.running[task.name] = self._start(task)
             return self._loop()
         finally:
             # Whatever happened (an exception included), no child outlives the supervisor.
@@ -283,6 +286,29 @@ class Supervisor:
             else:
                 os.environ[exit_codes.NOTES_ENV] = previous
             shutil.rmtree(self.notes, ignore_errors=True)
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _start(self, task: Task) -> Running:
+        """Starts `task` with a temporary folder of its own (TMPDIR), removed once it exits: a task
+        killed or lost cannot remove its temporary files (autograph's sources, a
+        multi_worker_mirrored worker's checkpoint copy), and each restart would add more."""
+        folder = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.scratch)
+        previous = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = folder
+        try:
+            running = self.start(task)
+        finally:
+            if previous is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = previous
+        running.tmp = folder
+        return running
+
+    def _finish(self, r: Running) -> None:
+        self.finish(r)
+        if r.tmp:
+            shutil.rmtree(r.tmp, ignore_errors=True)
 
     def _procs(self, trainers: bool | None = None) -> list[subprocess.Popen]:
         return [
@@ -297,7 +323,7 @@ class Supervisor:
             stop(self._procs(trainers=True), grace_s, interrupted)
         stop(self._procs(), SERVER_STOP_GRACE_S, interrupted)
         for r in self.running.values():
-            self.finish(r)
+            self._finish(r)
         self.running.clear()
 
     def _interrupt(self, signum: int, why: str | None = None) -> int:
@@ -386,7 +412,7 @@ class Supervisor:
                 if now >= due:
                     del self.pending[name]
                     task = next(t for t in self.tasks if t.name == name)
-                    self.running[name] = self.start(task)
+                    self.running[name] = self._start(task)
             exits = []
             for name, r in list(self.running.items()):
                 code = r.proc.poll()
@@ -461,7 +487,7 @@ class Supervisor:
                 )
                 self.no_evaluation.append(t.name)
                 self.finished.add(t.name)
-                self.finish(self.running.pop(t.name))
+                self._finish(self.running.pop(t.name))
                 continue
             self.evaluator_restarts[t.name] = n + 1
             wait = self.backoff(n + 1)
@@ -469,12 +495,12 @@ class Supervisor:
                 f"{cause}; restart {n + 1}/{self.max_restarts} of {t.name} alone in {wait:.0f} s; "
                 f"training goes on{self._log_note(t)}"
             )
-            self.finish(self.running.pop(t.name))
+            self._finish(self.running.pop(t.name))
             self.pending[t.name] = time.monotonic() + wait
 
     def _done(self, task: Task) -> None:
         self.finished.add(task.name)
-        self.finish(self.running.pop(task.name))
+        self._finish(self.running.pop(task.name))
         if self.first_done is None and is_trainer(self.strategy, task.role):
             self.first_done = (task.name, time.monotonic())
             for t in self.tasks:  # a task lost meanwhile has nothing left to do
@@ -551,7 +577,7 @@ class Supervisor:
             which = f" of {names} alone" if len(self.tasks) > 1 else ""
             self.say(f"{cause}; restart {self.restarts}/{self.max_restarts}{which} in {wait:.0f} s")
             for t in p.restart:
-                self.finish(self.running.pop(t.name))
+                self._finish(self.running.pop(t.name))
             restart = list(p.restart)
         due = time.monotonic() + wait
         for t in restart:
