@@ -228,3 +228,42 @@ def test_the_input_pipeline_is_not_rewritten_by_autograph_and_reads_the_same(dat
     assert converted, "Model Garden's own task no longer converts its parser: this test proves nothing"
     for a, b in zip(tf.nest.flatten(ours), tf.nest.flatten(theirs), strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and bool(tf.reduce_all(a == b)), (a, b)
+
+
+def test_a_worker_resumed_from_the_masters_checkpoint_saves_when_the_master_does(tmp_path):
+    """A multi_worker_mirrored worker's checkpoint manager writes to a folder of its own (Model
+    Garden's) and restores from model_dir: it must count its next save from the step it restored,
+    as the master's does. Saving is collective; a worker that saved at the first loop boundary after
+    a resume at step 125 (the master: at 175) failed the job with a collective "Shape mismatch"."""
+    import orbit
+
+    class Steps(orbit.AbstractTrainer):
+        model = tf.Module()
+
+        def train(self, num_steps):
+            step.assign_add(int(num_steps))
+
+    model_dir = str(tmp_path / "model")
+    step = tf.Variable(125, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(step=step)
+    tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=2).save(checkpoint_number=125)
+    step.assign(0)
+    savers = {}
+    for who, folder in (("worker", str(tmp_path / "worker-own")), ("master", model_dir)):
+        manager = tf.train.CheckpointManager(
+            checkpoint, folder, max_to_keep=2, step_counter=step, checkpoint_interval=50
+        )
+        controller = trainer._controller_cls()(
+            trainer=Steps(),
+            global_step=step,
+            steps_per_loop=25,
+            checkpoint_manager=manager,
+            od_model_dir=model_dir,
+            od_batch_size=1,
+            od_train_steps=200,
+        )
+        assert int(step.numpy()) == 125, who  # both resumed from the master's checkpoint
+        controller.train(200)
+        savers[who] = sorted(int(p.rsplit("-", 1)[1]) for p in manager.checkpoints)
+        step.assign(0)
+    assert savers["worker"] == savers["master"] == [175, 200]

@@ -144,6 +144,15 @@ def _controller_cls():
                 and os.path.abspath(manager.directory) != os.path.abspath(self._od_model_dir)
             ):
                 checkpoint_path = tf.train.latest_checkpoint(self._od_model_dir)
+            if checkpoint_path and self.trainer is not None and manager is not None:
+                restored = super().restore_checkpoint(checkpoint_path)
+                if manager.checkpoint_interval:
+                    # The master's manager counts its next save from the step it restored; this
+                    # one, restored from another folder, would save at its first loop boundary.
+                    # Saving is collective: trainers that disagree fail the job (a collective
+                    # "Shape mismatch", exit 1) at the first boundary after a mid-interval resume.
+                    manager._last_checkpoint_step = int(self.global_step.numpy())
+                return restored
             if self.trainer is None and manager is not None:
                 # Evaluation only: the optimizer's slots are not needed; say so, rather
                 # than let TensorFlow warn about each unrestored one at exit.
