@@ -32,11 +32,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def small_data(work: str) -> str:
+def small_data(work: str, num_val: int = 8) -> str:
     """The shapes records a short run trains on, written under `work`; returns their folder."""
     data = os.path.join(work, "data")
     subprocess.run(
-        [PY, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=200", "--num_val=8"],
+        [PY, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=200", f"--num_val={num_val}"],
         cwd=REPO,
         check=True,
         stdout=subprocess.DEVNULL,

@@ -271,7 +271,8 @@ def job_cluster(tmp_path, net, roles):
     return write_cluster(tmp_path, "\n".join(lines) + "\n")
 
 
-def write_scripts(tmp_path, cluster, data_dir, steps, wait_timeout):
+def write_scripts(tmp_path, cluster, data_dir, steps, wait_timeout, override=None, flags=()):
+    """`od-dist scripts` for `cluster`: a tiny run of `steps` steps, or `override` (--params_override)."""
     out = tmp_path / "scripts"
     model_dir = tmp_path / "model"
     r = subprocess.run(
@@ -283,9 +284,10 @@ def write_scripts(tmp_path, cluster, data_dir, steps, wait_timeout):
             f"--cluster={cluster}",
             f"--pipeline={PIPELINE}",
             f"--model_dir={model_dir}",
-            "--params_override=" + TINY.format(steps=steps, data=data_dir),
+            "--params_override=" + (override or TINY.format(steps=steps, data=data_dir)),
             f"--wait_timeout={wait_timeout}",
             f"--out={out}",
+            *flags,
         ],
         capture_output=True,
         text=True,
