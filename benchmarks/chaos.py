@@ -38,7 +38,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,9 +45,8 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import netns  # noqa: E402 (the tests' simulated machines)
-from ctrl_c import small_data  # noqa: E402 (benchmarks/: this script's folder)
 from loopback import PIPELINE, checkpoint_step  # noqa: E402
-from outage import STEP, set_port  # noqa: E402
+from outage import STEP, set_port, simulated_work  # noqa: E402 (benchmarks/: this folder)
 from test_multihost import Job, job_cluster, write_scripts  # noqa: E402
 
 PY = sys.executable
@@ -520,14 +518,10 @@ def main(argv=None) -> int:
     args.command = "benchmarks/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.max_restarts is None:
         args.max_restarts = 2 * args.faults + 3
-    why = netns.unavailable() if os.geteuid() == 0 else "simulated machines need root (namespaces)"
-    if why:
-        print(f"skipped: {why}")
+    prepared = simulated_work("od-dist-chaos-", args.keep, args.num_val)
+    if not prepared:
         return 0
-    netns.remove_stale()
-    work = args.keep or tempfile.mkdtemp(prefix="od-dist-chaos-")
-    os.makedirs(work, exist_ok=True)
-    data = small_data(work, num_val=args.num_val)
+    work, data = prepared
     print(f"logs in {work}", flush=True)
     for strategy in [args.strategy] if args.strategy else sorted(LAYOUTS, reverse=True):
         baseline = None

@@ -119,6 +119,19 @@ def run_outage(seconds: float, args, work: str, data_dir: str) -> dict:
         net.close()
 
 
+def simulated_work(prefix: str, keep: str | None, num_val: int = 8) -> tuple[str, str] | None:
+    """A run's folder (`keep`, else a new one) and the shapes records in it, where simulated
+    machines can be made; else None, said why."""
+    why = netns.unavailable() if os.geteuid() == 0 else "simulated machines need root (namespaces)"
+    if why:
+        print(f"skipped: {why}")
+        return None
+    netns.remove_stale()
+    work = keep or tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(work, exist_ok=True)
+    return work, small_data(work, num_val)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--outages", default="5,15,45", help="seconds the link is down, comma-separated")
@@ -128,14 +141,10 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds one outage's run may take")
     parser.add_argument("--keep", help="keep logs and models in this directory")
     args = parser.parse_args(argv)
-    why = netns.unavailable() if os.geteuid() == 0 else "simulated machines need root (namespaces)"
-    if why:
-        print(f"skipped: {why}")
+    prepared = simulated_work("od-dist-outage-", args.keep)
+    if not prepared:
         return 0
-    netns.remove_stale()
-    work = args.keep or tempfile.mkdtemp(prefix="od-dist-outage-")
-    os.makedirs(work, exist_ok=True)
-    data_dir = small_data(work)
+    work, data_dir = prepared
     print(f"--lost_peer_timeout {args.lost_peer_timeout}; logs in {work}", flush=True)
     for seconds in (float(s) for s in args.outages.split(",")):
         r = run_outage(seconds, args, work, data_dir)
