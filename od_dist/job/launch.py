@@ -133,7 +133,7 @@ def _start(task: Task, argv: list[str], log_dir: str, lock: threading.Lock) -> C
     proc = start_child(argv, stdout=subprocess.PIPE, task_log=log_path)
     reader = threading.Thread(target=_pump, args=(proc.stdout, f"[{task.name}]", log_path, lock), daemon=True)
     reader.start()
-    return Child(task, proc, log_path, reader)
+    return Child(task, proc, log_path, reader=reader)
 
 
 def _say(message: str) -> None:
