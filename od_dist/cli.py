@@ -1572,4 +1572,8 @@ def run() -> None:
     # TensorFlow's C++ INFO/WARNING lines (CUDA probing, oneDNN notes) drown the progress lines;
     # set before any command imports TensorFlow. A user's own setting wins.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Model Garden builds its models with tf_keras (Keras 2), never `tf.keras`; without this,
+    # `import tensorflow` also loads Keras 3 (and scikit-learn and matplotlib with it): about
+    # 1.5 s of CPU at every TensorFlow process start, for nothing od-dist uses.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     sys.exit(main(sys.argv))
