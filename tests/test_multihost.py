@@ -354,32 +354,25 @@ class Job:
 
 
 @pytest.mark.slow
-def test_parameter_server_job_on_four_machines(tmp_path, machines, data_dir):
-    net = machines(4)
-    roles = {0: "master", 1: "worker", 2: "worker", 3: "ps"}
-    cluster = job_cluster(tmp_path, net, roles)
-    scripts, model_dir = write_scripts(tmp_path, cluster, data_dir, steps=10, wait_timeout=120)
-    job = Job.from_scripts(tmp_path, net, roles, scripts)
-    try:
-        codes = job.wait(list(job.procs), timeout=480)
-    finally:
-        job.kill()
-    out = job.all_output()
-    assert codes == {name: 0 for name in job.procs}, out
-    assert re.search(r"od-dist train \| step 10/10 .* steps/s", job.output("master:0")), out
-    for name, machine in (("ps:0", net[3]), ("worker:0", net[1]), ("worker:1", net[2])):
-        assert f"{name} serving on {machine.ip}:{PORT}" in job.output(name), out
-        assert f"{name}: the master finished training; stopping" in job.output(name), out
-    assert checkpoint_step(model_dir) == 10
-
-
-@pytest.mark.slow
-def test_multi_worker_mirrored_pair_on_two_machines(tmp_path, machines, data_dir):
+def test_the_same_train_line_on_two_machines_trains_a_multi_worker_mirrored_pair(
+    tmp_path, machines, data_dir
+):
+    """The same `od-dist train` line on each machine, no --role: each finds its own entry in the
+    cluster file and the pair trains in sync to the final step."""
     net = machines(2)
-    roles = {0: "master", 1: "worker"}
-    cluster = job_cluster(tmp_path, net, roles)
-    scripts, model_dir = write_scripts(tmp_path, cluster, data_dir, steps=10, wait_timeout=120)
-    job = Job.from_scripts(tmp_path, net, roles, scripts)
+    cluster = job_cluster(tmp_path, net, {0: "master", 1: "worker"})
+    train = [
+        sys.executable,
+        "-m",
+        "od_dist",
+        "train",
+        f"--cluster={cluster}",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={tmp_path / 'model'}",
+        "--params_override=" + TINY.format(steps=10, data=data_dir),
+        "--wait_timeout=120",
+    ]
+    job = Job(tmp_path, {"master:0": (net[0], train), "worker:0": (net[1], train)}, cwd=str(tmp_path))
     try:
         codes = job.wait(list(job.procs), timeout=480)
     finally:
@@ -391,31 +384,24 @@ def test_multi_worker_mirrored_pair_on_two_machines(tmp_path, machines, data_dir
             name
         ), out
     assert re.search(r"od-dist train \| step 10/10 ", job.output("master:0")), out
-    assert checkpoint_step(model_dir) == 10
+    assert checkpoint_step(str(tmp_path / "model")) == 10
 
 
 @pytest.mark.slow
-def test_train_without_role_on_each_machine_then_one_machine_cut_off(tmp_path, machines, data_dir):
-    """The same `od-dist train` line on every machine, no --role: each runs its own entry. Then the
-    master's machine loses its link mid-run: the ps and the workers must not wait forever; each
-    ends within --wait_timeout (plus a probe), exit 138 (a lost peer), naming the lost master."""
+def test_parameter_server_job_on_four_machines_then_the_masters_machine_cut_off(tmp_path, machines, data_dir):
+    """Each machine runs the script `od-dist scripts` wrote for it (`train --max_restarts 3`); every
+    server serves on its own machine's address. Then the master's machine loses its link mid-run:
+    the ps and the workers must not wait forever; each machine's od-dist ends within --wait_timeout
+    (plus a probe), exit 138 (a lost peer, not restarted: it already waited in vain), naming the
+    lost master."""
     net = machines(4)
-    cluster = ps_cluster(tmp_path, net)  # master 0, workers 1 and 2, ps 3
+    roles = {0: "master", 1: "worker", 2: "worker", 3: "ps"}
+    cluster = job_cluster(tmp_path, net, roles)
     wait_timeout = 45
-    train = [
-        sys.executable,
-        "-m",
-        "od_dist",
-        "train",
-        f"--cluster={cluster}",
-        f"--pipeline={PIPELINE}",
-        f"--model_dir={tmp_path / 'model'}",
-        "--params_override=" + TINY.format(steps=100000, data=data_dir),
-        f"--wait_timeout={wait_timeout}",
-    ]
-    expected = {"ps:0": net[3], "worker:0": net[1], "worker:1": net[2], "master:0": net[0]}
-    job = Job(tmp_path, {name: (m, train) for name, m in expected.items()}, cwd=str(tmp_path))
-    survivors = ["ps:0", "worker:0", "worker:1"]
+    scripts, _ = write_scripts(tmp_path, cluster, data_dir, steps=100000, wait_timeout=wait_timeout)
+    job = Job.from_scripts(tmp_path, net, roles, scripts)
+    expected = {"ps:0": net[3], "worker:0": net[1], "worker:1": net[2]}
+    survivors = list(expected)
     bound = wait_timeout + 60  # a probe every 5 s, and slack for a loaded machine
     try:
         assert job.wait_for_line("master:0", r"od-dist train \| step \d+/100000", timeout=300), (
@@ -428,8 +414,8 @@ def test_train_without_role_on_each_machine_then_one_machine_cut_off(tmp_path, m
     finally:
         job.kill()
     out = job.all_output()
-    for name in survivors:  # the ready line names the task each machine found for itself
-        assert f"{name} serving on {expected[name].ip}:{PORT}\n" in job.output(name), out
+    for name, machine in expected.items():
+        assert f"{name} serving on {machine.ip}:{PORT}\n" in job.output(name), out
     assert "master:0: training with ParameterServerStrategy" in job.output("master:0"), out
     assert None not in codes.values(), (
         f"still running {bound} s after the master's machine was cut off: {codes}\n{out}"
