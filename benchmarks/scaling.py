@@ -289,6 +289,10 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         if result["failed"]:
             result["tail"] = {n: open(logs[n], errors="replace").read()[-1500:] for n in logs}
         result.update(summarise(monitor.points, case, link, layout, caps, args))
+        result["startup"] = startup(model_dir, start_time, result.get("step_s"))
+        lead_log = "train" if case.kind == "one" else "master-0"
+        result["first_step_s"] = result["startup"].get(lead_log, {}).get("total")
+        result["examples_per_s"] = result.get("steady_examples_s")
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -317,6 +321,53 @@ for index in paths:
         m = trainer.evaluate_latest(params, scratch)
     print(json.dumps({"ckpt": ckpt, "written": os.path.getmtime(index), "step": m["step"], "AP50": m["AP50"]}), flush=True)
 """
+
+
+# Start-up phases, from the lines each trainer's log stamps (absl's local time): imports end where the
+# device policy is applied, the model is built when Model Garden's trainer starts, the trainer's
+# set-up (datasets, optimizer slots, restore) ends where the first loop starts. The first step's
+# end is not logged: it is the first loop's end less the loop's other steps at the steady rate.
+PHASES = (
+    ("imports", "od-dist device policy"),
+    ("model", "Running default trainer"),
+    ("set_up", "training until step"),
+)
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+PHASE_COLUMNS = ("imports", "model", "set_up", "first_step", "total")
+FIRST_LOOP = re.compile(r"train \| step:\s+(\d+) \| steps/sec")
+
+
+def startup(model_dir: str, start_time: float, step_s: float | None) -> dict:
+    """{trainer log name: {phase: seconds, ..., "first_step": seconds since the start}}."""
+    found = {}
+    logs_dir = os.path.join(model_dir, "logs")
+    for name in sorted(os.listdir(logs_dir)) if os.path.isdir(logs_dir) else []:
+        if not name.startswith(("train", "master", "worker")):
+            continue
+        stamps, first_loop = {}, None
+        for line in open(os.path.join(logs_dir, name), errors="replace"):
+            m = STAMP.match(line)
+            if not m:
+                continue
+            t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+            for phase, marker in PHASES:
+                if marker in line and phase not in stamps:
+                    stamps[phase] = t - start_time
+            loop = FIRST_LOOP.search(line)
+            if loop and first_loop is None and "set_up" in stamps:
+                first_loop = (int(loop.group(1)), t - start_time)
+        if len(stamps) < len(PHASES):
+            continue
+        phases, before = {}, 0.0
+        for phase, _ in PHASES:
+            phases[phase] = stamps[phase] - before
+            before = stamps[phase]
+        if first_loop and step_s:
+            steps, end = first_loop
+            phases["first_step"] = end - (steps - 1) * step_s - before
+            phases["total"] = end - (steps - 1) * step_s
+        found[name[: -len(".log")]] = {k: round(v, 1) for k, v in phases.items()}
+    return found
 
 
 def evaluate_checkpoints(result: dict, args) -> None:
@@ -469,6 +520,23 @@ def report(results: list[dict], cases: list[Case], links: list[str], args) -> st
     return "\n".join(lines)
 
 
+def startup_report(results: list[dict]) -> str:
+    lines = [
+        "start-up of each trainer, in seconds: imports (Python, TensorFlow, Model Garden), model build "
+        "(and its check), trainer set-up (datasets, optimizer, restore), first step (the train loop's "
+        "trace and the step), total from the start",
+        f"{'case':<34} {'link':<9} {'trainer':<9} {'imports':>7} {'model':>6} {'set-up':>6} {'step 1':>6} "
+        f"{'total':>6}",
+    ]
+    for r in results:
+        for name, p in r.get("startup", {}).items():
+            lines.append(
+                f"{r['case']:<34} {r['link']:<9} {name:<9} "
+                + " ".join(f"{p[k]:>6.1f}" if k in p else f"{'-':>6}" for k in PHASE_COLUMNS)
+            )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -562,6 +630,8 @@ def main(argv=None) -> int:
     print(f"load average after: {os.getloadavg()}")
     print()
     print(report(results, cases, links, args))
+    print()
+    print(startup_report(results))
     if args.accuracy:
         for r in results:
             if not r.get("failed"):
