@@ -116,6 +116,11 @@ class Job:
         self.reader.join(10)
 
 
+def cpu_seconds(process):
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def wait_in_log(path, run, pattern, timeout=300):
     """The first match of pattern in the run-th run (1-based) of a launch log (runs are appended,
     each after a '----- ... started -----' line): the log has every line, the console may not."""
@@ -157,7 +162,7 @@ def launch_args(tmp_path, data_dir, cluster, steps, *extra):
 def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps_then_ctrl_c(tmp_path, data_dir, jobs):
     """One parameter_server job under launch:
 
-    1. kill -9 of worker:1: restarted alone, training goes on.
+    1. kill -9 of worker:1: restarted alone, it rejoins (runs steps again) and training goes on.
     2. kill -9 of the ps: every task restarts and resumes from the last checkpoint (never below
        it); the restarted master appends to its log.
     3. Ctrl+C in a terminal reaches the launcher's whole process group; the tasks, in their own
@@ -178,7 +183,24 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps_then_ctrl_c(t
     )
     i, back, _ = job.wait_for(r"\[worker:1\] worker:1 serving on", after=i)
     print(f"\nlost parameter_server worker: serving again {back - killed:.1f} s after kill -9")
-    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/100000", after=i)
+    # Rejoined: it runs steps again, so it burns CPU like worker:0 (an idle server burns none).
+    # Each progress line is a loop of 5 steps.
+    w0, w1 = job.task("worker", 0), job.task("worker", 1)
+    deadline = time.monotonic() + 240
+    while True:
+        cpu0, cpu1 = cpu_seconds(w0), cpu_seconds(w1)
+        for _ in range(2):
+            i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/100000", after=i + 1)
+        d0, d1 = cpu_seconds(w0) - cpu0, cpu_seconds(w1) - cpu1
+        if d1 > 0.25 * d0:
+            break
+        assert time.monotonic() < deadline, (
+            f"worker:1 did not rejoin: {d1:.1f} s CPU vs {d0:.1f} s on worker:0"
+        )
+    print(
+        f"lost parameter_server worker: running steps again {time.monotonic() - killed:.1f} s after kill -9 "
+        f"(CPU over a loop: worker:0 {d0:.1f} s, worker:1 {d1:.1f} s)"
+    )
     step = wait_for_checkpoint(model_dir)
     job.task("ps", 0).kill()
     killed = time.monotonic()

@@ -1,7 +1,7 @@
 """Faults on loopback with real TensorFlow processes: a trainer stopped by a signal saves a
 checkpoint, a kill during a save is harmless, one machine's `train --max_restarts` restarts its
-killed task, lost peers end the survivors with one line and exit 138 (LOST_PEER), a lost
-parameter-server worker is tolerated and rejoins.
+killed task, lost peers end the survivors with one line and exit 138 (LOST_PEER), a stopped
+parameter_server master resumes and Ctrl+C on its ps ends the job.
 
 Every process is started here and killed in `finally`; every wait is bounded."""
 
@@ -286,16 +286,10 @@ def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, 
     )
 
 
-def cpu_seconds(proc):
-    times = psutil.Process(proc.proc.pid).cpu_times()
-    return times.user + times.system
-
-
-def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path, data_dir, procs):
-    """kill -9 of a worker: the master trains on; the worker restarted by hand rejoins (it burns
-    CPU on steps again); SIGTERM to the master mid-loop saves a checkpoint (exit 143) while the
-    servers wait; the master restarted resumes from it; Ctrl+C to the ps stops every process, the
-    master after a checkpoint."""
+def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_path, data_dir, procs):
+    """SIGTERM to the master mid-loop saves a checkpoint (exit 143) while the servers wait; the
+    master restarted resumes from it; Ctrl+C to the ps stops every process, the master after a
+    checkpoint. (A lost worker that rejoins is in test_faults.py's parameter_server job.)"""
     cluster = write_cluster(tmp_path, ps=1, workers=2)
     model_dir = tmp_path / "model"
 
@@ -311,31 +305,7 @@ def test_parameter_server_worker_lost_rejoins_master_stops_and_resumes(tmp_path,
         return p
 
     ps, w0, w1, master = task("ps", 0), task("worker", 0), task("worker", 1), task("master", 0)
-    step = master.wait_step(5, 400)
-    w1.proc.kill()
-    killed = time.monotonic()
-    after_kill = master.wait_step(step + 10, 240)  # two more loops without worker:1
-    print(f"\nparameter_server: 10 steps after kill -9 of worker:1 in {time.monotonic() - killed:.1f} s")
-
-    w1 = task("worker", 1, name="worker1-restarted")
-    w1.wait_for(lambda out: "worker:1 serving on" in out, 240, "serving")
-    restarted = time.monotonic()
-    # Rejoined: it runs steps again, so it burns CPU like worker:0 (an idle server burns none).
-    deadline = time.monotonic() + 240
-    while True:
-        cpu0, cpu1, at = cpu_seconds(w0), cpu_seconds(w1), master.wait_step(master.step(), 120)
-        master.wait_step(at + 5, 120)
-        d0, d1 = cpu_seconds(w0) - cpu0, cpu_seconds(w1) - cpu1
-        if d1 > 0.25 * d0:
-            break
-        assert time.monotonic() < deadline, (
-            f"worker:1 did not rejoin: {d1:.1f} s CPU vs {d0:.1f} s on worker:0"
-        )
-    print(
-        f"parameter_server: worker:1 restarted to running steps again in {time.monotonic() - restarted:.1f} s "
-        f"(CPU over 5 steps: worker:0 {d0:.1f} s, worker:1 {d1:.1f} s)"
-    )
-    assert after_kill > step
+    master.wait_step(5, 400)
 
     master.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
