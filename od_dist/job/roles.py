@@ -39,7 +39,7 @@ def _params(config: TrainConfig):
 
 
 def run_server(config: TrainConfig) -> int:
-    from od_dist.job import devices, server
+    from od_dist.job import devices, server, watch
 
     selected = config.selected
 
@@ -51,9 +51,13 @@ def run_server(config: TrainConfig) -> int:
         return devices.apply_policy()
 
     try:
-        return server.serve(selected.cluster, selected.task, config.wait_timeout, devices=set_up_devices)
+        code = server.serve(selected.cluster, selected.task, config.wait_timeout, devices=set_up_devices)
     except (server.ServerError, devices.DeviceError) as e:
         raise RoleError(str(e)) from None
+    # TensorFlow's teardown of a server at interpreter exit can crash (SIGSEGV, exit 139, after
+    # "exit 143": benchmarks/chaos.py, a SIGTERM to a parameter_server worker), which a supervisor
+    # takes for a permanent failure. A server has nothing left to do: it ends here, with its code.
+    watch.exit_now(code)
 
 
 def run_trainer(config: TrainConfig, beacon=None) -> int:
