@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import NoReturn
 
 from od_dist.job import exit_codes
 from od_dist.job.config import TrainConfig
@@ -38,7 +39,7 @@ def _params(config: TrainConfig):
     return params
 
 
-def run_server(config: TrainConfig) -> int:
+def run_server(config: TrainConfig) -> NoReturn:
     from od_dist.job import devices, server, watch
 
     selected = config.selected
