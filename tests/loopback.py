@@ -36,6 +36,15 @@ def clean_env(**extra):
     return {k: v for k, v in env.items() if v is not None}
 
 
+def site_hook(tmp_path, source):
+    """A folder for PYTHONPATH whose sitecustomize.py (`source`) every Python process started with
+    it runs first: a fault injected into the real child processes of a test."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(source)
+    return str(hook)
+
+
 def od_dist(*args, cwd=ROOT, timeout=180, env=None):
     """`python -m od_dist ARGS` run to its end as a user runs it (without TF_CONFIG; `env` added):
     its CompletedProcess, output as text."""

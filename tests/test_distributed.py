@@ -17,7 +17,17 @@ import typing
 
 import psutil
 import pytest
-from loopback import PIPELINE, ROOT, checkpoint_step, clean_env, free_ports, od_dist, tiny, write_cluster
+from loopback import (
+    PIPELINE,
+    ROOT,
+    checkpoint_step,
+    clean_env,
+    free_ports,
+    od_dist,
+    site_hook,
+    tiny,
+    write_cluster,
+)
 
 from od_dist.job import threads
 
@@ -202,12 +212,10 @@ def test_ps_starts_whatever_num_clones_says_stops_on_sigterm_and_when_master_nev
     # TensorFlow's teardown of a server at interpreter exit can crash (SIGSEGV, exit 139), which a
     # supervisor takes for a permanent failure: made to crash there every time, the server must
     # still end with its own code.
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
+    crash_at_exit = (
         "import atexit, os, signal\natexit.register(lambda: os.kill(os.getpid(), signal.SIGSEGV))\n"
     )
-    env = clean_env(PYTHONPATH=str(hook))
+    env = clean_env(PYTHONPATH=site_hook(tmp_path, crash_at_exit))
     for extra, sent, code in (([], signal.SIGTERM, 143), (["--num_clones=2"], signal.SIGINT, 130)):
         proc = subprocess.Popen(
             [

@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from loopback import PIPELINE, checkpoint_step, clean_env, tiny, write_cluster
+from loopback import PIPELINE, checkpoint_step, clean_env, site_hook, tiny, write_cluster
 
 
 def wait_for_checkpoint(model_dir, timeout=120):
@@ -300,11 +300,8 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
        ends with exit 0."""
     cluster = write_cluster(tmp_path, ps=0, workers=1)
     model_dir = str(tmp_path / "model")
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SLOW_FINAL_SAVE)
     slow_final_save = {
-        "PYTHONPATH": str(hook),
+        "PYTHONPATH": site_hook(tmp_path, SLOW_FINAL_SAVE),
         "OD_DIST_TEST_WORKER_PORT": open(cluster).read().split("worker: [127.0.0.1:")[1].split("]")[0],
         "OD_DIST_TEST_MODEL_DIR": model_dir,
         "OD_DIST_TEST_FINAL_STEP": "20",
