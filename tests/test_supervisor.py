@@ -171,6 +171,20 @@ def test_a_lost_parameter_server_worker_restarts_alone_and_the_job_finishes():
     assert "worker:1 died (exit 137, killed); restart 1/3 of worker:1 alone in 0 s" in job.lines
 
 
+def test_the_backoff_doubles_while_restarts_come_quickly_and_starts_over_after_a_long_run():
+    def scripts(t, n):
+        if t.name == "worker:1":
+            return kill_self(1.5 if n == 2 else 0.1) if n < 3 else exits(0)
+        return exits(0, 5.0 if t.role == "master" else 5.5)
+
+    job = Job(PS, [PS0, W0, W1, MASTER], scripts)
+    streaks = []
+    job.sup.backoff = lambda n: streaks.append(n) or 0.0
+    job.sup.backoff_reset_s = 1.0
+    assert job.run() == 0, job.lines
+    assert streaks == [1, 2, 1]  # the third start lived 1.5 s, longer than the reset
+
+
 def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
     def scripts(t, n):
         if t.name == "ps:0":

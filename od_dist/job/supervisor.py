@@ -14,8 +14,9 @@ The rules (TensorFlow's fault tolerance for parameter-server and multi-worker tr
   - a person's stop (a trainer or server that exits 130, SIGINT: Ctrl+C on this machine or, passed
     on through the job, on another) is never restarted: every task here is stopped, trainers
     first, and the job exits 130.
-Each restart waits a backoff and counts against --max_restarts; past it the job stops and exits 1
-naming the first failure (the root cause, as torchrun reports it).
+Each restart waits a backoff (2 s, doubling while restarts follow each other within a minute) and
+counts against --max_restarts; past it the job stops and exits 1 naming the first failure (the
+root cause, as torchrun reports it).
 
 The job succeeded only if the lead (the task that writes the final checkpoint: the master, or
 worker 0 without one) exited 0. Once it has, a task that exits otherwise is a line, not a failure;
@@ -43,6 +44,10 @@ DONE, PERMANENT, RESTART_TASK, RESTART_ALL = "done", "permanent", "restart the t
 PERSON = "stopped by a person"
 BACKOFF_S = 2.0  # before the first restart; doubles each time, up to BACKOFF_MAX_S
 BACKOFF_MAX_S = 30.0
+# The backoff spaces restarts that come in quick succession (a peer not back yet). Tasks that ran
+# this long since their last restart are not in such a loop: the next restart waits BACKOFF_S
+# again, rather than BACKOFF_MAX_S for every fault of a long job.
+BACKOFF_RESET_S = 2 * BACKOFF_MAX_S
 # Stopping every task for a restart: the lost task held the variables (ps), was the one that saves
 # (master) or blocks every all-reduce, so the survivors have nothing consistent to save; they get
 # this long to exit on SIGTERM before SIGKILL.
@@ -245,7 +250,8 @@ class Supervisor:
     max_restarts: int
     grace_s: float  # how long trainers get to save a checkpoint after SIGINT/SIGTERM
     finish: Callable[[Running], None] = lambda r: None
-    backoff: Callable[[int], float] = backoff_s  # seconds before restart number n (1-based)
+    backoff: Callable[[int], float] = backoff_s  # seconds before restart number n (1-based) of a streak
+    backoff_reset_s: float = BACKOFF_RESET_S
     lead: str | None = None
     eval_command: str | None = None
     progress_every_s: float = PROGRESS_EVERY_S
@@ -254,6 +260,8 @@ class Supervisor:
     pending: dict[str, float] = field(default_factory=dict)  # task name -> when to start it
     signals: list[int] = field(default_factory=list)
     restarts: int = 0
+    streak: int = 0  # restarts since the tasks last ran backoff_reset_s
+    restarted_at: float = float("-inf")  # when the last restart started the tasks
     first_failure: str | None = None
     evaluator_restarts: dict[str, int] = field(default_factory=dict)  # its own budget, per evaluator
     no_evaluation: list[str] = field(default_factory=list)  # evaluators that gave up
@@ -563,7 +571,9 @@ class Supervisor:
             )
             return exit_codes.FAILED
         self.restarts += 1
-        wait = self.backoff(self.restarts)
+        now = time.monotonic()
+        self.streak = self.streak + 1 if now - self.restarted_at < self.backoff_reset_s else 1
+        wait = self.backoff(self.streak)
         if p.action == RESTART_ALL:
             # The restart-all message names the lost task first: the others die of it.
             which = " of every task" if len(self.tasks) > 1 else ""
@@ -579,7 +589,8 @@ class Supervisor:
             for t in p.restart:
                 self._finish(self.running.pop(t.name))
             restart = list(p.restart)
-        due = time.monotonic() + wait
+        due = now + wait
+        self.restarted_at = due
         for t in restart:
             self.pending[t.name] = due
         return None
