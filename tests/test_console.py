@@ -20,6 +20,10 @@ CHILD = textwrap.dedent("""
     logging.getLogger("absl").warning("Gradients do not exist for variables ['x']")
     logging.getLogger("absl").info("an info record")
     warnings.warn("Input dict contained keys ['6']")
+    logging.getLogger("tensorflow").warning(
+        "5 out of the last 5 calls to <function MultiDeviceSaver.save.<locals>.tf_function_save at "
+        "0x7f0> triggered tf.function retracing."
+    )
     print("od-dist: an error line", file=sys.stderr)
 """)
 
@@ -50,6 +54,7 @@ def test_console_shows_od_dist_lines_and_real_warnings_once(tmp_path):
         "Gradients do not exist",
         "an info record",
         "Input dict contained keys",
+        "tf_function_save at 0x7f0> triggered tf.function retracing",
         "od-dist progress line",
     ):
         assert detail in log, detail

@@ -24,6 +24,9 @@ import sys
 HARMLESS = (
     "Gradients do not exist for variables",  # heads a detection loss leaves unused in a step
     "Input dict contained keys",  # tf_keras: the detector's input dict carries extra keys
+    # A checkpoint saved from several tasks (parameter_server): TensorFlow retraces its save
+    # function on purpose at every save, and warns of it from the fifth save on.
+    "MultiDeviceSaver.save.<locals>.tf_function_save",
 )
 
 # Whose prints the console shows: od-dist's, and orbit's short lines (checkpoint restored, saved,
