@@ -3,6 +3,7 @@ exit codes that must say what happened, inputs and outputs that must be what the
 
 import glob
 import os
+import time
 
 import labelimg
 import pytest
@@ -285,6 +286,52 @@ def test_hang_guard_lets_a_call_that_returns_go_on():
     quick = "from od_dist.job.strategy import hang_guard\nwith hang_guard(5, 'x: joining'):\n    pass\nprint('after')"
     r = subprocess.run([sys.executable, "-c", quick], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.splitlines() == ["x: joining (giving up after 5 s)", "after"], r
+
+
+LOOPS = """
+import sys, time
+from od_dist.job import watch
+with watch.LoopGuard("master:0", 1, "restart the job") as guard:
+    for seconds in map(float, sys.argv[1:]):
+        guard.loop_starts()
+        print(f"loop of {seconds:g} s, bound {guard.limit():.0f} s", flush=True)
+        time.sleep(seconds)
+"""
+
+
+def test_a_parameter_server_loop_far_slower_than_any_before_ends_the_master_with_138():
+    """TensorFlow's coordinator waits for a loop's steps without a timeout, and one stayed stuck
+    for good after a worker's link was cut for a minute (benchmarks/chaos.py --seed 1): every
+    process idle. A loop that takes far longer than the slowest before ends the master."""
+    import subprocess
+    import sys
+
+    from od_dist.job import exit_codes
+
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", LOOPS, "0.4", "30"], capture_output=True, text=True, timeout=60)
+    assert exit_codes.normalize(r.returncode) == exit_codes.LOST_PEER, (r.returncode, r.stderr)
+    assert time.monotonic() - start < 20  # at --wait_timeout (1 s): 5 x 0.4 s is less
+    assert r.stdout.splitlines() == ["loop of 0.4 s, bound 3 s", "loop of 30 s, bound 2 s"], r.stdout
+    assert r.stderr.splitlines()[-1] == (
+        "od-dist: master:0: a training loop did not end in 2 s (the slowest before took 0.4 s) while every "
+        "peer answered: TensorFlow is stuck on a peer; restart the job; exit 138"
+    ), r.stderr
+
+
+def test_loops_within_their_bound_go_on_and_the_first_gets_longer():
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", LOOPS, "2", "1.5", "0.1"], capture_output=True, text=True, timeout=60
+    )
+    # The first loop may take --wait_timeout x 3; later ones 5 x the slowest before.
+    assert r.returncode == 0 and r.stdout.splitlines() == [
+        "loop of 2 s, bound 3 s",
+        "loop of 1.5 s, bound 10 s",
+        "loop of 0.1 s, bound 10 s",
+    ], r
 
 
 # ----- 8: the evaluator is a sidecar: its failure never stops training ---------------------------

@@ -9,6 +9,7 @@ single (no cluster)             train on this machine's --num_clones devices
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from typing import NoReturn
@@ -105,8 +106,9 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
     )
     who = task.name if task else "single"
     peers = [t for t in cluster.server_tasks() if t != task] if cluster else []
+    guard = watch.LoopGuard(who, config.wait_timeout, _after_loss(config)) if config.is_coordinator else None
     try:
-        with watch.Watch(who, _watched(config, peers)) as peers_watch:
+        with watch.Watch(who, _watched(config, peers)) as peers_watch, guard or contextlib.nullcontext():
             # The watch ends with the last loop: a multi_worker_mirrored peer that finished first
             # closes its port while this trainer may still be writing the final checkpoint (to a
             # slow share), which is no lost peer.
@@ -120,6 +122,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
                 on_last_loop=peers_watch.stop,
                 peer_requests=_server_requests(config, peers),
                 pipeline_path=config.pipeline,
+                on_loop_start=guard.loop_starts if guard else None,
             )
     except trainer.Stopped as e:
         saved = f"saved {e.path}" if e.path else "the master saved it"

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import os
-import subprocess
-import sys
 import time
 
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
-from od_dist.job import devices, exit_codes
+from od_dist.job import devices, exit_codes, watch
 from od_dist.job.server import bind_port, is_listening
 
 PROGRESS_EVERY_S = 10.0
@@ -62,24 +59,6 @@ def wait_for_peers(peers, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-# The hang guard's watchdog: a separate process, because no thread of a process stuck in
-# TensorFlow's C++ (holding the GIL) runs. It ends quietly when its stdin closes (the guarded call
-# returned, or the process died); past the deadline it prints the line and kills the process with
-# SIGUSR1, whose status a shell and an orchestrator read as 138 (on Windows: exit code 138).
-_WATCHDOG = """
-import os, signal, sys, threading
-for name in ("SIGINT", "SIGTERM", "SIGBREAK"):  # the guarded process handles those itself
-    if hasattr(signal, name):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-parent, timeout_s, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-released = threading.Event()
-threading.Thread(target=lambda: (sys.stdin.read(), released.set()), daemon=True).start()
-if not released.wait(timeout_s):
-    print(message, file=sys.stderr, flush=True)
-    os.kill(parent, getattr(signal, "SIGUSR1", 138))
-"""
-
-
 @contextlib.contextmanager
 def hang_guard(timeout_s: float, what: str):
     """TensorFlow's cluster set-up runs in C++ holding the GIL and has no timeout of its own, so
@@ -93,16 +72,12 @@ def hang_guard(timeout_s: float, what: str):
         f"{timeout_s:.0f} s: a peer was lost after it answered (or raise --wait_timeout); "
         f"exit {exit_codes.LOST_PEER}"
     )
-    watchdog = subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout_s + 1), message],
-        stdin=subprocess.PIPE,
-    )
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        watchdog.stdin.close()
-        watchdog.wait()
+    with watch.Watchdog() as watchdog:
+        watchdog.arm(timeout_s + 1, message)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
 
 def wait_with_beacon(task: Task, peers, timeout_s: float, beacon=None) -> None:

@@ -111,8 +111,10 @@ def _controller_cls():
             od_stop=None,
             od_on_model=None,
             od_on_last_loop=None,
+            od_on_loop_start=None,
             **kwargs,
         ):
+            self._od_on_loop_start = od_on_loop_start
             self._od_keep_waiting = od_keep_waiting
             self._od_on_last_loop = od_on_last_loop
             self._od_stop = od_stop
@@ -226,6 +228,8 @@ def _controller_cls():
 
         def _train_n_steps(self, num_steps: int):
             step0 = int(self.global_step.numpy())
+            if self._od_on_loop_start is not None:
+                self._od_on_loop_start()
             t0 = time.time()
             super()._train_n_steps(num_steps)
             self._od_print_progress(step0, t0)
@@ -505,6 +509,7 @@ def _run(
     on_model=None,
     on_last_loop=None,
     pipeline_path: str = "the pipeline",
+    on_loop_start=None,
 ):
     import tensorflow as tf
     from official.core import (
@@ -543,6 +548,7 @@ def _run(
         od_stop=stop,
         od_on_model=on_model,
         od_on_last_loop=on_last_loop,
+        od_on_loop_start=on_loop_start,
     )
     holder = {}
 
@@ -572,6 +578,7 @@ def train(
     on_model=None,
     peer_requests=None,
     pipeline_path: str = "the pipeline",
+    on_loop_start=None,
 ) -> int:
     """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``; returns the
     final step.
@@ -584,6 +591,7 @@ def train(
     called once the last loop has run, before the final checkpoint is saved. ``peer_requests``:
     () -> the stop requests of peers, read at each loop boundary (stop.StopRequest.poll_peers).
     ``pipeline_path`` names the pipeline when its model cannot be built (PipelineError).
+    ``on_loop_start``: called as each training loop starts (watch.LoopGuard.loop_starts).
     """
     import tensorflow as tf
     from official.core import train_utils
@@ -610,6 +618,7 @@ def train(
             on_last_loop=on_last_loop,
             on_model=on_model,
             pipeline_path=pipeline_path,
+            on_loop_start=on_loop_start,
         )
     step = int(controller.global_step.numpy())
     print(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -26,6 +27,122 @@ PROBE_S = 2.0
 # 10 s one (the coordination service's heartbeat), so od-dist ends no job that TensorFlow would
 # carry on, and TensorFlow's own error names the loss of a longer one.
 LOST_PEER_TIMEOUT_S = 10
+
+
+# parameter_server: TensorFlow's coordinator waits for the steps of a loop with no timeout, and a
+# step (or the master's read of a peer) can wait for good while every peer's port answers. LoopGuard
+# ends the master then: when the first loop of a start (it traces the step on every worker) has not
+# come round after --wait_timeout x FIRST_LOOP_WAITS, a later one after SLOW_LOOP_TIMES the slowest
+# before, and never before --wait_timeout.
+FIRST_LOOP_WAITS = 3
+SLOW_LOOP_TIMES = 5
+
+# The watchdog: a separate process, because no thread of a process stuck in TensorFlow's C++
+# (holding the GIL) runs. Each line on its stdin arms it ("SECONDS MESSAGE": with no other line
+# within SECONDS it prints MESSAGE and ends the process with SIGUSR1, whose status a shell and an
+# orchestrator read as 138; on Windows exit code 138) or disarms it ("0"). It ends quietly when
+# its stdin closes (the watched process is done with it, or died).
+_WATCHDOG = """
+import os, queue, signal, sys, threading
+for name in ("SIGINT", "SIGTERM", "SIGBREAK"):  # the watched process handles those itself
+    if hasattr(signal, name):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+parent, lines = int(sys.argv[1]), queue.Queue()
+threading.Thread(target=lambda: [lines.put(x) for x in sys.stdin] + [lines.put(None)], daemon=True).start()
+armed, message = None, ""
+while True:
+    try:
+        line = lines.get(timeout=armed)
+    except queue.Empty:
+        print(message, file=sys.stderr, flush=True)
+        os.kill(parent, getattr(signal, "SIGUSR1", 138))
+        break
+    if line is None:
+        break
+    seconds, _, message = line.rstrip("\\n").partition(" ")
+    armed = float(seconds) or None
+"""
+
+
+class Watchdog:
+    """Ends this process with one line and exit 138 when it is armed and not re-armed or disarmed
+    in time (see _WATCHDOG). The line goes to the console (sys.stderr), not only to the log."""
+
+    def __init__(self):
+        try:
+            console = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):  # a captured stderr: inherit file descriptor 2
+            console = None
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stderr=console,
+            text=True,
+        )
+
+    def arm(self, seconds: float, message: str) -> None:
+        self._send(f"{max(seconds, 0.001):.3f} {message}")
+
+    def disarm(self) -> None:
+        self._send("0")
+
+    def _send(self, line: str) -> None:
+        self._proc.stdin.write(line.replace("\n", " ") + "\n")
+        self._proc.stdin.flush()
+
+    def close(self) -> None:
+        self._proc.stdin.close()
+        self._proc.wait()
+
+    def __enter__(self) -> Watchdog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LoopGuard:
+    """The parameter_server master's training loops, each bounded (see FIRST_LOOP_WAITS) from its
+    start to the next one's: its steps, the peers' stop requests read after it, a checkpoint save.
+    One stuck (seen after a worker's link was cut for a minute, and with a worker stopped by
+    SIGSTOP: every process idle, the master waiting for good) ends the master with one line and
+    exit 138, and its supervisor restarts the job from the last checkpoint. `then`: what the line
+    says happens next."""
+
+    def __init__(self, who: str, wait_timeout_s: float, then: str):
+        self.who, self.wait_timeout_s, self.then = who, wait_timeout_s, then
+        self.slowest: float | None = None
+        self._started: float | None = None
+        self._dog: Watchdog | None = None
+
+    def __enter__(self) -> LoopGuard:
+        self._dog = Watchdog()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._dog.close()
+
+    def limit(self) -> float:
+        if self.slowest is None:
+            return self.wait_timeout_s * FIRST_LOOP_WAITS
+        return max(self.wait_timeout_s, SLOW_LOOP_TIMES * self.slowest)
+
+    def loop_starts(self) -> None:
+        now = time.monotonic()
+        if self._started is not None:
+            self.slowest = max(self.slowest or 0.0, now - self._started)
+        self._started = now
+        limit = self.limit()
+        before = (
+            f"the slowest before took {self.slowest:.1f} s"
+            if self.slowest is not None
+            else f"the first of this start: --wait_timeout x {FIRST_LOOP_WAITS}"
+        )
+        self._dog.arm(
+            limit,
+            f"od-dist: {self.who}: a training loop did not end in {limit:.0f} s ({before}) while every "
+            f"peer answered: TensorFlow is stuck on a peer; {self.then}; exit {exit_codes.LOST_PEER}",
+        )
 
 
 def _names(tasks) -> str:
