@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import pathlib
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +30,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import test_odapi as configs  # noqa: E402 (the Zoo's configs the tests keep)
+from loopback import write_cluster  # noqa: E402
 
 COCO_LINE = re.compile(r"od-dist eval \| step (\d+) \| AP [\d.]+ \| AP50 ([\d.]+)")
 FAMILIES = {  # name -> the config's Zoo name, and its text as published
@@ -88,16 +89,6 @@ def cell(code: int, seconds: float, out: str, evaluated: bool = False) -> str:
     return f"exit 0, {seconds:.0f} s"
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def families(work: str, names: list[str]) -> int:
     data = os.path.join(work, "data")
     code, _, out = od_dist(
@@ -110,11 +101,7 @@ def families(work: str, names: list[str]) -> int:
         f"--params_override=task.train_data.input_path={data}/train.tfrecord,"
         f"task.validation_data.input_path={data}/val.tfrecord"
     )
-    master, worker = free_ports(2)
-    with open(os.path.join(work, "mwm.yaml"), "w", encoding="utf-8") as f:
-        f.write(
-            f"strategy: multi_worker_mirrored\nmaster: 127.0.0.1:{master}\nworker:\n  - 127.0.0.1:{worker}\n"
-        )
+    cluster = write_cluster(pathlib.Path(work), ps=0, workers=1, strategy="multi_worker_mirrored")
     print(
         "| family | config | import | one machine: train | eval | launch, multi_worker_mirrored x2: train | eval |\n"
         "|---|---|---|---|---|---|---|",
@@ -133,7 +120,7 @@ def families(work: str, names: list[str]) -> int:
             (
                 [
                     "launch",
-                    "--cluster=mwm.yaml",
+                    f"--cluster={cluster}",
                     f"--pipeline={name}.yaml",
                     f"--model_dir=mwm/{name}",
                     inputs,
