@@ -370,6 +370,15 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             if fault.recovered_at is None:
                 got = watch.progress(after=fault.since)
                 fault.recovered_at = got[0][0] if got else None
+            if (
+                fault.recovered_at is None
+                and codes["master:0"] == 0
+                and checkpoint_step(str(model_dir)) == args.steps
+            ):
+                # A SIGTERM in the last loop: the task saved the final step and its restart had
+                # nothing left to train. The job finished, when the master's od-dist exited.
+                fault.recovered_at = ended
+                fault.note += " (the final step was saved; the job then finished)"
             end = fault.recovered_at if fault.recovered_at is not None else ended
             fault.said = watch.said(fault.injected_at, end)
             # A restarted master resumes from the checkpoint named last before its first progress
