@@ -1,6 +1,6 @@
 """A long job under random faults: does it finish, lose nothing, and say what happened?
 
-    sudo .venv/bin/python benchmarks/chaos.py [--seed 1] [--faults 20] [--steps 1000]
+    sudo .venv/bin/python benchmarks/chaos.py [--seed 1] [--faults 20] [--steps 1400]
         [--strategy parameter_server|multi_worker_mirrored] [--no_baseline] [--keep DIR]
 
 Per strategy, a job on simulated machines (network namespaces, tests/netns.py): parameter_server
@@ -513,11 +513,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", type=int, default=20, help="faults per job")
-    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=1400,
+        help="enough for 20 faults of either strategy (multi_worker_mirrored's took 1200 steps)",
+    )
     parser.add_argument("--steps_per_loop", type=int, default=25, help="a checkpoint every two loops")
     parser.add_argument("--strategy", choices=sorted(LAYOUTS), help="run one; default both")
     parser.add_argument("--max_restarts", type=int, help="passed to each script; default 2 per fault + 3")
-    parser.add_argument("--wait_timeout", type=int, default=600)
+    parser.add_argument(
+        "--wait_timeout",
+        type=int,
+        default=120,
+        help="seconds to wait for peers, and the least a stuck parameter_server loop is given",
+    )
     parser.add_argument("--timeout", type=float, default=7200, help="seconds one job may take in all")
     parser.add_argument(
         "--recovery_timeout", type=float, default=900, help="seconds to wait for progress after a fault"
