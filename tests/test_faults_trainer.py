@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from loopback import PIPELINE, ROOT, SMALL, checkpoint_step, clean_env, write_cluster
+from loopback import PIPELINE, SMALL, checkpoint_step, clean_env, site_hook, write_cluster
 
 OVERRIDE = (
     "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
@@ -31,13 +31,13 @@ pytestmark = pytest.mark.slow
 class Proc:
     """One od-dist process whose output is collected in a file (no pipe to fill up)."""
 
-    def __init__(self, tmp_path, name, args, prefix=()):
+    def __init__(self, tmp_path, name, args, env=None):
         self.name = name
         self.log = tmp_path / f"{name}.log"
-        env = clean_env(PYTHONUNBUFFERED="1")
+        env = clean_env(PYTHONUNBUFFERED="1", **(env or {}))
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, *prefix, "-m", "od_dist", *args],
+                [sys.executable, "-m", "od_dist", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=str(tmp_path),
@@ -112,20 +112,49 @@ def train_args(cluster, role, index, model_dir, data, steps=100000, interval=100
     return args
 
 
-# A wrapper that SIGKILLs the trainer while it saves ckpt-10: after the shards and the index are
-# written, before the `checkpoint` state file names it (the last step of TensorFlow's save).
+# A sitecustomize for every process of the run: the first to save ckpt-10 is killed during that
+# save, after the shards and the index are written, before the `checkpoint` state file names it
+# (the last step of TensorFlow's save). Before it dies it leaves what a kill at an earlier point of
+# a save leaves, named as TensorFlow names them: shards still under ckpt-15_temp/ (each written as
+# *.tempstate<random> first), a state file being replaced; and it tears ckpt-10's index, as a kill
+# while TensorFlow writes it in place does (complete, ckpt-10 would be resumed from:
+# tests/test_defects.py). The contents are garbage: reading any of them would fail the run.
 KILL_DURING_SAVE = """
-import os, signal, sys
-from tensorflow.python.checkpoint import checkpoint_management as cm
-record = cm.update_checkpoint_state_internal
-def record_or_die(directory, model_checkpoint_path, *args, **kwargs):
-    if model_checkpoint_path.endswith("ckpt-10"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return record(directory, model_checkpoint_path, *args, **kwargs)
-cm.update_checkpoint_state_internal = record_or_die
-from od_dist import cli
-sys.argv = ["od-dist"] + sys.argv[1:]
-cli.run()
+import os, signal
+
+from od_dist.job import trainer as _trainer
+
+_make = _trainer._controller_cls
+
+
+def _record_or_die(record):
+    def record_or_die(save_dir, model_checkpoint_path, *args, **kwargs):
+        once = os.environ["OD_DIST_TEST_KILLED"]
+        if model_checkpoint_path.endswith("ckpt-10") and not os.path.exists(once):
+            open(once, "w").close()
+            os.mkdir(os.path.join(save_dir, "ckpt-15_temp"))
+            shard = "part-00000-of-00001.data-00000-of-00001.tempstate8411"
+            with open(os.path.join(save_dir, "ckpt-15_temp", shard), "wb") as f:
+                f.write(b"x" * 64)
+            for name in ("ckpt-15_temp/part-00000-of-00001.index", "ckpt-10.index"):
+                with open(os.path.join(save_dir, name), "wb") as f:
+                    f.write(b"garbage")
+            with open(os.path.join(save_dir, "checkpoint.tempstate2207"), "w") as f:
+                f.write('model_checkpoint_path: "ckpt-15"\\n')
+            os.kill(os.getpid(), signal.SIGKILL)
+        return record(save_dir, model_checkpoint_path, *args, **kwargs)
+
+    return record_or_die
+
+
+def _killing_controller_cls():
+    from tensorflow.python.checkpoint import checkpoint_management as cm
+
+    cm.update_checkpoint_state_internal = _record_or_die(cm.update_checkpoint_state_internal)
+    return _make()
+
+
+_trainer._controller_cls = _killing_controller_cls
 """
 
 
@@ -134,118 +163,65 @@ STOPPED = re.compile(
 )
 
 
-def test_single_machine_killed_during_a_save_resumes_then_sigterm_saves_and_resumes(
+RESTARTED = re.compile(r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/1 in 2 s$", re.M)
+
+
+def test_single_machine_killed_during_a_save_is_restarted_and_resumes_then_sigterm_saves(
     tmp_path, data_dir, procs
 ):
-    """One machine's trainer, three commands on one model_dir:
+    """One machine's trainer with two CPU clones (--num_clones 2 --clone_on_cpu: MirroredStrategy,
+    2 replicas in sync) under `--max_restarts 1`, a checkpoint every 5 steps:
 
-    1. SIGKILL during the save of ckpt-10: the previous checkpoint (5) stays the latest named.
-    2. With two CPU clones (--num_clones 2 --clone_on_cpu: MirroredStrategy, 2 replicas in sync),
-       the same command resumes from ckpt-5, removing what unfinished saves left (ckpt-10 with
-       its index torn among them). SIGTERM then
-       saves a checkpoint where it stopped, at most a loop after the signal, and exits 143.
-    3. The same command with more steps and `--max_restarts 1` (one replica again) resumes there
-       rather than starting over; its task killed once is restarted, resumes again, and finishes.
-    (The clones and the three faults in one series of starts: one start proves each.)"""
+    1. SIGKILL during the save of ckpt-10 (leftovers of other unfinished saves beside it): the
+       task is restarted, removes what the unfinished saves left (ckpt-10 with its index torn
+       among them) and resumes from ckpt-5, which stayed the latest named.
+    2. SIGTERM (to `od-dist train`, passed on to its task) then saves a checkpoint where it
+       stopped, at most a loop after the signal, and exits 143."""
     model_dir = tmp_path / "model"
-    clones = ("--num_clones=2", "--clone_on_cpu")
+    env = {
+        "PYTHONPATH": site_hook(tmp_path, KILL_DURING_SAVE),
+        "OD_DIST_TEST_KILLED": str(tmp_path / "killed"),
+    }
+    args = train_args(None, None, None, model_dir, data_dir, interval=5)
+    run = Proc(tmp_path, "train", [*args, "--num_clones=2", "--clone_on_cpu", "--max_restarts=1"], env=env)
+    procs.append(run)
 
-    # 1. Killed during a save.
-    wrapper = tmp_path / "kill_during_save.py"
-    wrapper.write_text(KILL_DURING_SAVE)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(wrapper),
-            *train_args(None, None, None, model_dir, data_dir, interval=5),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(tmp_path),
-        timeout=400,
-    )
-    assert r.returncode == -signal.SIGKILL, (r.stdout + r.stderr)[-3000:]
-    names = sorted(os.listdir(model_dir))
-    assert "ckpt-10.index" in names and checkpoint_step(str(model_dir)) == 5, names  # killed mid-save
-    # What a kill at an earlier point of a save leaves, named as TensorFlow names them: shards
-    # still under ckpt-15_temp/ (each written as *.tempstate<random> first), a state file being
-    # replaced. The contents are garbage: reading any of them would fail the run.
-    (model_dir / "ckpt-15_temp").mkdir()
-    (model_dir / "ckpt-15_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate8411").write_bytes(
-        b"x" * 64
-    )
-    (model_dir / "ckpt-15_temp" / "part-00000-of-00001.index").write_bytes(b"garbage")
-    (model_dir / "checkpoint.tempstate2207").write_text('model_checkpoint_path: "ckpt-15"\n')
-    # The kill came after ckpt-10's last byte, before the state file named it: complete, the next
-    # start would resume from it (tests/test_defects.py). Its index torn, as a kill while TensorFlow
-    # writes it in place leaves it: incomplete, removed, and the run resumes from ckpt-5.
-    (model_dir / "ckpt-10.index").write_bytes(b"garbage")
+    # 1. Killed during a save, restarted, resumed from the previous checkpoint.
+    out = run.wait_for(RESTARTED.search, 400, "the restart line")
+    killed = time.monotonic()
 
-    # 2. Resumed from the previous checkpoint; then SIGTERM. No checkpoint interval in this run:
-    # the only save is the stop's own.
-    first = Proc(tmp_path, "first", train_args(None, None, None, model_dir, data_dir, extra=clones))
-    procs.append(first)
-    before = first.wait_step(5, 400)
-    out = first.out
-    assert re.search(r"restored (model )?from .*ckpt-5\b", out), out[-3000:]
-    assert [int(s) for s in PROGRESS.findall(out)][0] == 10
+    def restarted(out):
+        return RESTARTED.split(out, maxsplit=1)[-1] if RESTARTED.search(out) else ""
+
+    run.wait_for(lambda out: PROGRESS.search(restarted(out)), 400, "a step after the restart")
+    resumed = restarted(run.out)
+    assert re.search(r"restored (model )?from .*ckpt-5\b", resumed), resumed[-3000:]
+    assert [int(s) for s in PROGRESS.findall(resumed)][0] == 10
     for name in ("ckpt-10.index", "ckpt-10.data-00000-of-00001", "ckpt-15_temp", "checkpoint.tempstate2207"):
-        assert re.search(rf"removed .*{re.escape(name)}, left by a save that did not finish", out), out[
-            -3000:
-        ]
-    first.proc.send_signal(signal.SIGTERM)
+        assert re.search(rf"removed .*{re.escape(name)}, left by a save that did not finish", resumed), (
+            resumed[-3000:]
+        )
+    print(f"\ntrain --max_restarts: resumed 5 steps back {time.monotonic() - killed:.1f} s after kill -9")
+
+    # 2. SIGTERM: a checkpoint where it stopped.
+    before = run.step()
+    run.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
-    first.wait_for(lambda out: STOPPED.search(out), 180, "the stopped line")
+    run.wait_for(lambda out: STOPPED.search(restarted(out)), 180, "the stopped line")
     saved = time.monotonic() - sent
-    assert first.wait(180) == 143, first.out[-3000:]
+    assert run.wait(180) == 143, run.out[-3000:]
     took = time.monotonic() - sent
-    out = first.out
+    out = run.out
     assert "single: training with MirroredStrategy, 2 replica(s) in sync" in out, out[-3000:]
     assert "single: SIGTERM received; saving a checkpoint at the end of this loop" in out
     m = STOPPED.search(out)
     assert m and m.group(1) == "single" and m.group(3) == "SIGTERM" and m.group(6) == "143", out[-3000:]
     step = int(m.group(2))
-    # Saved where it stopped, at most one loop (5 steps) after the signal: not at an interval.
-    assert before <= step <= first.step() <= before + 10 and step == first.step()
+    # Saved where it stopped, at most one loop (5 steps) after the signal.
+    assert before <= step <= run.step() <= before + 10 and step == run.step()
     assert checkpoint_step(str(model_dir)) == step and m.group(5).endswith(f"ckpt-{step}")
     assert not [n for n in os.listdir(model_dir) if "temp" in n]
-    print(f"\nsingle machine: SIGTERM to ckpt-{step} saved in {saved:.1f} s, exit 143 in {took:.1f} s")
-
-    # 3. Resumed where it stopped, under `--max_restarts 1`: its task killed once is restarted,
-    # resumes from its latest checkpoint again, and finishes. 60 steps: once traced, a loop of 5
-    # takes a third of a second here, and the kill must come before the last.
-    args = train_args(None, None, None, model_dir, data_dir, steps=step + 60, interval=5)
-    second = Proc(tmp_path, "second", [*args, "--max_restarts=1"])
-    procs.append(second)
-    second.wait_step(step, 400)
-    task = next(p for p in psutil.Process(second.proc.pid).children() if "--max_restarts=0" in p.cmdline())
-    task.kill()
-    killed = time.monotonic()
-    psutil.wait_procs([task], timeout=30)
-    latest = checkpoint_step(str(model_dir))  # the restart (after a 2 s backoff) resumes from it
-    out = second.wait_for(
-        lambda out: re.search(
-            r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/1 in 2 s$", out, re.M
-        ),
-        60,
-        "the restart line",
-    )
-    first_attempt = re.split(r"^od-dist train: single:0 died .*$", out, maxsplit=1, flags=re.M)[0]
-    assert re.search(rf"restored (model )?from .*ckpt-{step}\b", first_attempt), out[-3000:]
-    assert re.search(rf"train \| step:\s+{step} \| training until step {step + 60}", first_attempt), out[
-        -3000:
-    ]
-    assert [int(s) for s in PROGRESS.findall(first_attempt)][0] == step + 5  # nothing trained twice
-    assert second.wait(400) == 0, second.out[-3000:]
-    second_attempt = re.split(r"^od-dist train: single:0 died .*$", second.out, maxsplit=1, flags=re.M)[1]
-    resumed = re.search(r"restored (model )?from .*ckpt-(\d+)\b", second_attempt)
-    assert resumed and int(resumed.group(2)) == latest >= step, second.out[-3000:]
-    print(
-        f"train --max_restarts: resumed from ckpt-{resumed.group(2)} {time.monotonic() - killed:.1f} s after kill -9"
-    )
-    assert checkpoint_step(str(model_dir)) == step + 60
+    print(f"single machine: SIGTERM to ckpt-{step} saved in {saved:.1f} s, exit 143 in {took:.1f} s")
 
 
 def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, procs):
@@ -347,23 +323,33 @@ def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_pat
 
 
 def test_multi_worker_mirrored_pair_stop_mismatch_and_lost_trainer(tmp_path, data_dir, procs):
-    """One multi_worker_mirrored pair, started three times on one model_dir:
+    """One multi_worker_mirrored pair, its gradients all-reduced in bfloat16, started three times
+    on one model_dir:
 
     1. SIGTERM to the worker only: at the next loop boundary both trainers save the same step
        (the master into model_dir) and exit 143.
-    2. The master finds that checkpoint in its model_dir, the worker (another folder) none: both
-       exit 2 naming the steps, before any restore (which is collective and would fail inside
-       TensorFlow).
+    2. The master finds that checkpoint in its model_dir, the worker (another folder, and
+       float32 all-reduces) none: both exit 2 naming the steps and the flag, before any restore
+       (which is collective and would fail inside TensorFlow).
     3. The pair on the shared model_dir again resumes there; the worker killed once both
        trainers train: the master exits 138 naming it, within seconds, instead of waiting on a
        collective."""
     cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
     model_dir, elsewhere = tmp_path / "model", tmp_path / "not-shared"
 
-    def pair(name, worker_dir=model_dir):
+    def pair(name, worker_dir=model_dir, worker_dtype="bfloat16"):
+        bf16 = ("--all_reduce_dtype=bfloat16",)
         started = (
-            Proc(tmp_path, f"master-{name}", train_args(cluster, "master", 0, model_dir, data_dir)),
-            Proc(tmp_path, f"worker-{name}", train_args(cluster, "worker", 0, worker_dir, data_dir)),
+            Proc(
+                tmp_path, f"master-{name}", train_args(cluster, "master", 0, model_dir, data_dir, extra=bf16)
+            ),
+            Proc(
+                tmp_path,
+                f"worker-{name}",
+                train_args(
+                    cluster, "worker", 0, worker_dir, data_dir, extra=(f"--all_reduce_dtype={worker_dtype}",)
+                ),
+            ),
         )
         procs.extend(started)
         return started
@@ -385,14 +371,23 @@ def test_multi_worker_mirrored_pair_stop_mismatch_and_lost_trainer(tmp_path, dat
     )
     stopped = int(m.group(2))
     assert checkpoint_step(str(model_dir)) == stopped and w.group(4) == "the master saved it"
+    assert re.search(r"master:0: .*; all-reduced in bfloat16 in 4 packs of 0\.\d+ MB", master.out), (
+        master.out[-3000:]
+    )
 
     # 2. The trainers must share model_dir.
-    for p in pair("not-shared", worker_dir=elsewhere):
+    for p, here, other in zip(
+        pair("not-shared", elsewhere, "float32"), ("bfloat16", "float32"), ("worker", "master")
+    ):
         assert p.wait(600) == 2, p.out[-3000:]
         assert re.search(
             rf"--model_dir: .*: the trainers would resume from different steps \(master:0 at step {stopped}, "
             r"worker:0 at step 0; 0: no checkpoint\)",
             p.out,
+        ), p.out[-3000:]
+        assert (
+            f"--all_reduce_dtype: {here} here, another value on {other}:0: every trainer needs the same "
+            "--all_reduce_dtype; start them all with one command line" in p.out
         ), p.out[-3000:]
 
     # 3. A lost trainer ends the other with 138.
