@@ -20,7 +20,7 @@ from od_dist.cluster import commandline
 from od_dist.cluster.spec import InvalidCluster
 from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
 from od_dist.job import exit_codes
-from od_dist.job.strategy import ALL_REDUCE_PACKS
+from od_dist.job.strategy import ALL_REDUCE_DTYPES, ALL_REDUCE_PACKS
 from od_dist.job.watch import LOST_PEER_TIMEOUT_S
 
 
@@ -197,6 +197,15 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         lower_bound=1,
         flag_values=fv,
     )
+    flags.DEFINE_enum(
+        "all_reduce_dtype",
+        "float32",
+        ALL_REDUCE_DTYPES,
+        "multi_worker_mirrored: the type each gradient is sent in across machines. bfloat16 halves "
+        "the bytes of every all-reduce (float32's range, 8 significant bits); the variables and "
+        "the optimizer stay float32.",
+        flag_values=fv,
+    )
     flags.DEFINE_integer(
         "lost_peer_timeout",
         LOST_PEER_TIMEOUT_S,
@@ -324,6 +333,7 @@ def train_config_of(fv: flags.FlagValues, selected, files_here: bool = True):
         all_reduce_packs=fv.all_reduce_packs,
         lost_peer_timeout=fv.lost_peer_timeout,
         files_here=files_here,
+        all_reduce_dtype=fv.all_reduce_dtype,
     )
 
 

@@ -149,6 +149,40 @@ def test_all_reduce_settings_reach_the_strategy():
     )
 
 
+# A trainer's step under multi_worker_mirrored with --all_reduce_dtype bfloat16: 1 + 2**-10 has no
+# bfloat16 (8 significant bits), so the sum sent rounds to 1; 3 has. In a process of its own: the
+# strategy configures the collectives of the whole process.
+BFLOAT16_STEP = """
+import os
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import tensorflow as tf
+import tf_keras
+from od_dist.job import strategy
+
+dist = tf.distribute.MultiWorkerMirroredStrategy()
+with dist.scope():
+    v = tf.Variable([0.0, 0.0])
+    sgd = tf_keras.optimizers.legacy.SGD(1.0)
+print("set:", strategy.reduce_gradients_in(dist, sgd, "bfloat16"))
+print("set on one machine:", strategy.reduce_gradients_in(tf.distribute.MirroredStrategy(), sgd, "bfloat16"))
+
+
+@tf.function
+def step():
+    dist.run(lambda: sgd.apply_gradients([(tf.constant([1 + 2**-10, 3.0]), v)]))
+
+
+step()
+print("variable:", v.dtype.name, v.numpy().tolist())
+"""
+
+
+def test_bfloat16_all_reduce_rounds_what_is_sent_and_keeps_float32_variables():
+    r = subprocess.run([sys.executable, "-c", BFLOAT16_STEP], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "set: True\nset on one machine: False\nvariable: float32 [-1.0, -3.0]\n" in r.stdout, r.stdout
+
+
 # ----- --fixed_replica_batch --------------------------------------------------------------------
 
 

@@ -202,6 +202,7 @@ class TrainConfig:
     all_reduce_packs: int = ALL_REDUCE_PACKS  # --all_reduce_packs (multi_worker_mirrored)
     replicas: int = 1  # replicas in sync in the whole job (replicas_in_job)
     lost_peer_timeout: int = LOST_PEER_TIMEOUT_S  # --lost_peer_timeout (multi_worker_mirrored)
+    all_reduce_dtype: str = "float32"  # --all_reduce_dtype (multi_worker_mirrored)
 
     @property
     def role(self) -> str:
@@ -252,6 +253,7 @@ def train_config(
     all_reduce_packs: int = ALL_REDUCE_PACKS,
     lost_peer_timeout: int = LOST_PEER_TIMEOUT_S,
     files_here: bool = True,
+    all_reduce_dtype: str = "float32",
 ) -> TrainConfig:
     """The task's configuration, every flag checked (InvalidCluster). `files_here`: the pipeline
     file and model_dir are checked on this machine (not by `scripts`/`k8s`, whose tasks run
@@ -275,6 +277,7 @@ def train_config(
         all_reduce_packs,
         replicas,
         lost_peer_timeout,
+        all_reduce_dtype,
     )
     problems = []
     if fixed_replica_batch and strategy == validate.PARAMETER_SERVER:

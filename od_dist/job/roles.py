@@ -123,6 +123,10 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
                 peer_requests=_server_requests(config, peers),
                 pipeline_path=config.pipeline,
                 on_loop_start=guard.loop_starts if guard else None,
+                same_flags={
+                    "--all_reduce_packs": str(config.all_reduce_packs),
+                    "--all_reduce_dtype": config.all_reduce_dtype,
+                },
             )
     except trainer.Stopped as e:
         saved = f"saved {e.path}" if e.path else "the master saved it"
@@ -139,8 +143,9 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             # TensorFlow's shutdown waiting about a minute for its heartbeats: end here instead.
             watch.exit_now(e.code)
         return e.code
-    except trainer.ResumeMismatch as e:
-        print(f"od-dist: {who}: {e}", file=sys.stderr, flush=True)
+    except trainer.StartMismatch as e:
+        for line in str(e).splitlines():
+            print(f"od-dist: {who}: {line}", file=sys.stderr, flush=True)
         return exit_codes.INVALID
     except Exception as e:  # noqa: BLE001 - TensorFlow's error for a lost peer: name it, exit 138
         # A peer error that names none (a collective aborted when the coordination service's
@@ -170,18 +175,22 @@ def _model_built(config: TrainConfig, dist, who: str):
     size follows the model's, and on the master a line with the bytes each step moves for this
     model and layout, so a user can hold it against the network before waiting an hour."""
 
-    def built(model) -> None:
+    def built(model, optimizer) -> None:
         from od_dist.cluster import traffic
         from od_dist.job import strategy, trainer
 
         weights, grads = trainer.variable_bytes(model)
+        sent_in = ""
+        if strategy.reduce_gradients_in(dist, optimizer, config.all_reduce_dtype):
+            grads //= 2  # what each step sends: 16 bits per element
+            sent_in = f" in {config.all_reduce_dtype}"
         per_pack = strategy.pack_gradients(dist, grads, config.all_reduce_packs)
         if config.role == "master":
             packs = (
-                f"; all-reduced in {config.all_reduce_packs} packs of {per_pack / 1e6:.2f} MB "
+                f"; all-reduced{sent_in} in {config.all_reduce_packs} packs of {per_pack / 1e6:.2f} MB "
                 "as the backward pass computes them"
                 if per_pack
-                else ""
+                else sent_in and f"; all-reduced{sent_in}"
             )
             print(f"{who}: {traffic.describe(config.selected.cluster, weights, grads)}{packs}", flush=True)
 

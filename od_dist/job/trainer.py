@@ -27,6 +27,7 @@ import math
 import os
 import re
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +40,9 @@ class TrainerError(RuntimeError):
     """A run that cannot proceed; the message is one line, for the user."""
 
 
-class ResumeMismatch(TrainerError):
-    """multi_worker_mirrored trainers restored different steps (model_dir not shared)."""
+class StartMismatch(TrainerError):
+    """multi_worker_mirrored trainers would start apart: from different steps (model_dir not
+    shared) or with different settings of what they must do alike. One line per difference."""
 
 
 class Stopped(Exception):
@@ -112,8 +114,10 @@ def _controller_cls():
             od_on_model=None,
             od_on_last_loop=None,
             od_on_loop_start=None,
+            od_same_flags=None,
             **kwargs,
         ):
+            self._od_same_flags = od_same_flags or {}
             self._od_on_loop_start = od_on_loop_start
             self._od_keep_waiting = od_keep_waiting
             self._od_on_last_loop = od_on_last_loop
@@ -135,7 +139,7 @@ def _controller_cls():
             if self.trainer is not None:
                 self.train_actions = tuple(self.train_actions) + (self._od_capture,)
                 if od_on_model is not None:
-                    od_on_model(self.trainer.model)
+                    od_on_model(self.trainer.model, self.trainer.optimizer)
 
         def restore_checkpoint(self, checkpoint_path=None):
             # Under multi_worker_mirrored, Model Garden points a non-chief worker's
@@ -190,16 +194,29 @@ def _controller_cls():
         def _od_check_same_start(self, latest: str | None):
             """Before any restore (restoring is itself collective under multi_worker_mirrored,
             and trainers that restore different steps fail in it or train apart): every trainer
-            must find the same latest checkpoint in model_dir."""
+            must find the same latest checkpoint in model_dir, and have the same od_same_flags
+            (their all-reduces would not match: a collective's error or a hang at the first step)."""
             step = int(latest.rsplit("-", 1)[1]) if latest else 0
-            starts = self._od_all_trainers(step)
-            if len({s for _, s in starts}) > 1:
-                shown = ", ".join(f"{name} at step {s}" for name, s in starts)
-                raise ResumeMismatch(
+            flags = sorted(self._od_same_flags.items())
+            starts = self._od_all_trainers(step, *(zlib.crc32(value.encode()) for _, value in flags))
+            problems = []
+            if len({s[1] for s in starts}) > 1:
+                shown = ", ".join(f"{s[0]} at step {s[1]}" for s in starts)
+                problems.append(
                     f"--model_dir: {self._od_model_dir!r}: the trainers would resume from different steps "
                     f"({shown}; 0: no checkpoint): each must see the checkpoints the master writes there; "
                     "give every trainer the same shared folder (a network share) as --model_dir"
                 )
+            for column, (flag, value) in enumerate(flags, start=2):
+                mine = zlib.crc32(value.encode())
+                others = [s[0] for s in starts if s[column] != mine]
+                if others:
+                    problems.append(
+                        f"{flag}: {value} here, another value on {', '.join(others)}: every trainer "
+                        f"needs the same {flag}; start them all with one command line"
+                    )
+            if problems:
+                raise StartMismatch("\n".join(problems))
 
         def _od_stop_if_asked(self):
             """At a loop boundary: if any trainer got a stop signal, every trainer saves a
@@ -510,6 +527,7 @@ def _run(
     on_last_loop=None,
     pipeline_path: str = "the pipeline",
     on_loop_start=None,
+    same_flags=None,
 ):
     import tensorflow as tf
     from official.core import (
@@ -549,6 +567,7 @@ def _run(
         od_on_model=on_model,
         od_on_last_loop=on_last_loop,
         od_on_loop_start=on_loop_start,
+        od_same_flags=same_flags,
     )
     holder = {}
 
@@ -579,6 +598,7 @@ def train(
     peer_requests=None,
     pipeline_path: str = "the pipeline",
     on_loop_start=None,
+    same_flags=None,
 ) -> int:
     """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``; returns the
     final step.
@@ -592,6 +612,7 @@ def train(
     () -> the stop requests of peers, read at each loop boundary (stop.StopRequest.poll_peers).
     ``pipeline_path`` names the pipeline when its model cannot be built (PipelineError).
     ``on_loop_start``: called as each training loop starts (watch.LoopGuard.loop_starts).
+    ``same_flags``: {flag: value} every multi_worker_mirrored trainer must share (StartMismatch).
     """
     import tensorflow as tf
     from official.core import train_utils
@@ -619,6 +640,7 @@ def train(
             on_model=on_model,
             pipeline_path=pipeline_path,
             on_loop_start=on_loop_start,
+            same_flags=same_flags,
         )
     step = int(controller.global_step.numpy())
     print(
