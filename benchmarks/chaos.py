@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import netns  # noqa: E402 (the tests' simulated machines)
-from loopback import PIPELINE, checkpoint_step  # noqa: E402
+from loopback import COCO_LINE, PIPELINE, checkpoint_step  # noqa: E402
 from outage import STEP, set_port, simulated_work  # noqa: E402 (benchmarks/: this folder)
 from test_multihost import Job, job_cluster, write_scripts  # noqa: E402
 
@@ -58,7 +58,6 @@ KINDS = {
     "parameter_server": ("kill", "term", "ps", "link", "save", "double"),
     "multi_worker_mirrored": ("kill", "term", "link", "save", "double"),
 }
-AP50 = re.compile(r"od-dist eval \| step (\d+) \| AP [\d.]+ \| AP50 ([\d.]+)")
 SAID = re.compile(r"died|lost|restart|stopped|unreachable|exit \d+|removed|resuming|no restart")
 
 
@@ -284,7 +283,7 @@ def evaluate(model_dir: str, override: str) -> tuple[float | None, str]:
         cwd=REPO,
         timeout=3600,
     )
-    m = AP50.search(r.stdout)
+    m = COCO_LINE.search(r.stdout)
     return (float(m.group(2)) if m else None), (m.group(0) if m else (r.stdout + r.stderr).strip()[-300:])
 
 

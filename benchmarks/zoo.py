@@ -30,9 +30,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import test_odapi as configs  # noqa: E402 (the Zoo's configs the tests keep)
-from loopback import write_cluster  # noqa: E402
+from loopback import COCO_LINE, write_cluster  # noqa: E402
 
-COCO_LINE = re.compile(r"od-dist eval \| step (\d+) \| AP [\d.]+ \| AP50 ([\d.]+)")
 FAMILIES = {  # name -> the config's Zoo name, and its text as published
     "ssd_mobilenet": (
         "ssd_mobilenet_v2_fpnlite_320x320_coco17_tpu-8",

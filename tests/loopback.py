@@ -22,6 +22,8 @@ TINY = (
     "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord,"
     + SMALL
 )
+# The COCO line `eval` prints (the benchmarks read their AP50 from it): step, AP50.
+COCO_LINE = re.compile(r"od-dist eval \| step (\d+) \| AP [\d.]+ \| AP50 ([\d.]+)")
 
 
 def tiny(data_dir, steps=10):
