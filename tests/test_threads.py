@@ -38,6 +38,94 @@ def test_workers_split_the_cores_and_light_tasks_take_one():
     assert threads.budget(2, "master", "multi_worker_mirrored", mwm + ["evaluator"]) == Threads(1, 2, 0)
 
 
+def fake_system(tmp_path, cgroup: str, mountinfo: str, files: dict) -> str:
+    """A folder laid out as / is: /proc/self/cgroup, /proc/self/mountinfo and cgroup files."""
+    for path, text in {"proc/self/cgroup": cgroup, "proc/self/mountinfo": mountinfo, **files}.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    return str(tmp_path)
+
+
+V1_MOUNTS = (
+    "24 23 0:21 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
+    "25 24 0:22 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+    "26 24 0:23 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n"
+)
+
+
+def test_a_cpu_limit_is_read_from_the_process_cgroup_and_its_parents(tmp_path):
+    # cgroup v1, a Kubernetes pod: the pod's limit (1.5 cores) caps its container, which has none.
+    cpu = "sys/fs/cgroup/cpu,cpuacct/kubepods/pod1"
+    v1 = fake_system(
+        tmp_path / "v1",
+        "4:memory:/kubepods/pod1/c1\n3:cpu,cpuacct:/kubepods/pod1/c1\n",
+        V1_MOUNTS,
+        {
+            f"{cpu}/c1/cpu.cfs_quota_us": "-1\n",
+            f"{cpu}/c1/cpu.cfs_period_us": "100000\n",
+            f"{cpu}/cpu.cfs_quota_us": "150000\n",
+            f"{cpu}/cpu.cfs_period_us": "100000\n",
+        },
+    )
+    assert threads.cpu_limit(v1) == 1.5
+    # cgroup v2 in a container with its own cgroup namespace (its cgroup is "/"): docker --cpus 0.6.
+    v2 = fake_system(
+        tmp_path / "v2",
+        "0::/\n",
+        "30 29 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n",
+        {"sys/fs/cgroup/cpu.max": "60000 100000\n"},
+    )
+    assert threads.cpu_limit(v2) == 0.6
+    unlimited = fake_system(
+        tmp_path / "none",
+        "0::/user.slice\n",
+        "30 29 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n",
+        {"sys/fs/cgroup/user.slice/cpu.max": "max 100000\n"},
+    )
+    assert threads.cpu_limit(unlimited) is None
+    assert threads.cpu_limit(str(tmp_path / "no-such-system")) is None
+
+
+def test_a_task_alone_under_a_cpu_limit_sizes_its_pools_by_the_limit():
+    # TensorFlow would size them by the cores it may run on, and its threads would spin waiting
+    # for CPU time the limit does not give them.
+    assert threads.budget(1, "single", "mirrored", ["single"], limited=True) == Threads(1, 2, 0)
+    assert threads.budget(4, "master", "multi_worker_mirrored", ["master"], limited=True) == Threads(4, 4, 0)
+    assert threads.budget(4, "master", "multi_worker_mirrored", ["master"]) == Threads(0, 0, 0)
+
+
+def test_a_process_in_a_capped_cgroup_takes_the_limits_threads(tmp_path):
+    """A real cgroup capped at 0.6 cores (tests/capped.py), as a container's CPU limit is: the
+    process started in it reads the limit and takes 1 intra-op thread."""
+    import subprocess
+    import sys
+
+    import capped
+
+    why = capped.unavailable()
+    if why:
+        pytest.skip(why)
+    cap = capped.CpuCap(f"od-dist-threads-{tmp_path.name}", cores=0.6)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", READ_THE_LIMIT],
+            preexec_fn=cap.enter,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        cap.close()
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == f"0.6 1 {Threads(1, 2, 0)}\n", r.stdout
+
+
+READ_THE_LIMIT = """
+from od_dist.job import threads
+print(threads.cpu_limit(), threads.machine_cores(), threads.resolve(None, None, "mirrored"))
+"""
+
+
 def test_inter_op_is_never_below_two_and_tf_data_keeps_its_default():
     for cores in (1, 2, 3, 64):
         for role in ("ps", "master", "worker", "evaluator"):

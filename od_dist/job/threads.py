@@ -9,7 +9,13 @@ reason). So a task that knows how many tasks share its machine takes its share o
   checkpoints) get 1 intra-op thread and 2 inter-op threads;
 - the tasks that compute (workers; the master under multi_worker_mirrored) split the cores
   evenly between their intra-op pools;
-- a task alone on its machine keeps TensorFlow's defaults (all cores).
+- a task alone on its machine keeps TensorFlow's defaults (all cores), unless a CPU limit (a
+  container's, a Kubernetes pod's `limits.cpu`: a cgroup CPU quota) gives it fewer cores than it
+  may run on: TensorFlow sizes its pools by the cores it may run on and ignores the limit, so its
+  threads outnumber the CPU time they get, wait for each other, and waste the rest spinning. The
+  limit's whole cores (at least 1) then size the pools. One trainer on a machine capped at 0.6
+  cores: 21.8 examples/s with TensorFlow's pools, 36.0 with 1 intra-op thread
+  (benchmarks/scaling.py, BENCHMARKS.md).
 
 tf.data keeps its own default everywhere: capping its private pool at one thread made a
 multi_worker_mirrored pair on two cores run at 4.6 steps/s against 8.6 uncapped, each trainer
@@ -47,12 +53,81 @@ class Threads:
         return f"intra-op {show(self.intra_op)}, inter-op {show(self.inter_op)}, tf.data {show(self.data)}"
 
 
-def machine_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+def runnable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which cpusets and taskset narrow): what
+    TensorFlow sizes its pools by."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _mounts(root: str) -> list[tuple[str, str, str, set[str]]]:
+    """(hierarchy path mounted, mount point, fs type, super options) of each cgroup mount."""
+    found = []
+    with open(os.path.join(root, "proc/self/mountinfo")) as f:
+        for line in f:
+            head, _, tail = line.partition(" - ")
+            fields, kind = head.split(), tail.split()
+            if len(fields) >= 5 and len(kind) >= 3 and kind[0] in ("cgroup", "cgroup2"):
+                found.append((fields[3], fields[4], kind[0], set(kind[2].split(","))))
+    return found
+
+
+def _quota(folder: str, version: int) -> float | None:
+    """One cgroup's CPU quota in cores; None when it has none."""
+    try:
+        if version == 2:
+            with open(os.path.join(folder, "cpu.max")) as f:
+                quota, period = f.read().split()[:2]
+        else:
+            with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
+                quota = f.read().strip()
+            with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
+                period = f.read().strip()
+    except (OSError, ValueError):
+        return None
+    if quota in ("max", "-1") or int(period) <= 0:
+        return None
+    return int(quota) / int(period)
+
+
+def cpu_limit(root: str = "/") -> float | None:
+    """This process's CPU limit in cores (its cgroup's quota over its period, the tightest of its
+    cgroup and their parents, cgroup v1 or v2); None without one. `root`: where /proc and the
+    cgroup mounts are (the tests give a folder that looks like one)."""
+    try:
+        with open(os.path.join(root, "proc/self/cgroup")) as f:
+            groups = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+        mounts = _mounts(root)
+    except OSError:
+        return None
+    limits = []
+    for _, controllers, path in groups:
+        version = 2 if controllers == "" else 1
+        if version == 1 and "cpu" not in controllers.split(","):
+            continue
+        for mounted, point, kind, options in mounts:
+            if (kind == "cgroup2") != (version == 2) or (version == 1 and "cpu" not in options):
+                continue
+            inside = os.path.relpath(path, mounted) if path.startswith(mounted) else "."
+            top = os.path.join(root, point.lstrip("/"))
+            folder = os.path.normpath(os.path.join(top, inside))
+            while True:  # a parent's quota caps its children too
+                limits.append(_quota(folder, version))
+                if folder == top or not folder.startswith(top):
+                    break
+                folder = os.path.dirname(folder)
+    limits = [q for q in limits if q is not None]
+    return min(limits) if limits else None
+
+
+def machine_cores() -> int:
+    """The cores this process has: those it may run on, no more than its CPU limit's whole cores
+    (at least 1)."""
+    limit = cpu_limit()
+    runnable = runnable_cores()
+    return min(runnable, max(1, int(limit))) if limit is not None else runnable
 
 
 def is_light(role: str, strategy: str) -> bool:
@@ -60,11 +135,13 @@ def is_light(role: str, strategy: str) -> bool:
     return duties.of(strategy, role).is_light
 
 
-def budget(cores: int, role: str, strategy: str, roles_here: list[str]) -> Threads:
+def budget(cores: int, role: str, strategy: str, roles_here: list[str], limited: bool = False) -> Threads:
     """The default budget of a `role` task on a machine of `cores` cores that runs the tasks
-    `roles_here` (this one included). Pure: the tests call it with any machine."""
+    `roles_here` (this one included); `limited`: the cores are a CPU limit's, fewer than
+    TensorFlow sees. Pure: the tests call it with any machine."""
     if len(roles_here) <= 1:
-        return Threads()  # alone: all of the machine, as TensorFlow sizes it
+        # Alone: all of the machine, as TensorFlow sizes it, unless a CPU limit makes it smaller.
+        return Threads(cores, max(MIN_INTER_OP, cores)) if limited else Threads()
     if is_light(role, strategy):
         return Threads(1, MIN_INTER_OP)
     heavy = sum(1 for r in roles_here if not is_light(r, strategy))
@@ -92,10 +169,13 @@ def resolve(
     data: int | None = None,
     cores: int | None = None,
 ) -> Threads:
-    """This task's threads: each flag the user gave (None: not given) over the default budget."""
-    auto = budget(
-        cores or machine_cores(), task.role if task else "single", strategy, roles_sharing(cluster, task)
-    )
+    """This task's threads: each flag the user gave (None: not given) over the default budget.
+    `cores`: the machine's (the tests'); by default this process's, a CPU limit's if it has one."""
+    limited = False
+    if cores is None:
+        cores = machine_cores()
+        limited = cores < runnable_cores()
+    auto = budget(cores, task.role if task else "single", strategy, roles_sharing(cluster, task), limited)
     return Threads(
         auto.intra_op if intra_op is None else intra_op,
         auto.inter_op if inter_op is None else inter_op,
@@ -124,7 +204,13 @@ def apply(threads: Threads, label: str) -> Threads:
         tf.config.threading.get_inter_op_parallelism_threads(),
         threads.data,
     )
-    print(f"{label}: threads {applied.describe()} ({machine_cores()} cores)", flush=True)
+    limit = cpu_limit()
+    shown = (
+        f", a CPU limit of {limit:g} on {runnable_cores()}"
+        if limit is not None and limit < runnable_cores()
+        else ""
+    )
+    print(f"{label}: threads {applied.describe()} ({machine_cores()} cores{shown})", flush=True)
     return applied
 
 
