@@ -268,8 +268,16 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         start, start_time = time.monotonic(), time.time()
         for name, (i, argv) in commands.items():
             with open(logs[name], "w") as log:
-                procs[name] = net[i].popen(
-                    argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=caps[i].enter
+                # Into the machine's network namespace only: `ip netns exec` also mounts a fresh
+                # /sys, without the cgroup mounts, so a task would not see its machine's CPU limit
+                # as it does in a container.
+                procs[name] = subprocess.Popen(
+                    ["nsenter", f"--net=/run/netns/{net[i].netns}", *argv],
+                    env=netns.machine_env(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=REPO,
+                    preexec_fn=caps[i].enter,
                 )
         monitor.start()
         deadline = start + args.timeout
