@@ -210,7 +210,8 @@ def apply(threads: Threads, label: str) -> Threads:
         if limit is not None and limit < runnable_cores()
         else ""
     )
-    print(f"{label}: threads {applied.describe()} ({machine_cores()} cores{shown})", flush=True)
+    cores = machine_cores()
+    print(f"{label}: threads {applied.describe()} ({cores} core{'s' * (cores != 1)}{shown})", flush=True)
     return applied
 
 
