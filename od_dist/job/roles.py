@@ -171,9 +171,10 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
 
 
 def _model_built(config: TrainConfig, dist, who: str):
-    """What is done once the model exists, before the first step: the all-reduce's packs, whose
-    size follows the model's, and on the master a line with the bytes each step moves for this
-    model and layout, so a user can hold it against the network before waiting an hour."""
+    """What is done once the model exists, before the first step: the all-reduce's type (set on
+    the optimizer) and packs (whose size follows the model's), and on the master a line with the
+    bytes each step moves for this model and layout, so a user can hold it against the network
+    before waiting an hour."""
 
     def built(model, optimizer) -> None:
         from od_dist.cluster import traffic

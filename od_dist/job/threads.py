@@ -85,11 +85,11 @@ def _quota(folder: str, version: int) -> float | None:
                 quota = f.read().strip()
             with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
                 period = f.read().strip()
+        if quota in ("max", "-1") or int(period) <= 0:
+            return None
+        return int(quota) / int(period)
     except (OSError, ValueError):
         return None
-    if quota in ("max", "-1") or int(period) <= 0:
-        return None
-    return int(quota) / int(period)
 
 
 def cpu_limit(root: str = "/") -> float | None:
