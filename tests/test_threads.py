@@ -53,6 +53,9 @@ V1_MOUNTS = (
 )
 
 
+V2_MOUNTS = "30 29 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n"
+
+
 def test_a_cpu_limit_is_read_from_the_process_cgroup_and_its_parents(tmp_path):
     # cgroup v1, a Kubernetes pod: the pod's limit (1.5 cores) caps its container, which has none.
     cpu = "sys/fs/cgroup/cpu,cpuacct/kubepods/pod1"
@@ -68,21 +71,14 @@ def test_a_cpu_limit_is_read_from_the_process_cgroup_and_its_parents(tmp_path):
         },
     )
     assert threads.cpu_limit(v1) == 1.5
-    # cgroup v2 in a container with its own cgroup namespace (its cgroup is "/"): docker --cpus 0.6.
-    v2 = fake_system(
-        tmp_path / "v2",
-        "0::/\n",
-        "30 29 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n",
-        {"sys/fs/cgroup/cpu.max": "60000 100000\n"},
-    )
-    assert threads.cpu_limit(v2) == 0.6
-    unlimited = fake_system(
-        tmp_path / "none",
-        "0::/user.slice\n",
-        "30 29 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n",
-        {"sys/fs/cgroup/user.slice/cpu.max": "max 100000\n"},
-    )
-    assert threads.cpu_limit(unlimited) is None
+    # cgroup v2: in a container with its own cgroup namespace (its cgroup is "/"), docker --cpus
+    # 0.6; then a desktop session's cgroup, which has no limit.
+    for name, cgroup, files, limit in (
+        ("v2", "/", {"sys/fs/cgroup/cpu.max": "60000 100000\n"}, 0.6),
+        ("none", "/user.slice", {"sys/fs/cgroup/user.slice/cpu.max": "max 100000\n"}, None),
+    ):
+        root = fake_system(tmp_path / name, f"0::{cgroup}\n", V2_MOUNTS, files)
+        assert threads.cpu_limit(root) == limit, name
     assert threads.cpu_limit(str(tmp_path / "no-such-system")) is None
 
 
