@@ -230,6 +230,32 @@ def test_the_input_pipeline_is_not_rewritten_by_autograph_and_reads_the_same(dat
         assert a.dtype == b.dtype and a.shape == b.shape and bool(tf.reduce_all(a == b)), (a, b)
 
 
+def test_each_replica_reads_its_share_of_the_batch_from_its_shard(data_dir):
+    """The datasets as Orbit builds them for 2 replicas on 2 trainers: its
+    make_distributed_dataset passes `input_context` only to a function whose own arguments name
+    it, so each trainer must get its share of the global batch (2 of 4 images) and records of its
+    own, with or without --data_threads. (Hidden by a wrapper, each read the whole batch, unsharded.)"""
+    import orbit
+
+    class Strategy:  # hands back the dataset function Orbit made, to call as each trainer does
+        def distribute_datasets_from_function(self, dataset_fn, options=None):
+            return dataset_fn
+
+    params = params_for(data_dir, 5)
+    config = params.task.validation_data  # not shuffled: the shards can be compared
+    config.global_batch_size = 4
+    for data_threads in (0, 1):
+        task = trainer.make_task(params, data_threads=data_threads)
+        dataset_fn = orbit.utils.make_distributed_dataset(Strategy(), task.build_inputs, config)
+        ids = []
+        for pipeline in (0, 1):
+            context = tf.distribute.InputContext(2, pipeline, 2)
+            images, labels = next(iter(dataset_fn(context)))
+            assert images.shape[0] == 2, (data_threads, images.shape)
+            ids.append(set(labels["groundtruths"]["source_id"].numpy().tolist()))
+        assert not ids[0] & ids[1], ids
+
+
 def test_a_worker_resumed_from_the_masters_checkpoint_saves_when_the_master_does(tmp_path):
     """A multi_worker_mirrored worker's checkpoint manager writes to a folder of its own (Model
     Garden's) and restores from model_dir: it must count its next save from the step it restored,

@@ -507,7 +507,15 @@ def make_task(params, model_dir: str | None = None, data_threads: int = 0):
     # Model Garden's parsers branch on Python values only, so autograph's rewrite of their source
     # (about 150 functions: 5 s of CPU at every start, most of the input pipeline's set-up) gives
     # the graph they build as written.
-    task.build_inputs = tf.autograph.experimental.do_not_convert(task.build_inputs)
+    as_written = tf.autograph.experimental.do_not_convert(task.build_inputs)
+
+    # Orbit passes `input_context` (this replica's share of the global batch, this trainer's
+    # shard of the data) only to a function whose own arguments name it: a wrapper's *args hide
+    # it, and every replica would then read the whole global batch from unsharded data.
+    def build_inputs(params, input_context=None):
+        return as_written(params, input_context=input_context)
+
+    task.build_inputs = build_inputs
     if data_threads:
         from od_dist.job import threads
 
