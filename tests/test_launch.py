@@ -154,12 +154,14 @@ def test_the_tasks_get_every_train_flag_given():
     given = {}
     for name in fv:
         if name not in commandline.TASK_FLAGS:  # each flag set to something other than its default
-            default = fv[name].default
+            default, parser = fv[name].default, fv[name].parser
             given[name] = (
                 (not default)
                 if isinstance(default, bool)
+                else next(v for v in parser.enum_values if v != default)
+                if hasattr(parser, "enum_values")
                 else "x"
-                if fv[name].parser.flag_type() == "string"
+                if parser.flag_type() == "string"
                 else 3
             )
     fv(
