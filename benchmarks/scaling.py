@@ -4,6 +4,7 @@
         [--steps 150] [--steps_per_loop 25] [--cores 0.6] [--ps_cores 0.4] [--period_ms 100]
         [--json out.json] [--keep DIR]
     sudo .venv/bin/python benchmarks/scaling.py --accuracy [--recipe examples|steps] [--target_ap50 0.95]
+    sudo .venv/bin/python benchmarks/scaling.py --odapi_config PIPELINE.config [--steps 30]
 
 Each machine is a network namespace (tests/netns.py) with its own address, a CPU cap (a cgroup:
 cgroup v1 `cpu.cfs_quota_us` or v2 `cpu.max`, whichever the box has) and, per link setting, a rate
@@ -43,6 +44,14 @@ AP50 on the 200 held-out images, outside the caps) and the table gives the time 
 the write of the first checkpoint with AP50 >= --target_ap50, and the last checkpoint's AP50
 against one machine's.
 
+The real-size workload (`--odapi_config`, throughput): an Object Detection API pipeline.config,
+imported with `od-dist pipeline import` as a user would, on shapes data generated at the imported
+pipeline's input size, for example SSD MobileNet V2 FPNLite 320 (384x384 in Model Garden, its 90
+classes as published), whose step costs far more compute per byte of gradients than the demo's:
+
+    sudo .venv/bin/python benchmarks/scaling.py --cases one,mwm2,mwm3 --steps 30 --steps_per_loop 5 \
+        --odapi_config tests/odapi_configs/ssd_mobilenet_v2_fpnlite_320x320_coco17_tpu-8.config
+
 Needs root (namespaces, cgroups, tc); says why and exits 0 otherwise. Run it at normal priority: the
 caps then hold against niced background load. Figures are noisy; compare only within one run.
 """
@@ -61,6 +70,8 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+
+import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -239,7 +250,7 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         if case.kind == "one":
             commands["single"] = (
                 0,
-                [PY, "-m", "od_dist", "train", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}"]
+                [PY, "-m", "od_dist", "train", f"--pipeline={args.pipeline}", f"--model_dir={model_dir}"]
                 + [f"--params_override={override}", *case.flags],
             )
         else:
@@ -248,7 +259,7 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
                 f.write(cluster_text(case, net, cdir))
             out = os.path.join(cdir, "scripts")
             subprocess.run(
-                [PY, "-m", "od_dist", "scripts", f"--cluster={cluster}", f"--pipeline={PIPELINE}"]
+                [PY, "-m", "od_dist", "scripts", f"--cluster={cluster}", f"--pipeline={args.pipeline}"]
                 + [f"--model_dir={model_dir}", f"--params_override={override}", "--max_restarts=0"]
                 + ["--wait_timeout=300", f"--out={out}", *case.flags],
                 check=True,
@@ -268,11 +279,9 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         start, start_time = time.monotonic(), time.time()
         for name, (i, argv) in commands.items():
             with open(logs[name], "w") as log:
-                # Into the machine's network namespace only: `ip netns exec` also mounts a fresh
-                # /sys, without the cgroup mounts, so a task would not see its machine's CPU limit
-                # as it does in a container.
+                # keep_sys: a task sees its machine's CPU limit, as it does in a container.
                 procs[name] = subprocess.Popen(
-                    ["nsenter", f"--net=/run/netns/{net[i].netns}", *argv],
+                    net[i].command(argv, keep_sys=True),
                     env=netns.machine_env(),
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -381,7 +390,7 @@ def startup(model_dir: str, start_time: float, step_s: float | None) -> dict:
 def evaluate_checkpoints(result: dict, args) -> None:
     """AP50 of every checkpoint the case kept, and the time from its start to each one's write."""
     r = subprocess.run(
-        [PY, "-c", EVAL_EACH, result["model_dir"], result["override"], PIPELINE],
+        [PY, "-c", EVAL_EACH, result["model_dir"], result["override"], args.pipeline],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -585,6 +594,12 @@ def main(argv=None) -> int:
         "split over the machines (a case whose replicas do not divide it needs its own, e.g. "
         "mwm3[task.train_data.global_batch_size=9])",
     )
+    parser.add_argument(
+        "--odapi_config",
+        help="an Object Detection API pipeline.config to train instead of the demo: imported with "
+        "`od-dist pipeline import`, on shapes data at its own input size (the real-size workload: "
+        "tests/odapi_configs/ssd_mobilenet_v2_fpnlite_320x320_coco17_tpu-8.config)",
+    )
     parser.add_argument("--json", help="also write every figure here")
     parser.add_argument("--keep", help="keep logs and models in this directory")
     args = parser.parse_args(argv)
@@ -607,9 +622,21 @@ def main(argv=None) -> int:
     netns.remove_stale()
     work = args.keep or tempfile.mkdtemp(prefix="od-dist-scaling-")
     os.makedirs(work, exist_ok=True)
+    args.pipeline, image_size = PIPELINE, 128
+    if args.odapi_config:
+        args.pipeline = os.path.join(work, "pipeline.yaml")
+        subprocess.run(
+            [PY, "-m", "od_dist", "pipeline", "import", f"--config={args.odapi_config}"]
+            + [f"--out={args.pipeline}", "--force"],
+            cwd=REPO,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        with open(args.pipeline, encoding="utf-8") as f:
+            image_size = yaml.safe_load(f)["task"]["model"]["input_size"][0]
     data_dir = os.path.join(work, "data")
     subprocess.run(
-        [PY, "-m", "od_dist", "data", "shapes", f"--out={data_dir}"]
+        [PY, "-m", "od_dist", "data", "shapes", f"--out={data_dir}", f"--image_size={image_size}"]
         + (["--num_train=2000", "--num_val=200"] if args.accuracy else ["--num_train=500", "--num_val=8"]),
         cwd=REPO,
         check=True,

@@ -110,7 +110,13 @@ class Machine:
     def __repr__(self) -> str:
         return f"Machine({self.hostname}, {self.ip})"
 
-    def command(self, args: list[str]) -> list[str]:
+    def command(self, args: list[str], keep_sys: bool = False) -> list[str]:
+        """`args` run on this machine. `keep_sys`: enter its network namespace only (nsenter), so the
+        process keeps the box's /sys and its cgroup mounts, and sees a CPU cap put on it as it would
+        in a container; `ip netns exec` mounts a fresh /sys without them (and gives the peers' host
+        names through /etc/hosts, which nsenter does not)."""
+        if keep_sys:
+            return ["nsenter", f"--net=/run/netns/{self.netns}", *args]
         return ["ip", "netns", "exec", self.netns, *args]
 
     def run(self, args: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:

@@ -157,14 +157,17 @@ import os
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import tensorflow as tf
 import tf_keras
-from od_dist.job import strategy
+from od_dist.job import strategy, trainer
 
 dist = tf.distribute.MultiWorkerMirroredStrategy()
 with dist.scope():
     v = tf.Variable([0.0, 0.0])
     sgd = tf_keras.optimizers.legacy.SGD(1.0)
-print("set:", strategy.reduce_gradients_in(dist, sgd, "bfloat16"))
+wire = strategy.reduce_gradients_in(dist, sgd, "bfloat16")
+print("set:", wire.name)
 print("set on one machine:", strategy.reduce_gradients_in(tf.distribute.MirroredStrategy(), sgd, "bfloat16"))
+dense = tf_keras.Sequential([tf_keras.layers.Dense(2, input_shape=(3,))])  # 8 float32 weights
+print("bytes:", trainer.variable_bytes(dense), trainer.variable_bytes(dense, wire))
 
 
 @tf.function
@@ -180,7 +183,10 @@ print("variable:", v.dtype.name, v.numpy().tolist())
 def test_bfloat16_all_reduce_rounds_what_is_sent_and_keeps_float32_variables():
     r = subprocess.run([sys.executable, "-c", BFLOAT16_STEP], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "set: True\nset on one machine: False\nvariable: float32 [-1.0, -3.0]\n" in r.stdout, r.stdout
+    want = (
+        "set: bfloat16\nset on one machine: None\nbytes: (32, 32) (32, 16)\nvariable: float32 [-1.0, -3.0]\n"
+    )
+    assert want in r.stdout, r.stdout
 
 
 # ----- --fixed_replica_batch --------------------------------------------------------------------

@@ -180,11 +180,9 @@ def _model_built(config: TrainConfig, dist, who: str):
         from od_dist.cluster import traffic
         from od_dist.job import strategy, trainer
 
-        weights, grads = trainer.variable_bytes(model)
-        sent_in = ""
-        if strategy.reduce_gradients_in(dist, optimizer, config.all_reduce_dtype):
-            grads //= 2  # what each step sends: 16 bits per element
-            sent_in = f" in {config.all_reduce_dtype}"
+        wire = strategy.reduce_gradients_in(dist, optimizer, config.all_reduce_dtype)
+        weights, grads = trainer.variable_bytes(model, wire)
+        sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""
         per_pack = strategy.pack_gradients(dist, grads, config.all_reduce_packs)
         if config.role == "master":
             packs = (

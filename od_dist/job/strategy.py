@@ -184,16 +184,17 @@ def pack_gradients(dist, gradient_bytes: int, packs: int) -> int:
 ALL_REDUCE_DTYPES = ("float32", "bfloat16")
 
 
-def reduce_gradients_in(dist, optimizer, dtype_name: str) -> bool:
-    """multi_worker_mirrored: the optimizer sums the gradients across trainers in `dtype_name`,
-    then casts the sums back; returns True when set. Still one all-reduce per step, packed as
-    pack_gradients says (in bytes of `dtype_name`). Called before the first step is traced."""
+def reduce_gradients_in(dist, optimizer, dtype_name: str):
+    """multi_worker_mirrored: the optimizer sums the float32 gradients across trainers in
+    `dtype_name`, then casts the sums back; returns that dtype when set, else None. Still one
+    all-reduce per step, packed as pack_gradients says (in bytes of `dtype_name`). Called before
+    the first step is traced."""
     import tensorflow as tf
 
     from od_dist.model.pipeline import PipelineError
 
     if dtype_name == "float32" or not isinstance(dist, tf.distribute.MultiWorkerMirroredStrategy):
-        return False
+        return None
     wire = tf.as_dtype(dtype_name)
     while getattr(optimizer, "inner_optimizer", None) is not None:  # a LossScaleOptimizer
         optimizer = optimizer.inner_optimizer
@@ -218,7 +219,7 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str) -> bool:
         ]
 
     optimizer.gradient_aggregator = aggregate
-    return True
+    return wire
 
 
 def mirrored_cross_device_ops(all_reduce_alg: str | None, num_packs: int):

@@ -122,12 +122,15 @@ def cpu_limit(root: str = "/") -> float | None:
     return min(limits) if limits else None
 
 
-def machine_cores() -> int:
-    """The cores this process has: those it may run on, no more than its CPU limit's whole cores
-    (at least 1)."""
-    limit = cpu_limit()
-    runnable = runnable_cores()
+def cores_within(limit: float | None, runnable: int) -> int:
+    """The cores a process has: those it may run on (`runnable`), no more than its CPU limit's
+    whole cores (at least 1)."""
     return min(runnable, max(1, int(limit))) if limit is not None else runnable
+
+
+def machine_cores() -> int:
+    """This process's cores (cores_within)."""
+    return cores_within(cpu_limit(), runnable_cores())
 
 
 def is_light(role: str, strategy: str) -> bool:
@@ -173,8 +176,9 @@ def resolve(
     `cores`: the machine's (the tests'); by default this process's, a CPU limit's if it has one."""
     limited = False
     if cores is None:
-        cores = machine_cores()
-        limited = cores < runnable_cores()
+        runnable = runnable_cores()
+        cores = cores_within(cpu_limit(), runnable)
+        limited = cores < runnable
     auto = budget(cores, task.role if task else "single", strategy, roles_sharing(cluster, task), limited)
     return Threads(
         auto.intra_op if intra_op is None else intra_op,
@@ -204,13 +208,9 @@ def apply(threads: Threads, label: str) -> Threads:
         tf.config.threading.get_inter_op_parallelism_threads(),
         threads.data,
     )
-    limit = cpu_limit()
-    shown = (
-        f", a CPU limit of {limit:g} on {runnable_cores()}"
-        if limit is not None and limit < runnable_cores()
-        else ""
-    )
-    cores = machine_cores()
+    limit, runnable = cpu_limit(), runnable_cores()
+    shown = f", a CPU limit of {limit:g} on {runnable}" if limit is not None and limit < runnable else ""
+    cores = cores_within(limit, runnable)
     print(f"{label}: threads {applied.describe()} ({cores} core{'s' * (cores != 1)}{shown})", flush=True)
     return applied
 

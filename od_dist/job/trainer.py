@@ -489,13 +489,18 @@ def _prepare(params) -> None:
         performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
 
 
-def variable_bytes(model) -> tuple[int, int]:
-    """(bytes of all the model's variables, bytes of its trainable ones: a step's gradients)."""
+def variable_bytes(model, wire=None) -> tuple[int, int]:
+    """(bytes of all the model's variables, bytes of its trainable ones: a step's gradients).
+    `wire`: the dtype float32 gradients are all-reduced in (strategy.reduce_gradients_in)."""
 
-    def size(variables):
-        return sum(v.shape.num_elements() * v.dtype.size for v in variables)
+    def size(variables, wire=None):
+        return sum(
+            v.shape.num_elements()
+            * (wire.size if wire is not None and v.dtype == "float32" else v.dtype.size)
+            for v in variables
+        )
 
-    return size(model.variables), size(model.trainable_variables)
+    return size(model.variables), size(model.trainable_variables, wire)
 
 
 def make_task(params, model_dir: str | None = None, data_threads: int = 0):
