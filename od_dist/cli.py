@@ -666,12 +666,14 @@ def cmd_launch(fv) -> int:
     if any(not c.is_server for c in configs):
         # As `train` does, but once and before any task starts: a bad pipeline is exit 2, not a
         # job whose servers start and whose master then fails.
+        in_sync = [c.replicas for c in configs if c.in_sync and not c.fixed_replica_batch]
         code, problem = launch.check_pipeline(
             fv.pipeline,
             fv.params_override,
             cluster.strategy,
             train=any(c.duties.is_trainer for c in configs),
             evaluate=any(c.role == "evaluator" for c in configs),
+            split=max(in_sync, default=1),
         )
         if code == exit_codes.INVALID:
             raise UsageError(problem)

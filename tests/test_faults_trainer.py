@@ -213,6 +213,7 @@ def test_single_machine_killed_during_a_save_is_restarted_and_resumes_then_sigte
     took = time.monotonic() - sent
     out = run.out
     assert "single: training with MirroredStrategy, 2 replica(s) in sync" in out, out[-3000:]
+    assert "batch: global batch 2 split over 2 replicas, 1 each; learning rate and steps as written" in out
     assert "single: SIGTERM received; saving a checkpoint at the end of this loop" in out
     m = STOPPED.search(out)
     assert m and m.group(1) == "single" and m.group(3) == "SIGTERM" and m.group(6) == "143", out[-3000:]

@@ -104,6 +104,29 @@ def test_launch_with_a_bad_pipeline_starts_nothing(tmp_path):
     assert "started" not in r.stdout and not (model_dir / "logs").exists()
 
 
+def test_a_batch_the_replicas_do_not_divide_is_refused_before_any_task_starts(tmp_path):
+    """Three multi_worker_mirrored trainers cannot share the demo's batch of 8 (TensorFlow fails
+    inside the first dataset): launch says so once, with the multiples to set, exit 2."""
+    cluster = tmp_path / "cluster.yaml"  # ports nobody uses: nothing may start anyway
+    cluster.write_text(
+        "strategy: multi_worker_mirrored\nmaster: 127.0.0.1:1\nworker: [127.0.0.1:2, 127.0.0.1:3]\n"
+    )
+    model_dir = tmp_path / "model"
+    r = od_dist_here(
+        "launch",
+        f"--cluster={cluster}",
+        f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}",
+        f"--model_dir={model_dir}",
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "od-dist launch: task.train_data.global_batch_size: 8 does not split evenly over 3 replicas in "
+        "sync; set a multiple of 3 (6 or 9) with --params_override task.train_data.global_batch_size=N, "
+        "or pass --fixed_replica_batch to make 8 each replica's batch"
+    ], r.stderr
+    assert "started" not in r.stdout and not (model_dir / "logs").exists()
+
+
 def od_dist_here(*args, cwd=ROOT):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     return subprocess.run(

@@ -192,6 +192,29 @@ def test_bfloat16_all_reduce_rounds_what_is_sent_and_keeps_float32_variables():
 # ----- --fixed_replica_batch --------------------------------------------------------------------
 
 
+def test_by_default_replicas_share_the_batch_and_one_it_does_not_divide_is_refused():
+    from od_dist.model import pipeline
+
+    params = pipeline.load_pipeline(PIPELINE, None, "multi_worker_mirrored")
+    said = pipeline.split_over_replicas(params, 2)
+    assert said == (
+        "global batch 8 split over 2 replicas, 4 each; learning rate and steps as written "
+        "(--fixed_replica_batch: 8 per replica instead)"
+    )
+    assert params.task.train_data.global_batch_size == 8 and params.trainer.train_steps == 1000
+    with pytest.raises(pipeline.PipelineError) as e:
+        pipeline.split_over_replicas(params, 3)
+    assert str(e.value) == (
+        "task.train_data.global_batch_size: 8 does not split evenly over 3 replicas in sync; set a "
+        "multiple of 3 (6 or 9) with --params_override task.train_data.global_batch_size=N, or pass "
+        "--fixed_replica_batch to make 8 each replica's batch"
+    )
+    with pytest.raises(
+        pipeline.PipelineError, match=r"over 16 replicas in sync; set a multiple of 16 \(16\)"
+    ):
+        pipeline.split_over_replicas(params, 16)
+
+
 def test_fixed_replica_batch_scales_batch_and_learning_rate():
     from od_dist.model import pipeline
 

@@ -219,6 +219,11 @@ class TrainConfig:
         return duties_mod.of(self.strategy_name, self.role)
 
     @property
+    def in_sync(self) -> bool:
+        """A trainer whose replicas step together with every other's (not under parameter_server)."""
+        return self.duties.is_trainer and self.duties.runs_replicas
+
+    @property
     def is_coordinator(self) -> bool:
         return self.duties.is_coordinator
 

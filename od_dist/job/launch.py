@@ -247,6 +247,8 @@ import sys
 from od_dist.model import pipeline
 try:
     params = pipeline.load_pipeline(sys.argv[1], sys.argv[2] or None, sys.argv[3])
+    for split in (int(a[len("split="):]) for a in sys.argv[4:] if a.startswith("split=")):
+        pipeline.split_over_replicas(params, split)
     pipeline.check_inputs(params, sys.argv[1], train="train" in sys.argv[4:], evaluate="eval" in sys.argv[4:])
     pipeline.check_model(params, sys.argv[1])
 except pipeline.PipelineError as e:
@@ -256,11 +258,12 @@ except pipeline.PipelineError as e:
 
 
 def check_pipeline(
-    path: str, params_override: str | None, strategy: str, train: bool, evaluate: bool
+    path: str, params_override: str | None, strategy: str, train: bool, evaluate: bool, split: int = 1
 ) -> tuple[int, str]:
     """Loads the pipeline as the trainers will, checks the records the tasks here open (`train`:
-    a trainer is here; `evaluate`: an evaluator) and builds its model once (pipeline.check_model),
-    before any task starts: (0, '') when it is good,
+    a trainer is here; `evaluate`: an evaluator), that its batch splits over the `split` replicas
+    in sync that share it, and builds its model once (pipeline.check_model), before any task
+    starts: (0, '') when it is good,
     (2, the one-line problem) when it is not, (1, what went wrong) when the check itself failed.
     It runs in a short-lived child so TensorFlow stays out of the launcher, which forks every task."""
     r = subprocess.run(
@@ -273,6 +276,7 @@ def check_pipeline(
             strategy,
             *(["train"] if train else []),
             *(["eval"] if evaluate else []),
+            *([f"split={split}"] if split > 1 else []),
         ],
         capture_output=True,
         text=True,

@@ -32,11 +32,15 @@ def load_params(path: str, params_override: str | None, strategy_name: str):
 
 
 def _params(config: TrainConfig):
-    params = load_params(config.pipeline, config.params_override, config.strategy_name)
-    if config.fixed_replica_batch and config.role in ("single", "master", "worker"):
-        from od_dist.model import pipeline
+    """The pipeline, and on a trainer of replicas in sync, what their count does to its batch
+    (one line; raises pipeline.PipelineError when it cannot be done)."""
+    from od_dist.model import pipeline
 
+    params = load_params(config.pipeline, config.params_override, config.strategy_name)
+    if config.in_sync and config.fixed_replica_batch:
         print(f"--fixed_replica_batch: {pipeline.scale_for_replicas(params, config.replicas)}", flush=True)
+    elif config.in_sync and config.replicas > 1:
+        print(f"batch: {pipeline.split_over_replicas(params, config.replicas)}", flush=True)
     return params
 
 

@@ -433,6 +433,28 @@ def file_name_ids(params, path: str) -> str | None:
     )
 
 
+def split_over_replicas(params, replicas: int) -> str:
+    """The default when `replicas` train in sync: the pipeline's global_batch_size is each step's
+    whole batch, shared out evenly, with the learning rate and steps as written; the same training
+    as on one machine, each step's examples computed in parallel. Raises PipelineError when the
+    batch does not split evenly (TensorFlow would fail inside the first dataset). Returns a
+    one-line description."""
+    batch = params.task.train_data.global_batch_size
+    if batch % replicas:
+        below = batch // replicas * replicas
+        multiples = f"{below} or {below + replicas}" if below else f"{replicas}"
+        raise PipelineError(
+            f"task.train_data.global_batch_size: {batch} does not split evenly over {replicas} "
+            f"replicas in sync; set a multiple of {replicas} ({multiples}) with --params_override "
+            f"task.train_data.global_batch_size=N, or pass --fixed_replica_batch to make {batch} "
+            "each replica's batch"
+        )
+    return (
+        f"global batch {batch} split over {replicas} replicas, {batch // replicas} each; learning rate "
+        f"and steps as written (--fixed_replica_batch: {batch} per replica instead)"
+    )
+
+
 def scale_for_replicas(params, replicas: int) -> str:
     """--fixed_replica_batch: the pipeline's global_batch_size becomes the batch of ONE replica,
     so adding machines adds examples per step instead of splitting the same batch thinner.
