@@ -669,6 +669,7 @@ def main(argv=None) -> int:
     print(startup_report(results))
     if args.accuracy:
         for r in results:
+            r.update(time_to_target_s=None, final_ap50=None)  # null in the JSON unless reached
             if not r.get("failed"):
                 evaluate_checkpoints(r, args)
         print()
