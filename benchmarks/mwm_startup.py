@@ -13,19 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = os.path.join(REPO, "pipelines", "shapes_retinanet.yaml")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from loopback import PIPELINE, free_ports  # noqa: E402 (the tests' demo pipeline and free ports)
 
 
 def child(multi_worker: bool) -> None:
@@ -68,7 +62,7 @@ def main() -> int:
     if len(cores) < 2:
         print("skipped: needs 2 cores (one per process of the pair)")
         return 0
-    workers = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     configs = [
         json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}) for i in range(2)
     ]

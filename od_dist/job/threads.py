@@ -221,10 +221,10 @@ def with_data_threads(build_inputs, data_threads: int):
     if not data_threads:
         return build_inputs
 
-    def build(params, input_context=None):  # named: see trainer.make_task
+    def build(*args, **kwargs):
         import tensorflow as tf
 
-        dataset = build_inputs(params, input_context=input_context)
+        dataset = build_inputs(*args, **kwargs)
         options = tf.data.Options()
         options.threading.private_threadpool_size = data_threads
         options.threading.max_intra_op_parallelism = 1

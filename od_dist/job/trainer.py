@@ -493,14 +493,14 @@ def variable_bytes(model, wire=None) -> tuple[int, int]:
     """(bytes of all the model's variables, bytes of its trainable ones: a step's gradients).
     `wire`: the dtype float32 gradients are all-reduced in (strategy.reduce_gradients_in)."""
 
-    def size(variables, wire=None):
+    def size(variables, sent_as):
         return sum(
             v.shape.num_elements()
-            * (wire.size if wire is not None and v.dtype == "float32" else v.dtype.size)
+            * (sent_as.size if sent_as is not None and v.dtype == "float32" else v.dtype.size)
             for v in variables
         )
 
-    return size(model.variables), size(model.trainable_variables, wire)
+    return size(model.variables, None), size(model.trainable_variables, wire)
 
 
 def make_task(params, model_dir: str | None = None, data_threads: int = 0):
@@ -513,6 +513,10 @@ def make_task(params, model_dir: str | None = None, data_threads: int = 0):
     # (about 150 functions: 5 s of CPU at every start, most of the input pipeline's set-up) gives
     # the graph they build as written.
     as_written = tf.autograph.experimental.do_not_convert(task.build_inputs)
+    if data_threads:
+        from od_dist.job import threads
+
+        as_written = threads.with_data_threads(as_written, data_threads)
 
     # Orbit passes `input_context` (this replica's share of the global batch, this trainer's
     # shard of the data) only to a function whose own arguments name it: a wrapper's *args hide
@@ -521,10 +525,6 @@ def make_task(params, model_dir: str | None = None, data_threads: int = 0):
         return as_written(params, input_context=input_context)
 
     task.build_inputs = build_inputs
-    if data_threads:
-        from od_dist.job import threads
-
-        task.build_inputs = threads.with_data_threads(task.build_inputs, data_threads)
     return task
 
 
