@@ -1,12 +1,19 @@
 """Shared fixtures (the shared plain helpers are in loopback.py)."""
 
+import os
 import signal
 import subprocess
 import sys
 
 import netns
 import pytest
-from loopback import ROOT, clean_env
+from loopback import ROOT, WINDOWS_LIKE, clean_env, python_path
+
+# Every test, and every process a test starts, runs as on a Windows machine's install: without
+# tensorflow_text (tests/test_windows.py says which tests cover which command).
+sys.path.insert(0, WINDOWS_LIKE)
+if WINDOWS_LIKE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # xdist's workers inherit it
+    os.environ["PYTHONPATH"] = python_path(WINDOWS_LIKE)
 
 # The modules that start TensorFlow jobs, longest first (their share of `--durations=0`): xdist
 # hands a whole module (--dist loadfile) to whichever worker is free, so the long ones start at

@@ -38,13 +38,23 @@ def clean_env(**extra):
     return {k: v for k, v in env.items() if v is not None}
 
 
+# On the tests' path before the installed packages (tests/conftest.py): tensorflow_text cannot be
+# imported there, as on Windows, where it has no wheel; the whole suite runs without it.
+WINDOWS_LIKE = os.path.join(ROOT, "tests", "windows_like")
+
+
+def python_path(*folders):
+    """PYTHONPATH for a child: `folders` first, then this process's own (WINDOWS_LIKE under pytest)."""
+    return os.pathsep.join([*map(str, folders), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def site_hook(tmp_path, source):
-    """A folder for PYTHONPATH whose sitecustomize.py (`source`) every Python process started with
-    it runs first: a fault injected into the real child processes of a test."""
+    """PYTHONPATH with a folder first whose sitecustomize.py (`source`) every Python process started
+    with it runs first: a fault injected into the real child processes of a test."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(source)
-    return str(hook)
+    return python_path(hook)
 
 
 def od_dist(*args, cwd=ROOT, timeout=180, env=None):

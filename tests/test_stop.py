@@ -9,10 +9,9 @@ import sys
 import time
 
 import pytest
+from loopback import ROOT, python_path
 
 from od_dist.job import exit_codes, stop
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The main thread blocks in one long C call (as in a TensorFlow loop) until a stop is requested.
 CHILD = """
@@ -35,7 +34,7 @@ def start_child():
         stderr=subprocess.STDOUT,
         text=True,
         cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=ROOT),
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT)),
     )
     assert proc.stdout.readline().strip() == "ready"
     return proc

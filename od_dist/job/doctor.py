@@ -27,6 +27,7 @@ import platform
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -258,6 +259,17 @@ def _major_minor(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+MODEL_GARDEN = "tf-models-official==2.20.0"  # setup.cfg's pin
+
+
+def model_garden_install() -> str:
+    """The command that installs Model Garden into this Python. On Windows without its requirements:
+    one of them, tensorflow-text, has no Windows wheel, and od-dist's own install brings the others
+    (setup.cfg says why)."""
+    no_deps = "--no-deps " if sys.platform == "win32" else ""
+    return f"python -m pip install {no_deps}{MODEL_GARDEN}"
+
+
 def check_versions() -> list[Check]:
     """What this machine has installed, from package metadata (importing TensorFlow takes seconds)."""
     from od_dist import __version__
@@ -290,7 +302,7 @@ def check_versions() -> list[Check]:
                 FIX,
                 "Model Garden",
                 f"tf-models-official {mg_version or 'not installed'}; od-dist "
-                "needs 2.20.0: pip install tf-models-official==2.20.0",
+                f"needs 2.20.0: {model_garden_install()}",
             )
         )
     if np_version is not None and _major_minor(np_version) >= (2, 4):
