@@ -108,6 +108,32 @@ def test_help_says_what_and_shows_an_example():
         assert r.returncode == 0 and "Example:" in r.stdout and "--cluster" in r.stdout, cmd
 
 
+def test_help_matches_what_the_commands_do():
+    """Each help says what the command does: every exit code (from job/exit_codes.py), AP75 in
+    eval's line, no --role/--index where they are refused, the volume k8s mounts but does not write."""
+    from od_dist.job import exit_codes
+
+    r = od_dist("--help")
+    assert r.returncode == 0
+    (status,) = [line for line in r.stdout.splitlines() if line.startswith("Exit status:")]
+    for code, meaning in exit_codes.MEANINGS.items():
+        assert f"{code} {meaning}" in status, status
+    assert "eval" in r.stdout and "print COCO AP, AP50 and AP75." in r.stdout
+    for cmd in ("launch", "scripts", "k8s"):
+        r = od_dist(cmd, "--help")
+        assert r.returncode == 0 and "--cluster:" in r.stdout, cmd
+        assert "--role:" not in r.stdout and "--index:" not in r.stdout, cmd
+        assert "TFJob sets it" not in r.stdout and "as the pods `od-dist k8s` writes get" in r.stdout, cmd
+        # Still refused in one line, not as an unknown flag.
+        r = od_dist(cmd, "--cluster=clusters/local.yaml", "--role=ps")
+        assert r.returncode == 2 and r.stderr.startswith(f"od-dist {cmd}: --role/--index: "), r.stderr
+    r = od_dist("train", "--help")
+    assert "--role:" in r.stdout and "--index:" in r.stdout
+    r = od_dist("k8s", "--help")
+    assert "and a PersistentVolumeClaim for" not in r.stdout
+    assert "--model_dir on the PersistentVolumeClaim\n--pvc, which you create" in r.stdout
+
+
 def test_tf_config_from_environment(tmp_path):
     tf_config = {
         "cluster": {

@@ -8,7 +8,8 @@ versions, GPUs vs num_clones, with --pipeline the records its tasks read, and wi
 that its tasks can write there.
 
 A peer's port is probed with a plain TCP connect; the answer tells the cases apart:
-  connected            something listens there (its task is up)                -> ok
+  connected            something accepts connections there (its task, or another
+                       program or a proxy on the port: a connect cannot tell)  -> ok
   connection refused   the machine answered, nothing listens yet (or a firewall
                        REJECTs): fine before the job starts                    -> warn
   no answer (timeout)  a firewall DROPs the packets, or the machine is off      -> FIX
@@ -119,7 +120,8 @@ def probe(host: str, port: int, timeout: float) -> tuple[str, str]:
     """(status, what happened) for a TCP connect to host:port."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
-            return OK, "listening (its task is up)"
+            # All a TCP connect shows: a proxy or another program on the port accepts too.
+            return OK, "accepts connections (its task's server, or whatever else holds the port)"
     except ConnectionRefusedError:
         return WARN, (
             "connection refused: the machine answers and nothing listens on the port yet (fine "
