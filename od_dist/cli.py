@@ -389,10 +389,11 @@ def _summary(selected) -> str:
     """
 Checks the cluster file: YAML, keys, addresses and ports, duplicates, ps/strategy rules, and that
 the entry at --role/--index is an address of this machine. Prints a summary, or every problem with
-its fix (exit 2).
+its fix (exit 2). Without --role it says which entry is this machine, or that none is (exit 0: a
+file is checked on any machine before it is copied out).
 
 Example:
-  od-dist validate --cluster clusters/lan-example.yaml --role worker --index 1
+  od-dist validate --cluster clusters/lan-example.yaml
 """,
     define_task_flags,
 )

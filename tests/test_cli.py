@@ -67,9 +67,25 @@ def test_hostname_entry_matches_this_machine(tmp_path):
 
 
 def test_no_entry_matches(tmp_path):
+    """A file is checked from a machine it does not list (validate: exit 0, saying so); a task
+    cannot run there (train without --role: exit 2)."""
     path = write(tmp_path, "master: 10.255.0.1:2222\nworker: [10.255.0.2:2222]\nps: [10.255.0.3:2222]\n")
     r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 0, r.stderr
+    assert (
+        r.stdout.startswith(f"{path}: valid, strategy parameter_server") and "<- this machine" not in r.stdout
+    )
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("this machine: ")]
+    assert line.startswith("this machine: none of its entries (its addresses: ") and line.endswith(
+        "); the tasks run on the machines the file lists"
+    ), line
+    r = od_dist(
+        "train", "--cluster", path, "--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=runs/x"
+    )
     assert r.returncode == 2 and "no entry of the cluster file is an address of this machine" in r.stderr
+    # The README's example file, as its walkthrough copies it.
+    r = od_dist("validate", "--cluster", "clusters/lan-example.yaml")
+    assert r.returncode == 0 and "this machine: none of its entries" in r.stdout, r.stderr
 
 
 def test_invalid_file_exits_2_with_every_problem(tmp_path):
