@@ -459,7 +459,8 @@ refused" = nothing listening yet, fine before the job starts; no answer = a fire
 this machine's ports free (they listen on every interface: a public one is a warning), the od-dist /
 TensorFlow / Model Garden versions installed here, and the GPUs here (nvidia-smi) against
 num_clones, with --pipeline the records this machine's tasks read (paths resolve in the working
-directory, as in training), and with --model_dir that they can write it. Does not import TensorFlow. Exit 0 when nothing needs
+directory, as in training), and with --model_dir that they can write it; inside WSL2, NAT networking
+(the machine's address on none of WSL's interfaces: the .wslconfig lines to set). Does not import TensorFlow. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:
