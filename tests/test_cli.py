@@ -241,7 +241,13 @@ def test_unresolvable_host_names_give_one_message_and_no_traceback(tmp_path):
         "master: box-a.invalid:2222\nworker: [box-b.invalid:2222, box-c.invalid:2222]\n"
         "ps: [box-d.invalid:2222]\n",
     )
+    # validate checks the file on a machine it does not list: one warning per name it cannot check.
     r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 0 and "this machine: none of its entries" in r.stdout, r.stderr
+    assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 4 and r.stderr.count(": does not resolve on this machine") == 4, r.stderr
+    # A task cannot run here.
+    r = od_dist("train", "--cluster", path, "--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=m")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
     assert r.stderr.count("\n") == 2, r.stderr  # the 'invalid input' header and one problem
