@@ -40,7 +40,7 @@ def summary() -> str:
     permanent = [f"{c} {m}" for c, m in MEANINGS.items() if c not in RETRYABLE]
     retryable = [f"{c} {m}" for c, m in MEANINGS.items() if c in RETRYABLE]
     return (
-        f"{', '.join(permanent)}; retryable (start again: training resumes from the last "
+        f"{', '.join(permanent)}; retryable (a restart resumes training from the last "
         f"checkpoint): {', '.join(retryable)}; any other code is permanent."
     )
 
