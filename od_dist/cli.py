@@ -2,7 +2,7 @@
 FlagValues, so `od-dist train --help` lists only train's flags. Modules that import TensorFlow are
 imported inside the commands that train, so validate, tf-config and --help stay fast.
 
-Exit status: 0 ok, 2 invalid input (nothing started), 1 runtime failure.
+Exit status: job/exit_codes.py (`od-dist --help` lists it).
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ class Command:
     # it, as a shell writes an unquoted glob (`--records data/*.tfrecord`).
     lists: tuple[str, ...] = ()
     rest: str | None = None  # the one of `lists` that also takes the paths left after the flags
+    # Flags of the shared definitions that this command refuses with a reason (--role/--index for
+    # the commands that cover every task): left out of its --help.
+    refused: tuple[str, ...] = ()
 
 
 COMMANDS: dict[str, Command] = {}
@@ -51,9 +54,10 @@ def command(
     define: Callable[[flags.FlagValues], None],
     lists: tuple[str, ...] = (),
     rest: str | None = None,
+    refused: tuple[str, ...] = (),
 ):
     def register(fn):
-        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn, lists, rest)
+        COMMANDS[name] = Command(name, summary, usage.strip("\n"), define, fn, lists, rest, refused)
         return fn
 
     return register
@@ -107,7 +111,7 @@ def define_task_flags(fv: flags.FlagValues) -> None:
         "cluster",
         None,
         "The cluster YAML file (same on every machine). Without it, "
-        "TF_CONFIG from the environment is used (as Kubernetes TFJob sets it).",
+        "TF_CONFIG from the environment is used (as the pods `od-dist k8s` writes get it).",
         flag_values=fv,
     )
     flags.DEFINE_string(
@@ -254,6 +258,10 @@ def define_train_flags(fv: flags.FlagValues) -> None:
     )
 
 
+# The flags that pick one task: launch, scripts and k8s cover every task and refuse them.
+ONE_TASK = ("role", "index")
+
+
 # launch's default: enough for the occasional lost process of a long run (an OOM kill, a preempted
 # or rebooted task) while a task that dies at every start stops the job after 2 + 4 + 8 s of
 # backoff instead of looping. `train` defaults to 0: see its help.
@@ -381,10 +389,11 @@ def _summary(selected) -> str:
     """
 Checks the cluster file: YAML, keys, addresses and ports, duplicates, ps/strategy rules, and that
 the entry at --role/--index is an address of this machine. Prints a summary, or every problem with
-its fix (exit 2).
+its fix (exit 2). Without --role it says which entry is this machine, or that none is (exit 0: a
+file is checked on any machine before it is copied out).
 
 Example:
-  od-dist validate --cluster clusters/lan-example.yaml --role worker --index 1
+  od-dist validate --cluster clusters/lan-example.yaml
 """,
     define_task_flags,
 )
@@ -450,7 +459,8 @@ refused" = nothing listening yet, fine before the job starts; no answer = a fire
 this machine's ports free (they listen on every interface: a public one is a warning), the od-dist /
 TensorFlow / Model Garden versions installed here, and the GPUs here (nvidia-smi) against
 num_clones, with --pipeline the records this machine's tasks read (paths resolve in the working
-directory, as in training), and with --model_dir that they can write it. Does not import TensorFlow. Exit 0 when nothing needs
+directory, as in training), and with --model_dir that they can write it; inside WSL2, NAT networking
+(the machine's address on none of WSL's interfaces: the .wslconfig lines to set). Does not import TensorFlow. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:
@@ -577,7 +587,7 @@ def define_eval_flags(fv: flags.FlagValues) -> None:
 
 @command(
     "eval",
-    "Evaluate the latest checkpoint once and print COCO AP and AP50.",
+    "Evaluate the latest checkpoint once and print COCO AP, AP50 and AP75.",
     """
 Evaluates the latest checkpoint in --model_dir on the pipeline's validation data, on this
 machine, and prints the COCO metrics (also written to <model_dir>/eval_metrics.json).
@@ -637,6 +647,7 @@ Example:
   od-dist launch --cluster clusters/local.yaml --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
 """,
     lambda fv: (define_train_flags(fv), define_restart_flags(fv, LAUNCH_MAX_RESTARTS)),
+    refused=ONE_TASK,
 )
 def cmd_launch(fv) -> int:
     from od_dist.cluster import hostinfo
@@ -1327,6 +1338,7 @@ Example:
       --model_dir runs/lan --out scripts/lan-example
 """,
     define_scripts_flags,
+    refused=ONE_TASK,
 )
 def cmd_scripts(fv) -> int:
     from od_dist.data import records
@@ -1380,7 +1392,8 @@ def define_k8s_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "pvc",
         None,
-        "The PersistentVolumeClaim for model_dir (ReadWriteMany). Default: <name>-model-dir.",
+        "The PersistentVolumeClaim, which you create (ReadWriteMany), that the pods mount for "
+        "model_dir. Default: <name>-model-dir.",
         flag_values=fv,
     )
     flags.DEFINE_string(
@@ -1437,7 +1450,8 @@ Writes a JobSet (jobset.x-k8s.io/v1alpha2): one replicated job per role of the c
 per task running `od-dist train --role R --index I`, the index being the pod's own (its Job's
 completion index), the cluster of the pods' DNS names with the file's ports (TF_CONFIG), success
 when the master (and the evaluator) is done, restarts after TensorFlow's failure rules within
---max_restarts, a permanent error failing it at once, and a PersistentVolumeClaim for --model_dir.
+--max_restarts, a permanent error failing it at once, and --model_dir on the PersistentVolumeClaim
+--pvc, which you create (ReadWriteMany; od-dist does not write one).
 --queue hands it to Kueue. --kind tfjob writes the Kubeflow TFJob (kubeflow.org/v1) instead.
 
 Example:
@@ -1445,6 +1459,7 @@ Example:
       --model_dir runs/lan --image registry.example/od-dist:latest --out jobset.yaml
 """,
     define_k8s_flags,
+    refused=ONE_TASK,
 )
 def cmd_k8s(fv) -> int:
     from od_dist.data import records
@@ -1486,6 +1501,15 @@ def cmd_k8s(fv) -> int:
             records.write_file(fv.out, text)
     except (k8s.K8sError, records.DatasetError) as e:
         raise UsageError(str(e)) from None
+    missing = [f"--{n}" for n in ("cpu", "memory") if fv.queue and not fv[n].value]
+    if missing:
+        # Kueue charges a workload what its pods request: requesting none, it fits any quota.
+        print(
+            f"od-dist k8s: warning: --queue {fv.queue} without {' and '.join(missing)}: the pods request "
+            "none, so Kueue admits the job against its quota as using none; pass "
+            f"{' and '.join(m + '=...' for m in missing)}",
+            file=sys.stderr,
+        )
     if fv.out:
         print(f"wrote {fv.out}", file=sys.stderr)
     else:
@@ -1510,10 +1534,12 @@ Example (the whole cluster on this machine):
   od-dist data shapes
   od-dist launch --cluster clusters/local.yaml --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
 
-Exit status: 0 ok, 2 invalid input (nothing was started), 1 runtime failure."""
+Exit status: {exit_codes.summary()}"""
 
 
 def _help(cmd: Command, fv: flags.FlagValues) -> str:
+    for name in cmd.refused:
+        delattr(fv, name)
     flag_help = (
         "\n".join(
             "  " + line

@@ -67,9 +67,25 @@ def test_hostname_entry_matches_this_machine(tmp_path):
 
 
 def test_no_entry_matches(tmp_path):
+    """A file is checked from a machine it does not list (validate: exit 0, saying so); a task
+    cannot run there (train without --role: exit 2)."""
     path = write(tmp_path, "master: 10.255.0.1:2222\nworker: [10.255.0.2:2222]\nps: [10.255.0.3:2222]\n")
     r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 0, r.stderr
+    assert (
+        r.stdout.startswith(f"{path}: valid, strategy parameter_server") and "<- this machine" not in r.stdout
+    )
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("this machine: ")]
+    assert line.startswith("this machine: none of its entries (its addresses: ") and line.endswith(
+        "); the tasks run on the machines the file lists"
+    ), line
+    r = od_dist(
+        "train", "--cluster", path, "--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=runs/x"
+    )
     assert r.returncode == 2 and "no entry of the cluster file is an address of this machine" in r.stderr
+    # The README's example file, as its walkthrough copies it.
+    r = od_dist("validate", "--cluster", "clusters/lan-example.yaml")
+    assert r.returncode == 0 and "this machine: none of its entries" in r.stdout, r.stderr
 
 
 def test_invalid_file_exits_2_with_every_problem(tmp_path):
@@ -106,6 +122,32 @@ def test_help_says_what_and_shows_an_example():
     for cmd in ("validate", "tf-config"):
         r = od_dist(cmd, "--help")
         assert r.returncode == 0 and "Example:" in r.stdout and "--cluster" in r.stdout, cmd
+
+
+def test_help_matches_what_the_commands_do():
+    """Each help says what the command does: every exit code (from job/exit_codes.py), AP75 in
+    eval's line, no --role/--index where they are refused, the volume k8s mounts but does not write."""
+    from od_dist.job import exit_codes
+
+    r = od_dist("--help")
+    assert r.returncode == 0
+    (status,) = [line for line in r.stdout.splitlines() if line.startswith("Exit status:")]
+    for code, meaning in exit_codes.MEANINGS.items():
+        assert f"{code} {meaning}" in status, status
+    assert "eval" in r.stdout and "print COCO AP, AP50 and AP75." in r.stdout
+    for cmd in ("launch", "scripts", "k8s"):
+        r = od_dist(cmd, "--help")
+        assert r.returncode == 0 and "--cluster:" in r.stdout, cmd
+        assert "--role:" not in r.stdout and "--index:" not in r.stdout, cmd
+        assert "TFJob sets it" not in r.stdout and "as the pods `od-dist k8s` writes get" in r.stdout, cmd
+        # Still refused in one line, not as an unknown flag.
+        r = od_dist(cmd, "--cluster=clusters/local.yaml", "--role=ps")
+        assert r.returncode == 2 and r.stderr.startswith(f"od-dist {cmd}: --role/--index: "), r.stderr
+    r = od_dist("train", "--help")
+    assert "--role:" in r.stdout and "--index:" in r.stdout
+    r = od_dist("k8s", "--help")
+    assert "and a PersistentVolumeClaim for" not in r.stdout
+    assert "--model_dir on the PersistentVolumeClaim\n--pvc, which you create" in r.stdout
 
 
 def test_tf_config_from_environment(tmp_path):
@@ -199,7 +241,13 @@ def test_unresolvable_host_names_give_one_message_and_no_traceback(tmp_path):
         "master: box-a.invalid:2222\nworker: [box-b.invalid:2222, box-c.invalid:2222]\n"
         "ps: [box-d.invalid:2222]\n",
     )
+    # validate checks the file on a machine it does not list: one warning per name it cannot check.
     r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 0 and "this machine: none of its entries" in r.stdout, r.stderr
+    assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 4 and r.stderr.count(": does not resolve on this machine") == 4, r.stderr
+    # A task cannot run here.
+    r = od_dist("train", "--cluster", path, "--pipeline=pipelines/shapes_retinanet.yaml", "--model_dir=m")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
     assert r.stderr.count("\n") == 2, r.stderr  # the 'invalid input' header and one problem

@@ -125,7 +125,11 @@ def test_probe_tells_listening_from_refused():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        assert doctor.probe("127.0.0.1", server.getsockname()[1], 2)[0] == doctor.OK
+        # A connect shows that something accepts, not that it is the task (a proxy accepts too).
+        assert doctor.probe("127.0.0.1", server.getsockname()[1], 2) == (
+            doctor.OK,
+            "accepts connections (its task's server, or whatever else holds the port)",
+        )
     port = free_ports(1)[0]
     status, detail = doctor.probe("127.0.0.1", port, 2)
     assert status == doctor.WARN and detail.startswith("connection refused")
@@ -199,3 +203,55 @@ def test_entry_of_a_machine_with_several_tasks_or_none():
     elsewhere = ThisMachine(frozenset({"box"}), frozenset({"10.0.0.9"}))
     checks, mine = doctor.check_entry(c, None, None, elsewhere)
     assert checks[0].status == doctor.FIX and not mine
+
+
+# ----- WSL2: a faked kernel string and interface list -----------------------------------------------
+
+WSL_KERNEL = "5.15.167.4-microsoft-standard-WSL2"
+WSL_LAN = "master: 192.0.2.10:2222\nworker: [192.0.2.11:2222]\nps: [192.0.2.11:2223]\n"  # TEST-NET-1
+
+
+def wsl_doctor(tmp_path, ips, kernel=WSL_KERNEL, role=None, index=None, text=WSL_LAN):
+    from od_dist.cluster import hostinfo
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    here = hostinfo.ThisMachine(frozenset({"box", "localhost"}), frozenset({"127.0.0.1", *ips}))
+    checks, _ = doctor.run(str(path), role, index, False, connect_timeout=0.2, machine=here, kernel=kernel)
+    return [c for c in checks if c.what == "WSL2"]
+
+
+def test_kernel_string_is_read_from_the_kernels_files(tmp_path):
+    release, version = tmp_path / "osrelease", tmp_path / "version"
+    release.write_text(WSL_KERNEL + "\n")
+    version.write_text("Linux version " + WSL_KERNEL + " (root@build) #1 SMP\n")
+    assert doctor.kernel_string((str(release), str(version))).startswith(WSL_KERNEL + " Linux version")
+    assert doctor.kernel_string((str(tmp_path / "missing"), str(version))).startswith("Linux version 5.15")
+    assert doctor.kernel_string((str(tmp_path / "missing"),)) == ""
+    assert doctor.kernel_string()  # this machine's own, from /proc
+
+
+def test_wsl_with_nat_networking_is_a_fix_with_the_wslconfig_lines(tmp_path):
+    """Inside WSL2 under NAT the interface holds a 172.x address, not the machine's LAN address."""
+    (check,) = wsl_doctor(tmp_path, {"172.28.113.5"})
+    assert str(check) == (
+        f"FIX   WSL2: this is WSL ({WSL_KERNEL}) with NAT networking: no address of the cluster file is on "
+        "its interfaces (172.28.113.5), and other machines cannot reach a port opened here; on Windows 11 "
+        "22H2 or later put the lines `[wsl2]` and `networkingMode=mirrored` in %UserProfile%\\.wslconfig on "
+        "Windows, run `wsl --shutdown`, start WSL again and allow the ports with New-NetFirewallHyperVRule "
+        "(before 22H2: netsh interface portproxy; README: Windows machines with GPUs)"
+    )
+    # With --role: that entry's address is named.
+    (check,) = wsl_doctor(tmp_path, {"172.28.113.5"}, role="worker", index=0)
+    assert check.status == doctor.FIX
+    assert "NAT networking: worker:0's address 192.0.2.11 is on none of its interfaces (172.28.113.5)" in (
+        check.detail
+    )
+
+
+def test_wsl_with_mirrored_networking_or_no_wsl_is_not_a_fix(tmp_path):
+    (check,) = wsl_doctor(tmp_path, {"192.0.2.10", "fe80::1"})  # mirrored: the LAN address is here
+    assert check.status == doctor.OK and "New-NetFirewallHyperVRule" in check.detail
+    assert wsl_doctor(tmp_path, {"172.28.113.5"}, kernel="6.1.0-18-amd64 Linux version 6.1.0") == []
+    local = "master: 127.0.0.1:2222\nworker: [127.0.0.1:2223]\n"  # every task here: nothing to reach
+    assert wsl_doctor(tmp_path, {"172.28.113.5"}, text=local) == []

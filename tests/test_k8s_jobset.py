@@ -47,13 +47,15 @@ def run(capsys, *args):
     return code, out, err
 
 
+BASE = [
+    "--pipeline=pipelines/shapes_retinanet.yaml",
+    "--model_dir=runs/lan",
+    "--image=registry.example/od-dist:1",
+]
+
+
 def write(capsys, cluster, *extra):
-    base = [
-        "--pipeline=pipelines/shapes_retinanet.yaml",
-        "--model_dir=runs/lan",
-        "--image=registry.example/od-dist:1",
-    ]
-    code, out, err = run(capsys, f"--cluster={cluster}", *base, *extra)
+    code, out, err = run(capsys, f"--cluster={cluster}", *BASE, *extra)
     assert code == 0, err
     (doc,) = yaml.safe_load_all(out)
     return out, doc
@@ -266,6 +268,19 @@ def test_queue_label_and_suspend(tmp_path, capsys):
     assert doc["spec"]["suspend"] is True
     _, doc = write(capsys, LAN)
     assert "kueue.x-k8s.io/queue-name" not in doc["metadata"]["labels"] and "suspend" not in doc["spec"]
+
+
+def test_queue_without_requests_is_warned(capsys):
+    """Kueue charges a workload what its pods request: without --cpu/--memory, nothing."""
+    warning = "od-dist k8s: warning: --queue team-a without --cpu and --memory: the pods request none"
+    code, _, err = run(capsys, f"--cluster={LAN}", *BASE, "--queue=team-a")
+    assert code == 0 and err.count("\n") == 1 and err.startswith(warning), err
+    assert "pass --cpu=... and --memory=..." in err
+    code, _, err = run(capsys, f"--cluster={LAN}", *BASE, "--queue=team-a", "--cpu=2")
+    assert code == 0 and "without --memory: the pods request none" in err and "--cpu" not in err
+    for extra in (["--queue=team-a", "--cpu=2", "--memory=4Gi"], ["--cpu=2"], []):
+        code, _, err = run(capsys, f"--cluster={LAN}", *BASE, *extra)
+        assert code == 0 and err == "", err
 
 
 def test_resources_per_role(tmp_path, capsys):

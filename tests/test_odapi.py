@@ -536,7 +536,10 @@ def test_import_zoo_configs(tmp_path, capsys, text, experiment, size, batch, ste
     assert "val2017-?????-of-00032.tfrecord" in params.task.validation_data.input_path
     lines = stdout.splitlines()
     dropped = [ln for ln in lines if ln.startswith("not carried over: ")]
-    assert any("fine_tune_checkpoint" in ln and "variable names" in ln for ln in dropped)
+    # The Zoo checkpoint is said first, with how to start from a Model Garden one.
+    assert lines[0].startswith("not carried over: train_config.fine_tune_checkpoint ")
+    assert "variable names" in lines[0] and "starts from scratch" in lines[0]
+    assert "init_checkpoint_modules: backbone" in lines[0] and "resnet50_imagenet/ckpt-28080" in lines[0]
     assert any("sync_replicas" in ln for ln in dropped)
     assert all(": " in ln[len("not carried over: ") :] for ln in dropped)  # each says why
     if experiment.startswith("retinanet"):

@@ -521,6 +521,15 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     ) in readme
     assert "### 192.168.1.116: ps 0, port 2224" in readme
     assert "No inbound port: evaluator 0 (192.168.1.120)." in readme
+    # Where the records must be, and the doctor line that finds what is missing.
+    assert (
+        "must be on every machine whose task reads them (192.168.1.109, 192.168.1.111, 192.168.1.108, "
+        "192.168.1.120), at that path from its working directory, or on a shared folder"
+    ) in readme
+    assert (
+        f"`od-dist doctor --cluster={LAN} --pipeline=pipelines/shapes_retinanet.yaml --model_dir=runs/lan`"
+        in readme
+    )
 
 
 def test_num_clones_only_for_the_roles_that_run_replicas():

@@ -140,6 +140,16 @@ def _select(
         if cluster.loopback_only() and not require_task:
             return TaskConfig(cluster, None, source, "loopback-only cluster: every task runs on this machine")
         task, problems = validate.infer_task(cluster, is_local)
+        if problems and not require_task and not cluster.tasks_on(is_local):
+            # `validate` checks a file from any machine (a laptop before copying it out); only
+            # the commands that run a task need this machine in it.
+            return TaskConfig(
+                cluster,
+                None,
+                source,
+                f"none of its entries (its addresses: {machine.describe()}); the tasks run on the "
+                "machines the file lists",
+            )
         if problems:
             raise InvalidCluster(problems, source)
         return TaskConfig(

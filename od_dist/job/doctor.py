@@ -5,10 +5,11 @@ this machine's entry in the cluster file, every peer's host name resolving, the 
 this machine's tasks connect to reachable from here, this machine's own ports free (and listening on
 every interface, as TensorFlow's server does: a public one is worth a look), the installed
 versions, GPUs vs num_clones, with --pipeline the records its tasks read, and with --model_dir
-that its tasks can write there.
+that its tasks can write there; inside WSL2, NAT networking, which hides its ports from the LAN.
 
 A peer's port is probed with a plain TCP connect; the answer tells the cases apart:
-  connected            something listens there (its task is up)                -> ok
+  connected            something accepts connections there (its task, or another
+                       program or a proxy on the port: a connect cannot tell)  -> ok
   connection refused   the machine answered, nothing listens yet (or a firewall
                        REJECTs): fine before the job starts                    -> warn
   no answer (timeout)  a firewall DROPs the packets, or the machine is off      -> FIX
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import importlib.metadata
+import ipaddress
 import os
 import platform
 import shutil
@@ -120,7 +122,8 @@ def probe(host: str, port: int, timeout: float) -> tuple[str, str]:
     """(status, what happened) for a TCP connect to host:port."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
-            return OK, "listening (its task is up)"
+            # All a TCP connect shows: a proxy or another program on the port accepts too.
+            return OK, "accepts connections (its task's server, or whatever else holds the port)"
     except ConnectionRefusedError:
         return WARN, (
             "connection refused: the machine answers and nothing listens on the port yet (fine "
@@ -446,6 +449,68 @@ def check_model_dir(cluster: Cluster, mine, model_dir: str) -> list[Check]:
     return [Check(OK, "model_dir", f"{shown_dir}: writable here, for {names}")]
 
 
+# ----- WSL2 ----------------------------------------------------------------------------------------
+
+# Where a Linux kernel names itself; WSL's kernels say `microsoft` there (5.15.x-microsoft-standard-WSL2).
+KERNEL_FILES = ("/proc/sys/kernel/osrelease", "/proc/version")
+WSLCONFIG_LINES = ("[wsl2]", "networkingMode=mirrored")
+
+
+def kernel_string(paths=KERNEL_FILES) -> str:
+    """The kernel's description from `paths` (those that can be read, joined), "" when none can."""
+    found = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                found.append(f.read().strip())
+        except OSError:
+            continue
+    return " ".join(found)
+
+
+def check_wsl(
+    cluster: Cluster, role: str | None, index: int | None, mine, machine, kernel: str
+) -> list[Check]:
+    """Inside WSL2, this machine's cluster address on none of its interfaces is WSL's default NAT
+    networking: WSL has its own address (172.x), and a port opened inside it cannot be reached from
+    another machine, so its task would be a silent peer. Mirrored networking gives WSL the Windows
+    machine's addresses."""
+    if "microsoft" not in kernel.lower() or cluster.loopback_only():
+        return []
+    if role is not None:
+        task = cluster.task(validate.normalize_role(role), index or 0)
+        missing = (
+            None
+            if machine.is_local(task.address.host)
+            else f"{task.name}'s address {task.address.host} is on none of its interfaces"
+        )
+    else:
+        missing = None if mine else "no address of the cluster file is on its interfaces"
+    if missing is None:
+        return [
+            Check(
+                OK,
+                "WSL2",
+                "this machine's entry is found in WSL; other machines reach its ports once WSL's Hyper-V "
+                "firewall lets them in (New-NetFirewallHyperVRule, in an Administrator PowerShell on "
+                "Windows), or under NAT through netsh interface portproxy",
+            )
+        ]
+    here = ", ".join(sorted(ip for ip in machine.ips if not ipaddress.ip_address(ip).is_loopback)) or "none"
+    wslconfig = " and ".join(f"`{line}`" for line in WSLCONFIG_LINES)
+    return [
+        Check(
+            FIX,
+            "WSL2",
+            f"this is WSL ({kernel.split()[0]}) with NAT networking: {missing} "
+            f"({here}), and other machines cannot reach a port opened here; on Windows 11 22H2 or later "
+            f"put the lines {wslconfig} in %UserProfile%\\.wslconfig on Windows, run `wsl --shutdown`, start "
+            "WSL again and allow the ports with New-NetFirewallHyperVRule (before 22H2: netsh interface "
+            "portproxy; README: Windows machines with GPUs)",
+        )
+    ]
+
+
 # ----- all of it ------------------------------------------------------------------------------------
 
 
@@ -466,8 +531,10 @@ def run(
     machine=None,
     pipeline: str | None = None,
     model_dir: str | None = None,
+    kernel: str | None = None,
 ) -> tuple[list[Check], str]:
-    """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2)."""
+    """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2).
+    `machine` (its interfaces) and `kernel` (the kernel's description) default to this machine's."""
     from od_dist.job import config
 
     unchecked: list[str] = []
@@ -480,6 +547,7 @@ def run(
         f"num_clones {cluster.num_clones}"
     )
     checks, mine = check_entry(cluster, role, index, machine)
+    checks += check_wsl(cluster, role, index, mine, machine, kernel_string() if kernel is None else kernel)
     name_checks, unresolved = check_names([t for t in cluster.server_tasks() if t not in mine])
     checks += name_checks
     reach = [t for t in peers_to_reach(cluster, mine) if t.address.host not in unresolved]

@@ -23,6 +23,27 @@ TERMINATED = 143  # retryable: SIGTERM (128 + 15); a trainer saved a checkpoint 
 
 RETRYABLE = frozenset({LOST_PEER, INTERRUPTED, KILLED, TERMINATED})
 
+# What each code means, in one line each: `od-dist --help` lists them from here.
+MEANINGS = {
+    OK: "ok",
+    FAILED: "runtime failure",
+    INVALID: "invalid input (nothing was started)",
+    INTERRUPTED: "interrupted by Ctrl+C (SIGINT)",
+    KILLED: "killed (SIGKILL)",
+    LOST_PEER: "a peer was lost or did not come within --wait_timeout",
+    TERMINATED: "terminated (SIGTERM)",
+}
+
+
+def summary() -> str:
+    """Every code and what it means, permanent ones first: for `od-dist --help`."""
+    permanent = [f"{c} {m}" for c, m in MEANINGS.items() if c not in RETRYABLE]
+    retryable = [f"{c} {m}" for c, m in MEANINGS.items() if c in RETRYABLE]
+    return (
+        f"{', '.join(permanent)}; retryable (a restart resumes training from the last "
+        f"checkpoint): {', '.join(retryable)}; any other code is permanent."
+    )
+
 
 def normalize(returncode: int) -> int:
     """A child's return code as a shell reports it: Popen's -N (killed by signal N) is 128 + N."""

@@ -1,7 +1,8 @@
 """Kubernetes manifests from a cluster file: a JobSet (the default) or a Kubeflow TFJob, each with
 the cluster's roles and counts, a container per role running `od-dist train` (its command line
 from cluster/commandline.py), the restart rules of job/supervisor.py as far as Kubernetes can
-express them, resources, and a PersistentVolumeClaim for model_dir. No TensorFlow here.
+express them, resources, and model_dir on a PersistentVolumeClaim the user creates (never written
+here). No TensorFlow here.
 
 JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset): one replicated job per role, each one
 Indexed Job with a pod per task. Pod i of role R is `<jobset>-<R>-0-<i>`, reachable as

@@ -22,7 +22,7 @@ import re
 import shutil
 from dataclasses import dataclass
 
-from od_dist.cluster import commandline
+from od_dist.cluster import commandline, duties
 from od_dist.cluster.spec import Cluster, HostSettings, Task
 from od_dist.cluster.topology import connecting_peers
 from od_dist.cluster.validate import PARAMETER_SERVER
@@ -317,6 +317,21 @@ def _run_line(launch: Launch, file: str) -> str:
     return f"`{file}`"
 
 
+def _records_note(cluster: Cluster, items: list[Launch]) -> str:
+    """Where the records must be, and the doctor line that finds what is missing on a machine."""
+    readers = dict.fromkeys(
+        quote.md_word(x.host) for x in items if duties.of(cluster.strategy, x.task.role).reads_records
+    )
+    place = ("--cluster=", "--pipeline=", "--model_dir=")
+    doctor = ["od-dist", "doctor", *(a for a in items[0].args if a.startswith(place))]
+    return (
+        "The records the pipeline reads (`task.train_data` / `task.validation_data` `input_path`) must be "
+        f"on every machine whose task reads them ({', '.join(readers)}), at that path from its working "
+        "directory, or on a shared folder. Before the first start, run on each machine "
+        f"{quote.md(' '.join(quote.sh(a) for a in doctor))}: it names what is missing there."
+    )
+
+
 def render_readme(
     cluster: Cluster,
     cluster_path: str,
@@ -365,6 +380,8 @@ def render_readme(
         f"({quote.md(cluster_path)}), the pipeline and `--model_dir` are resolved from that working directory, "
         "so each machine needs them there (the evaluator reads the master's checkpoints: give both the "
         "same model_dir on a shared folder, or run them on one machine).",
+        "",
+        _records_note(cluster, items),
         "",
         "## Order",
         "",

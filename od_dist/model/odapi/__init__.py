@@ -177,6 +177,8 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
         "trainer": trainer,
     }
     notes += cfg.leftovers(root, "", experiment) + walk.extensions(root)
+    # The checkpoint first: a Zoo user expects their model to start from it, and it does not.
+    notes.sort(key=lambda note: not note.startswith("train_config.fine_tune_checkpoint "))
     imported = Imported(experiment, doc, notes, label_map, train_input, val_input)
     imported.warnings = _label_map_warnings(label_map, num_classes, parts.background, path)
     return imported

@@ -13,8 +13,11 @@ PLACEHOLDER = "PATH_TO_BE_CONFIGURED"
 
 CHECKPOINT_WHY = (
     "Object Detection API checkpoints (the TF2 Detection Zoo's included) use its own variable "
-    "names and cannot initialise a Model Garden model; task.init_checkpoint is null (from scratch), "
-    "or set a Model Garden checkpoint with task.init_checkpoint_modules: backbone"
+    "names and cannot initialise a Model Garden model; training starts from scratch "
+    "(task.init_checkpoint is null), or from a Model Garden backbone checkpoint, e.g. for a "
+    "ResNet-50 backbone: task: {init_checkpoint: "
+    "'gs://cloud-tpu-checkpoints/vision-2.0/resnet50_imagenet/ckpt-28080', "
+    "init_checkpoint_modules: backbone}"
 )
 CROP_WHY = (
     "Model Garden's detection parser has no IoU-constrained random crop; its scale jitter "
