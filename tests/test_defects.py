@@ -510,7 +510,8 @@ def test_an_interrupted_replacement_leaves_the_old_dataset_whole(tmp_path, monke
     images, annotations = make_labelimg(tmp_path / "my_data", ["cat", "dog"], count=6)
     out = str(tmp_path / "data")
     voc.convert(images, annotations, out, val_fraction=0.5)
-    (tmp_path / "data" / "notes.txt").write_text("mine")  # not the dataset's: kept
+    # A folder of nothing but the dataset is swapped whole. (With the user's files in it too, each
+    # file is renamed in on its own: the folder is never moved from under them.)
 
     def contents():
         return {n: open(os.path.join(out, n), "rb").read() for n in sorted(os.listdir(out))}
@@ -536,6 +537,7 @@ def test_an_interrupted_replacement_leaves_the_old_dataset_whole(tmp_path, monke
     monkeypatch.undo()
     assert contents() == before
     assert sorted(os.listdir(tmp_path)) == ["data", "my_data"]  # no staging or old folder left
+    (tmp_path / "data" / "notes.txt").write_text("mine")  # not the dataset's: kept
     voc.convert(images, annotations, out, val_fraction=0.2, seed=7)
     after = contents()
     assert after != before and after["notes.txt"] == b"mine"
