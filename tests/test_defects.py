@@ -254,6 +254,96 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
     assert not again.removed and not again.set_aside and again.resumed is None
 
 
+# The file system fails to read a complete checkpoint's data (a network share's stale handle),
+# injected into `od-dist train`'s own process where TensorFlow's checkpoint reader is called.
+UNAVAILABLE_READ = """
+from od_dist.job import trainer as _trainer
+
+_tidy = _trainer.tidy_checkpoints
+
+
+def _flaky_tidy(model_dir):
+    import tensorflow as tf
+
+    load = tf.train.load_checkpoint
+
+    class Flaky:
+        def __init__(self, reader):
+            self.reader = reader
+
+        def get_variable_to_shape_map(self):
+            return self.reader.get_variable_to_shape_map()
+
+        def get_tensor(self, name):
+            raise tf.errors.UnavailableError(None, None, "Stale file handle")
+
+    tf.train.load_checkpoint = lambda prefix: Flaky(load(prefix)) if prefix.endswith("ckpt-20") else load(prefix)
+    return _tidy(model_dir)
+
+
+_trainer.tidy_checkpoints = _flaky_tidy
+"""
+
+
+def unnamed_beside_named(tmp_path):
+    """A model_dir whose state file names 5 and 10, with a complete ckpt-20 copied in beside them
+    (unnamed: tidying reads it to judge it) and a save's leftovers; returns it and its files."""
+    import shutil
+
+    model_dir, other = tmp_path / "run", tmp_path / "other"
+    saved_steps(model_dir, 5, 10)
+    saved_steps(other, 20)
+    for f in glob.glob(str(other / "ckpt-20.*")):
+        shutil.copy(f, model_dir)
+    leftovers(model_dir)
+    files = {
+        os.path.relpath(os.path.join(root, n), model_dir): os.path.getsize(os.path.join(root, n))
+        for root, _, names in os.walk(model_dir)
+        for n in names
+    }
+    return model_dir, files
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_fails_to_read_for_another_reason_stops_the_run_and_nothing_is_removed(
+    data_dir, tmp_path
+):
+    """Only a checkpoint proven incomplete is removed; a read error that proves nothing (here the
+    file system's Unavailable, in the real `od-dist train` process) ends the run in one line
+    naming the checkpoint and the error, exit 1, with every file of the model_dir in place."""
+    from loopback import PIPELINE, site_hook, tiny
+
+    model_dir, files = unnamed_beside_named(tmp_path)
+    env = {"PYTHONPATH": site_hook(tmp_path, UNAVAILABLE_READ) + os.pathsep + ROOT}
+    r = od_dist("train", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), env=env)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("od-dist: ")]
+    assert str(model_dir / "ckpt-20") in line and "UnavailableError: Stale file handle" in line, line
+    assert "nothing in the model_dir was removed" in line, line
+    assert "removed" not in r.stdout and "resuming" not in r.stdout, r.stdout[-2000:]
+    after = {
+        os.path.relpath(os.path.join(root, n), model_dir): os.path.getsize(os.path.join(root, n))
+        for root, _, names in os.walk(model_dir)
+        for n in names
+    }
+    assert {f: size for f, size in after.items() if not f.startswith("logs")} == files
+
+
+def test_a_folder_where_a_shard_should_be_stops_tidying_before_anything_is_removed(tmp_path):
+    from od_dist.job import trainer
+
+    model_dir, files = unnamed_beside_named(tmp_path)
+    shard = model_dir / "ckpt-20.data-00000-of-00001"
+    shard.rename(tmp_path / "shard")
+    shard.mkdir()
+    with pytest.raises(
+        trainer.TrainerError, match=r"ckpt-20.*Is a directory.*nothing in the model_dir was removed"
+    ):
+        trainer.tidy_checkpoints(str(model_dir))
+    assert shard.is_dir() and (model_dir / "ckpt-20.index").is_file()
+    assert (model_dir / "ckpt-15_temp").is_dir() and (model_dir / "checkpoint.tempstate2207").is_file()
+
+
 # ----- 7: transient faults exit with a retryable code -------------------------------------------
 
 
@@ -510,7 +600,8 @@ def test_an_interrupted_replacement_leaves_the_old_dataset_whole(tmp_path, monke
     images, annotations = make_labelimg(tmp_path / "my_data", ["cat", "dog"], count=6)
     out = str(tmp_path / "data")
     voc.convert(images, annotations, out, val_fraction=0.5)
-    (tmp_path / "data" / "notes.txt").write_text("mine")  # not the dataset's: kept
+    # A folder of nothing but the dataset is swapped whole. (With the user's files in it too, each
+    # file is renamed in on its own: the folder is never moved from under them.)
 
     def contents():
         return {n: open(os.path.join(out, n), "rb").read() for n in sorted(os.listdir(out))}
@@ -536,6 +627,7 @@ def test_an_interrupted_replacement_leaves_the_old_dataset_whole(tmp_path, monke
     monkeypatch.undo()
     assert contents() == before
     assert sorted(os.listdir(tmp_path)) == ["data", "my_data"]  # no staging or old folder left
+    (tmp_path / "data" / "notes.txt").write_text("mine")  # not the dataset's: kept
     voc.convert(images, annotations, out, val_fraction=0.2, seed=7)
     after = contents()
     assert after != before and after["notes.txt"] == b"mine"

@@ -3,6 +3,7 @@ exports, reports) either carries a hostile value exactly or refuses it with one 
 no command injects a line, reads a file from outside its input, overwrites a user's file or prints a
 Python traceback. Fast: validation and writer tests, no training."""
 
+import hashlib
 import os
 import re
 import subprocess
@@ -13,11 +14,12 @@ import mslex
 import powershell
 import pytest
 import yaml
-from loopback import ROOT
+from loopback import ROOT, od_dist, site_hook
 
 from od_dist import cli
 from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster import validate
+from od_dist.data import records
 from od_dist.render import quote, scripts
 
 # Strings that end a line, start a command or a key, or change meaning in at least one target.
@@ -384,10 +386,112 @@ def test_scripts_out_replaces_its_own_files_only(tmp_path, capsys):
     assert not (out / "README.md").is_symlink() and "small.yaml" in (out / "README.md").read_text()
     written = ["README.md"] + [f"{t}-0.{s}" for t in ("master", "worker") for s in ("sh", "cmd", "ps1")]
     assert sorted(os.listdir(out)) == sorted([*written, "notes.txt", scripts.MANIFEST])
-    assert scripts.written_before(str(out)) == {*written, scripts.MANIFEST}
+    listed = records.written_before(str(out))
+    assert sorted(listed) == sorted(written)
+    for name in written:  # each with the digest of what is there: `sha256sum -c` passes
+        assert listed[name] == {hashlib.sha256((out / name).read_bytes()).hexdigest()}
+    assert os.access(out / "master-0.sh", os.X_OK) and not os.access(out / "master-0.cmd", os.X_OK)
     assert not any(name.startswith(".") for name in os.listdir(tmp_path))  # no staging folder left
+    assert not any("partial" in name for name in os.listdir(out))  # no temporary file left
     code, _, err = scripts_into(capsys, small, victim)
     assert one_line_refusal(code, err) and "not a directory" in err
+
+
+def test_scripts_out_never_deletes_or_replaces_a_changed_file(tmp_path, capsys):
+    """A script of an earlier run that someone edited is the user's now: where this run writes the
+    same name it is refused (nothing written); where this run writes none it is kept, said in one
+    line. Unchanged ones of the earlier run go."""
+    out = tmp_path / "out"
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}))
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump({"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"]}))
+    assert scripts_into(capsys, big, out)[0] == 0
+    (out / "master-0.sh").write_text((out / "master-0.sh").read_text() + "# my change\n")
+    before = {n: (out / n).read_bytes() for n in os.listdir(out)}
+    code, _, err = scripts_into(capsys, small, out)
+    assert len(one_line_refusal(code, err)) == 1 and "master-0.sh" in err and "changed since" in err, err
+    assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before
+    (out / "master-0.sh").write_bytes(before["master-0.sh"].replace(b"# my change\n", b""))
+    (out / "worker-1.cmd").write_bytes(b"@echo my own\r\n")
+    code, _, err = scripts_into(capsys, small, out)
+    assert code == 0, err
+    assert "kept worker-1.cmd in" in err and len(err.strip().splitlines()) == 1, err
+    assert (out / "worker-1.cmd").read_bytes() == b"@echo my own\r\n"
+    assert not (out / "worker-1.sh").exists() and not (out / "worker-1.ps1").exists()
+    assert "worker-1.cmd" not in records.written_before(str(out))  # the user's from now on
+    assert scripts_into(capsys, small, out)[0] == 0 and (out / "worker-1.cmd").exists()
+
+
+# Written into --out by another program (a trainer's checkpoint) while od-dist replaces its output:
+# at od-dist's first rename in the folder.
+WRITER_MEANWHILE = """
+import os
+OUT = os.environ["MEANWHILE_OUT"]
+
+def _around(real):
+    def move(src, dst, *a, **k):
+        if OUT in (os.path.dirname(os.path.abspath(dst)), os.path.abspath(src)) and not os.environ.get("DONE"):
+            os.environ["DONE"] = "1"
+            with open(os.path.join(OUT, "ckpt-7.index"), "w") as f:
+                f.write("a checkpoint written meanwhile")
+        return real(src, dst, *a, **k)
+    return move
+
+os.rename, os.replace = _around(os.rename), _around(os.replace)
+"""
+
+
+@pytest.mark.parametrize(
+    "command,earlier",
+    [
+        ("scripts", "only od-dist's output"),
+        ("scripts", "the user's files too"),
+        ("data voc", "only od-dist's output"),
+    ],
+)
+def test_out_keeps_what_is_written_into_it_meanwhile(command, earlier, tmp_path):
+    """A file another program writes into --out while od-dist replaces its output there stays:
+    whether od-dist swaps a folder of its own output whole or renames each file in."""
+    out = tmp_path / "out"
+    if command == "scripts":
+        args = ["scripts", f"--cluster={ROOT}/clusters/lan-example.yaml", "--pipeline=p", "--model_dir=m"]
+    else:
+        images, ann, _ = voc_folder(tmp_path)
+        args = ["data", "voc", f"--images={images}", f"--annotations={ann}", "--val_fraction=0"]
+    first = od_dist(*args, f"--out={out}")
+    assert first.returncode == 0, first.stderr
+    if earlier != "only od-dist's output":
+        (out / "notes.txt").write_text("mine")
+    env = {"MEANWHILE_OUT": str(out), "PYTHONPATH": site_hook(tmp_path, WRITER_MEANWHILE) + os.pathsep + ROOT}
+    r = od_dist(*args, f"--out={out}", env=env)
+    assert r.returncode == 0, r.stderr
+    assert (out / "ckpt-7.index").read_text() == "a checkpoint written meanwhile"
+    assert earlier == "only od-dist's output" or (out / "notes.txt").read_text() == "mine"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # nothing left beside it
+
+
+@pytest.mark.parametrize("command", ["scripts", "data voc"])
+def test_out_dot_writes_into_the_working_directory_and_keeps_the_rest(command, tmp_path):
+    """`--out .`: the working directory is never moved or copied; its other files stay."""
+    work = tmp_path / "work"
+    (work / "runs" / "a").mkdir(parents=True)
+    (work / "runs" / "a" / "ckpt-5.index").write_text("a checkpoint")
+    (work / "notes.txt").write_text("mine")
+    if command == "scripts":
+        args = ["scripts", f"--cluster={ROOT}/clusters/lan-example.yaml", "--pipeline=p", "--model_dir=m"]
+        wrote = "master-0.cmd"
+    else:
+        images, ann, _ = voc_folder(tmp_path)
+        args = ["data", "voc", f"--images={images}", f"--annotations={ann}", "--val_fraction=0"]
+        wrote = "label_map.pbtxt"
+    for _ in range(2):  # a new output, then one replacing it
+        r = od_dist(*args, "--out=.", cwd=str(work), env={"PYTHONPATH": ROOT})
+        assert r.returncode == 0, r.stderr
+        assert (work / wrote).is_file()
+        assert (work / "runs" / "a" / "ckpt-5.index").read_text() == "a checkpoint"
+        assert (work / "notes.txt").read_text() == "mine"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # nothing moved or staged beside it
 
 
 def test_scripts_out_refuses_a_folder_with_files_it_did_not_write(tmp_path, capsys):
@@ -412,9 +516,9 @@ def test_scripts_out_refuses_a_folder_with_files_it_did_not_write(tmp_path, caps
     assert (out / "od-dist-node.sh").read_text() == "#!/bin/sh\n"
 
 
-def test_out_with_a_mount_point_inside_is_refused(tmp_path, capsys):
-    """A mount point inside --out would be copied into the new output and then emptied with the
-    old folder: refused before anything is written, for scripts, the converters and export alike."""
+def test_a_mount_point_in_out_is_left_as_it_is(tmp_path, capsys):
+    """A mount point in --out, or --out itself one: the output is written into it file by file,
+    never by moving or copying the folder; what is on the other file system stays."""
     out = tmp_path / "out"
     (out / "mnt").mkdir(parents=True)
     r = subprocess.run(
@@ -424,25 +528,17 @@ def test_out_with_a_mount_point_inside_is_refused(tmp_path, capsys):
         pytest.skip(f"needs root to mount a tmpfs ({r.stderr.decode().strip()})")
     try:
         (out / "mnt" / "data.bin").write_text("on another file system")
-        code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
-        assert len(one_line_refusal(code, err)) == 1 and "mount point" in err and str(out / "mnt") in err, err
         images, ann, _ = voc_folder(tmp_path)
-        code, _, err = data_voc(capsys, images, ann, out)
-        assert one_line_refusal(code, err) and "mount point" in err, err
-        from od_dist.model import export
-        from od_dist.model.pipeline import load_pipeline
-
-        tiny_checkpoint(str(tmp_path / "run"))
-        params = load_pipeline(DEMO, "task.train_data.input_path=/nonexistent/x-*.tfrecord")
-        (out / "saved_model.pb").write_text("an earlier export")
-        with pytest.raises(export.ExportError, match="mount point"):
-            export.export(params, str(tmp_path / "run"), str(out))
-        (out / "saved_model.pb").unlink()
-        assert (out / "mnt" / "data.bin").read_text() == "on another file system"
-        assert sorted(os.listdir(out)) == ["mnt"]
-        code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out / "mnt")
-        assert one_line_refusal(code, err) and "a mount point" in err, err
-    finally:  # wherever it is now: a replacing --out without the check moves it aside
+        for where in (out, out / "mnt"):
+            for _ in range(2):  # a new output, then one replacing it
+                code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), where)
+                assert code == 0, err
+                code, _, err = data_voc(capsys, images, ann, where)
+                assert code == 0, err
+            assert (where / "master-0.cmd").is_file() and (where / "label_map.pbtxt").is_file()
+            assert (out / "mnt" / "data.bin").read_text() == "on another file system"
+            assert os.path.ismount(out / "mnt")
+    finally:  # wherever it is now: a replacing --out that moved it
         with open("/proc/mounts") as f:
             for point in [line.split()[1] for line in f if line.split()[1].startswith(str(tmp_path))]:
                 subprocess.run(["umount", point], capture_output=True)
@@ -684,6 +780,38 @@ def test_export_replaces_only_what_export_wrote(tmp_path, monkeypatch):
     assert os.listdir(out / "variables") == ["variables.index"]
     assert (out / "README.txt").read_text() == "the user's notes"
     assert not [p for p in os.listdir(tmp_path) if "partial" in p]
+
+
+def test_export_keeps_what_is_written_into_its_out_meanwhile(tmp_path, monkeypatch):
+    """An earlier export alone in --out is swapped whole; a file another program writes into the
+    folder as it is moved aside is moved back, never deleted with the old export."""
+    from official.vision.serving import export_saved_model_lib
+
+    from od_dist.model import export
+    from od_dist.model.pipeline import load_pipeline
+
+    def fake_export(export_dir, **_):
+        with open(os.path.join(export_dir, "saved_model.pb"), "w") as f:
+            f.write("new")
+
+    monkeypatch.setattr(export_saved_model_lib, "export_inference_graph", fake_export)
+    tiny_checkpoint(str(tmp_path / "run"))
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "saved_model.pb").write_text("old")
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if src == str(out) and not (out / "notes.txt").exists():
+            (out / "notes.txt").write_text("written meanwhile")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    params = load_pipeline(DEMO, "task.train_data.input_path=/nonexistent/x-*.tfrecord")
+    export.export(params, str(tmp_path / "run"), str(out))
+    assert (out / "notes.txt").read_text() == "written meanwhile"
+    assert (out / "saved_model.pb").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["exported", "run"]
 
 
 def test_report_out_folder_is_refused_and_leaves_nothing(tmp_path, capsys):

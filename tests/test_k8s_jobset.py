@@ -393,3 +393,113 @@ def test_train_args_stand_for_every_task_of_a_role():
         k8s.kubernetes_literal("--params_override=a: $(TF_CONFIG) $$")
         == "--params_override=a: $$(TF_CONFIG) $$$$"
     )
+
+
+# ----- the image and the README's steps around the manifest -----------------------------------------
+
+
+def dockerfile():
+    """The repository's Dockerfile as (instruction, argument) pairs, continuation lines joined."""
+    text = open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8").read().replace("\\\n", " ")
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith("#")]
+    return [tuple(x.split(None, 1)) for x in lines]
+
+
+def test_the_dockerfile_installs_od_dist_as_the_readme_set_up_does(tmp_path):
+    """docker cannot run here: what can be checked without it is. The image installs with the set-up
+    command of README *Set up*, from files it copies that exist, are sent to the build and suffice
+    to build the package (built here from those files alone); `od-dist` is on the pods' PATH; the
+    demo's data is written where the demo pipeline's relative paths point, under the WORKDIR."""
+    import fnmatch
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    steps = dockerfile()
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    demo = readme.split("## Set up", 1)[1].split("```bash\n", 1)[1].split("\n", 1)[0]
+    install = " && ".join(demo.split(" && ")[:2])
+    assert install == "python3 -m venv .venv && .venv/bin/pip install -e ."
+    assert ("RUN", install) in steps
+    (workdir,) = [arg for op, arg in steps if op == "WORKDIR"]
+    assert [arg for op, arg in steps if op == "ENV" and f"PATH={workdir}/.venv/bin:$PATH" in arg.split()]
+    with open(os.path.join(ROOT, ".dockerignore"), encoding="utf-8") as f:
+        ignored = [x.strip() for x in f if x.strip() and not x.startswith("#")]
+    context = tmp_path / "context"
+    before_install = steps[: steps.index(("RUN", install))]
+    for op, arg in steps:
+        if op != "COPY":
+            continue
+        *sources, target = arg.split()
+        for source in sources:
+            assert os.path.exists(os.path.join(ROOT, source)), source
+            assert not any(fnmatch.fnmatch(source.rstrip("/"), pattern) for pattern in ignored), source
+            if (op, arg) in before_install:  # what the install sees, where the image has it
+                src, dest = os.path.join(ROOT, source), context / target
+                if os.path.isdir(src):
+                    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    dest.mkdir(parents=True, exist_ok=True)  # the Dockerfile's targets are folders
+                    shutil.copy(src, dest)
+    wheels = tmp_path / "wheels"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(context),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (wheel,) = os.listdir(wheels)
+    names = zipfile.ZipFile(wheels / wheel).namelist()
+    package = sorted(
+        os.path.relpath(os.path.join(root, n), ROOT)
+        for root, _, files in os.walk(os.path.join(ROOT, "od_dist"))
+        for n in files
+        if n.endswith(".py")
+    )
+    assert sorted(n for n in names if n.startswith("od_dist/") and n.endswith(".py")) == package
+    # The demo's data: `od-dist data shapes` (its default --out) where the demo pipeline reads it.
+    assert ("RUN", "od-dist data shapes") in steps
+    fv = flags.FlagValues()
+    cli.define_shapes_flags(fv)
+    with open(os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml"), encoding="utf-8") as f:
+        pipeline = yaml.safe_load(f)
+    for split in ("train_data", "validation_data"):
+        path = pipeline["task"][split]["input_path"]
+        assert not os.path.isabs(path) and os.path.dirname(path) == fv["out"].default, path
+    assert ("COPY", "pipelines/ pipelines/") in steps
+
+
+def test_the_readme_installs_the_jobset_release_the_tests_check_against(capsys):
+    """The controller's install command is the release of the CRD in tests/crd/; the names the
+    steps after `kubectl apply` use are the ones od-dist writes."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = readme.split("## On Kubernetes", 1)[1].split("\n## ", 1)[0]
+    version = os.path.basename(jobset_schema.CRD).split(".v", 1)[1].split(".yaml")[0]
+    command = (
+        "kubectl apply --server-side -f "
+        f"https://github.com/kubernetes-sigs/jobset/releases/download/v{version}/manifests.yaml"
+    )
+    assert command in section
+    _, doc = write(capsys, LAN)
+    name = doc["metadata"]["name"]
+    assert f"kubectl get jobset {name}" in section
+    assert f"job/{name}-master-0" in section and f"job/{name}-evaluator-0" in section
+    (claim,) = {
+        v["persistentVolumeClaim"]["claimName"]
+        for rj in doc["spec"]["replicatedJobs"]
+        for v in rj["template"]["spec"]["template"]["spec"]["volumes"]
+    }
+    assert f'"claimName": "{claim}"' in section and "--model_dir=/mnt/od-dist/runs/lan" in section
+    assert "docker build -t registry.example/od-dist:0.1 ." in section

@@ -644,6 +644,7 @@ def test_checked_in_lan_example_is_current(tmp_path):
         "--model_dir=runs/lan",
         "--out=scripts/lan-example",
         cwd=tmp_path,
+        env={"PYTHONPATH": ROOT},  # this checkout's od_dist, whichever one is installed
     )
     assert r.returncode == 0, r.stderr
     fresh, checked_in = tmp_path / "scripts" / "lan-example", os.path.join(ROOT, "scripts", "lan-example")

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import struct
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -677,18 +678,55 @@ class Tidied:
     named: str | None = None  # the latest one the state file named before
 
 
-def _complete(prefix: str) -> bool:
-    """Its index reads and every tensor it lists reads back from the data shards (missing,
-    truncated or damaged ones fail here), which is what a restore will need."""
+# The last 8 bytes of every TensorFlow table, as a checkpoint's index is (lib/io/format.h): an
+# index written only in part, or not an index at all, lacks them.
+_TABLE_MAGIC = struct.pack("<Q", 0xDB4775248B80FB57)
+
+
+def _complete(prefix: str, names: set[str]) -> bool:
+    """True when the checkpoint at `prefix` reads back whole: its index, and every tensor it lists
+    from the data shards (which is what a restore will need). False only when it is proven
+    incomplete: no index among `names` (the folder's listing), an index that is not a checkpoint
+    index (a save stopped while writing it), a data shard the folder does not hold, or one cut
+    short. Any other error (permissions, a network file system's, a folder where a file should be)
+    proves nothing: TrainerError naming the file, and nothing is removed."""
     import tensorflow as tf
 
+    stem = os.path.basename(prefix)
+    if stem + ".index" not in names:
+        return False
+    try:
+        with tf.io.gfile.GFile(prefix + ".index", "rb") as f:
+            index = f.read()
+    except tf.errors.OpError as e:
+        raise _unreadable(prefix + ".index", e) from None
+    if len(index) < 48 or not index.endswith(_TABLE_MAGIC):  # 48: a table's footer
+        return False
+    shards = [re.fullmatch(re.escape(stem) + r"\.data-(\d+)-of-(\d+)", n) for n in names]
+    shards = [(int(m.group(1)), int(m.group(2))) for m in shards if m]
+    if not any(set(range(n)) <= {i for i, k in shards if k == n} for _, n in shards):
+        return False  # every save writes shards 0..n-1 of n (n >= 1): no such whole set here
     try:
         reader = tf.train.load_checkpoint(prefix)
         for name in reader.get_variable_to_shape_map():
             reader.get_tensor(name)
-    except (tf.errors.OpError, ValueError, IndexError):  # IndexError: a data shard cut short
+    except IndexError:  # the reader met the end of a data shard before a tensor's last byte
         return False
+    except (tf.errors.OpError, ValueError) as e:
+        missing = re.search(r"(\S+); No such file or directory", str(e))
+        if missing and os.path.basename(missing.group(1)) not in names:
+            return False  # a shard the index names (of another count) that the folder does not hold
+        raise _unreadable(prefix + ".data-*", e) from None
     return True
+
+
+def _unreadable(path: str, error: Exception) -> TrainerError:
+    message = (getattr(error, "message", None) or str(error)).strip().splitlines()
+    return TrainerError(
+        f"checkpoint file {path}: {type(error).__name__}: {message[0] if message else ''}; cannot tell "
+        "whether that checkpoint is complete, so nothing in the model_dir was removed: fix the access "
+        "to it (or move it out of the model_dir) and start again"
+    )
 
 
 def tidy_checkpoints(model_dir: str) -> Tidied:
@@ -701,8 +739,10 @@ def tidy_checkpoints(model_dir: str) -> Tidied:
 
     - temporary shards and ``*.tempstate*`` files are leftovers of a save that did not finish:
       removed;
-    - a ``ckpt-N`` the state file does not name is removed only when it is incomplete (no index,
-      an index that does not read, a data shard missing or cut short);
+    - a ``ckpt-N`` the state file does not name is removed only when it is proven incomplete (no
+      index, an index that is not a checkpoint index, a data shard missing or cut short: see
+      `_complete`); one that fails to read for another reason (permissions, a network file
+      system) stops the run in one line (TrainerError) before anything at all is removed;
     - a complete one it does not name (a save killed after its last byte and before the state file
       named it, or a checkpoint a user copied in to resume from) is never removed: the newest of
       them, when newer than every named one, is named the latest and the run resumes from it;
@@ -727,23 +767,26 @@ def tidy_checkpoints(model_dir: str) -> Tidied:
         int(m.group(2)) for m in (_CHECKPOINT_FILE.match(os.path.basename(p) + ".index") for p in named) if m
     }
     groups: dict[int, list[str]] = {}
-    for name in sorted(tf.io.gfile.listdir(model_dir)):
-        name = name.rstrip("/")
+    names = {name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)}
+    leftovers = []
+    for name in sorted(names):
         path = os.path.join(model_dir, name)
         m = _CHECKPOINT_FILE.match(name)
         if ".tempstate" in name or (m and m.group(3) == "_temp"):
-            _remove(path)
-            done.removed.append(path)
+            leftovers.append(path)
         elif m and readable and int(m.group(2)) not in named_steps:
             groups.setdefault(int(m.group(2)), []).append(path)
-    complete = {}
-    for step, paths in sorted(groups.items()):
-        if _complete(os.path.join(model_dir, f"ckpt-{step}")):
-            complete[step] = paths
-            continue
-        for path in paths:
-            _remove(path)
-            done.removed.append(path)
+    # Every checkpoint judged before anything is removed: one that cannot be judged stops it all.
+    complete = {
+        step: paths
+        for step, paths in sorted(groups.items())
+        if _complete(os.path.join(model_dir, f"ckpt-{step}"), names)
+    }
+    for path in leftovers + [
+        p for step, paths in sorted(groups.items()) if step not in complete for p in paths
+    ]:
+        _remove(path)
+        done.removed.append(path)
     newest = max(complete, default=-1)
     if complete and newest > max(named_steps, default=-1):
         prefix = os.path.join(model_dir, f"ckpt-{newest}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
+import sys
 from dataclasses import dataclass
 
 from od_dist.cluster import commandline, duties
@@ -465,31 +465,13 @@ def render_readme(
 RENDERERS = {".sh": render_sh, ".cmd": render_cmd, ".ps1": render_ps1}
 
 
-# The names `write_scripts` can write. Only those an earlier run listed in MANIFEST are replaced:
-# a README.md or a script of the user's own in --out is never ours by its name alone.
-OWNED = re.compile(r"((master|worker|ps|evaluator)-\d+\.(sh|cmd|ps1)|README\.md)")
-MANIFEST = ".od-dist-written"
-_MANIFEST_HEAD = (
-    "# The files `od-dist scripts` wrote here; running it again replaces these, and nothing else.\n"
-)
+MANIFEST = records.MANIFEST  # lists what a run wrote into --out
 
 
-def written_before(out_dir: str) -> set[str]:
-    """The names the manifest in `out_dir` lists (and the manifest itself): what an earlier run wrote."""
-    try:
-        with open(os.path.join(out_dir, MANIFEST), encoding="utf-8") as f:
-            listed = {line.strip() for line in f if not line.startswith("#")}
-    except (OSError, ValueError):  # none, or not a manifest: nothing there is known to be ours
-        return set()
-    return {MANIFEST} | {n for n in listed if OWNED.fullmatch(n)}
-
-
-def write_file(path: str, text: str, suffix: str) -> None:
-    encoding = "utf-8-sig" if suffix == ".ps1" else "utf-8"
-    with open(path, "x", encoding=encoding, newline="") as f:
-        f.write(text)
-    if suffix == ".sh":
-        os.chmod(path, 0o755)
+def encoded(name: str, text: str) -> tuple[bytes, int]:
+    """A script's bytes (PowerShell 5.1 reads UTF-8 only with a BOM) and its mode."""
+    suffix = os.path.splitext(name)[1]
+    return text.encode("utf-8-sig" if suffix == ".ps1" else "utf-8"), 0o777 if suffix == ".sh" else 0o666
 
 
 def write_scripts(
@@ -501,11 +483,10 @@ def write_scripts(
     wait_timeout: int,
     max_restarts: int = 0,
 ) -> list[str]:
-    """Writes every task's scripts, README.md and the MANIFEST of them into out_dir; returns the
-    paths of the scripts and README.md. They are written into a fresh folder first and moved in as
-    the converters' datasets are: the files an earlier run listed in its manifest are replaced (the
-    scripts of an earlier cluster go; a symlink is replaced, never written through), other files
-    stay, and a file of the user's where a new one would go is refused (DatasetError)."""
+    """Writes every task's scripts and README.md into out_dir as `records.write_owned` does (each
+    file atomically; only files an earlier run wrote and nobody changed since are replaced or, when
+    this run does not write them, removed; nothing else there is touched); returns their paths.
+    Scripts of an earlier run that were changed since are kept, said in one line."""
     items = launches(cluster, cluster_path, passed_on)
     rendered = [
         (f, RENDERERS[os.path.splitext(f)[1]](launch.on(os_name)))
@@ -516,15 +497,12 @@ def write_scripts(
     rendered.append(
         ("README.md", render_readme(cluster, cluster_path, items, command, wait_timeout, max_restarts))
     )
-    rendered.append((MANIFEST, _MANIFEST_HEAD + "".join(f"{name}\n" for name, _ in rendered)))
     out_dir = os.path.normpath(out_dir)
-    records.check_replaceable(out_dir)
-    ours = written_before(out_dir)
-    staging = records.staging_dir(out_dir)
-    try:
-        for name, text in rendered:
-            write_file(os.path.join(staging, name), text, os.path.splitext(name)[1])
-        records.move_into_place(staging, out_dir, ours.__contains__)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return [os.path.join(out_dir, name) for name, _ in rendered[:-1]]
+    kept = records.write_owned(out_dir, {name: encoded(name, text) for name, text in rendered})
+    if kept:
+        print(
+            f"kept {', '.join(kept)} in {out_dir}: an earlier run's, not written now and changed since "
+            "(or written before od-dist kept digests); delete them if no machine runs them",
+            file=sys.stderr,
+        )
+    return [os.path.join(out_dir, name) for name, _ in rendered]
