@@ -41,6 +41,11 @@ VALUES = [
     'quote"inside',
     'back\\"slash',
     "\\\\server\\share\\x y",
+    "\\\\server\\share\\",
+    "C:\\",
+    "C:\\Program Files (x86)\\od dist\\",
+    "C:\\a&b\\%PATH%\\c^d!e\\x y.yaml",
+    "//server/share/x y",
     "%PATH%",
     "%%",
     "%~dp0",
@@ -66,6 +71,8 @@ PASSED = [
     "--params_override=trainer.train_steps=2000; x: '%~dp0' \"q\"",
     "--num_clones=2",
     "--noclone_on_cpu",
+    "--model_dir=\\\\server\\share\\runs\\a b\\",  # Windows forms: a share, a drive, a trailing \\
+    "--pipeline=C:\\od dist (x86)\\p&q%PATH%.yaml",
     *VALUES,
     "--wait_timeout=301",
 ]  # ends in a 1, as `echo %*> file` would show
@@ -170,9 +177,11 @@ def make_tree(base):
 
 
 def make_cluster(tree):
+    """Linux and Windows machines with every kind of settings; 10.0.0.2 (Linux) and 10.0.0.5
+    (Windows) hold a ps and a worker each: one script, one `od-dist train` without --role."""
     doc = {
         "strategy": "parameter_server",
-        "ps": ["10.0.0.1:2222"],
+        "ps": ["10.0.0.1:2222", "10.0.0.2:2223", "10.0.0.5:2223"],
         "worker": ["10.0.0.2:2222", "10.0.0.3:2222", "10.0.0.5:2222"],
         "master": "10.0.0.4:2222",
         "evaluator": "10.0.0.6",
@@ -204,6 +213,14 @@ def install_sh(path):
     path.chmod(0o755)
 
 
+def train_head(launch):
+    """The start of a machine's `train` command: its one task's --role/--index, else no role at all
+    (od-dist starts every entry of the machine)."""
+    (task, *more) = launch.tasks
+    where = [] if more else [f"--role={task.role}", f"--index={task.index}"]
+    return ["train", f"--cluster={launch.cluster_path}", *where, *PASSED][:4]
+
+
 def test_sh_scripts_pass_exact_arguments(tmp_path):
     tree = make_tree(tmp_path)
     (tree["venv"] / "bin").mkdir()
@@ -233,12 +250,7 @@ def test_sh_scripts_pass_exact_arguments(tmp_path):
         assert r.returncode == 7, r.stderr  # od-dist's exit status is the script's
         cwd, venv, pythonhome, *args = record.read_bytes().decode().split("\0")[:-1]
         assert args == list(launch.args), launch.stem
-        assert args[args.index("train") :][:4] == [
-            "train",
-            f"--cluster={CLUSTER_PATH}",
-            f"--role={launch.task.role}",
-            f"--index={launch.task.index}",
-        ]
+        assert args[args.index("train") :][:4] == train_head(launch)
         assert cwd == str(launch.settings.workdir or tree["run"])
         if launch.settings.venv:
             assert (venv, pythonhome) == (launch.settings.venv, "<unset>")
@@ -292,9 +304,12 @@ def test_cmd_scripts_survive_batch_parsing(tmp_path):
         lines = text.split("\r\n")
         assert lines[0] == "@echo off" and "setlocal EnableExtensions DisableDelayedExpansion" in lines
         assert lines.index("chcp 65001 >nul 2>&1") < min(i for i, x in enumerate(lines) if not x.isascii())
-        # call would expand % a second time (`(call )` only clears ERRORLEVEL)
-        assert not any(x.lower().startswith("call ") for x in lines)
-        (run,) = [x for x in lines if "train" in x and not x.startswith("rem")]
+        # call would expand % a second time (`(call )` only clears ERRORLEVEL); the one `call` puts the
+        # script's own path into a search-and-replace of cmd's command line, never a value of the job
+        assert [x for x in lines if x.lower().startswith("call ")] == [
+            'call set "OD_DIST_REST=%%OD_DIST_LINE:%OD_DIST_SELF%=%%"'
+        ]
+        (run,) = [x for x in lines if " train " in x and not x.startswith("rem")]
         parsed = mslex.split(cmd_batch_line(run), like_cmd=False)
         assert parsed[0] == launch.program and parsed[1:] == list(launch.args)
 
@@ -436,7 +451,7 @@ def test_wine_harness_catches_broken_quoting(wine, tmp_path, monkeypatch):
     tree = make_tree(tmp_path)
     shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
     cluster = make_cluster(tree)
-    (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.task.role == "evaluator"]
+    (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.tasks[0].role == "evaluator"]
     real = quote.cmd_escape
     monkeypatch.setattr(quote, "cmd_escape", lambda text: real(text).replace("%%", "%"))
     (tmp_path / "broken.cmd").write_bytes(scripts.render_cmd(launch).encode())
@@ -493,7 +508,7 @@ def test_firewall_rules():
 def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     r = od_dist(
         "scripts",
-        f"--cluster={LAN}",
+        "--cluster=clusters/lan-example.yaml",  # relative: the Windows master reads it too
         "--pipeline=pipelines/shapes_retinanet.yaml",
         "--model_dir=runs/lan",
         f"--out={tmp_path}",
@@ -510,23 +525,42 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
         "worker-0.sh",
         "worker-1.sh",
     ]
+    assert r.stdout.startswith("wrote 6 scripts for 5 machines and README.md")
     readme = (tmp_path / "README.md").read_text()
     assert "Any order" in readme and "(120 s here)" in readme
-    assert "| 192.168.1.108 | windows | master 0 |" in readme
+    assert (
+        "| 192.168.1.108 | windows | master 0 | `master-0.cmd` or `powershell -ExecutionPolicy Bypass "
+        "-File master-0.ps1` | 2223 | `C:\\TFWS\\od-dist` | venv `C:\\TFWS\\venv` |"
+    ) in readme
+    assert "| 192.168.1.120 | linux | evaluator 0 | `bash evaluator-0.sh` | none |" in readme
     # The Windows master's port is open to the servers, which probe it; nothing else on Windows.
     assert readme.count("New-NetFirewallRule") == 1
     assert (
         "New-NetFirewallRule -DisplayName 'od-dist master 0' -Direction Inbound -Protocol TCP -LocalPort 2223 "
         "-RemoteAddress '192.168.1.116','192.168.1.109','192.168.1.111','192.168.1.120' -Action Allow"
     ) in readme
-    assert "### 192.168.1.116: ps 0, port 2224" in readme
-    assert "No inbound port: evaluator 0 (192.168.1.120)." in readme
+    windows = readme.split("### 192.168.1.108 (master 0): port 2223")[1]
+    assert windows.index("Windows: one of these, in an Administrator shell.") < windows.index(
+        "PowerShell:"
+    ) < windows.index("New-NetFirewallRule") < windows.index("Or cmd:") < windows.index("netsh")
+    assert "### 192.168.1.116 (ps 0): port 2224" in readme
+    assert "Linux: one of these, with sudo." in readme
+    assert "No inbound port: 192.168.1.120 (evaluator 0)." in readme
+    # Where the records must be, and the line that checks a machine for them.
+    assert (
+        "The pipeline's records (its input files) must be on every trainer machine (192.168.1.109, "
+        "192.168.1.111, 192.168.1.108, 192.168.1.120; a ps reads none)"
+    ) in readme
+    assert (
+        "    od-dist doctor --cluster=clusters/lan-example.yaml --pipeline=pipelines/shapes_retinanet.yaml "
+        "--model_dir=runs/lan\n"
+    ) in readme
 
 
 def test_num_clones_only_for_the_roles_that_run_replicas():
     lan = cluster_mod.load(LAN)
     args = {
-        x.task.name: x.args for x in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])
+        x.tasks[0].name: x.args for x in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])
     }
     assert "--num_clones=2" in args["worker:0"] and "--num_clones=2" in args["worker:1"]
     for name in ("ps:0", "master:0", "evaluator:0"):  # parameter_server: no replicas there
@@ -563,7 +597,7 @@ def test_machines_of_unknown_os_get_all_three_scripts(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     assert "| 10.0.0.1 | not declared | master 0 |" in readme
     # Its firewall lines for both systems.
-    master = readme.split("### 10.0.0.1: master 0")[1].split("###")[0]
+    master = readme.split("### 10.0.0.1 (master 0): port 2222")[1].split("###")[0]
     assert "sudo ufw allow" in master and "New-NetFirewallRule" in master
 
 
@@ -581,7 +615,7 @@ def test_home_in_paths(tmp_path):
     (launch,) = [
         x
         for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"])
-        if x.task.role == "master"
+        if x.tasks[0].role == "master"
     ]
     script = tmp_path / "master-0.sh"
     script.write_text(scripts.render_sh(launch))
@@ -611,7 +645,7 @@ def test_ps1_python_with_powershell_metacharacters():
         "hosts": {"10.0.0.1": {"os": "windows", "python": python}},
     }
     (launch,) = [
-        x for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", []) if x.task.role == "master"
+        x for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", []) if x.tasks[0].role == "master"
     ]
     code = [line for line in scripts.render_ps1(launch).split("\r\n") if line and not line.startswith("#")]
     seen = []
