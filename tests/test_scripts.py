@@ -12,14 +12,17 @@
   mslex, as for cmd.
 """
 
+import dataclasses
 import os
 import shutil
 import stat
 import subprocess
+import time
 
 import mslex
 import powershell
 import pytest
+import yaml
 from loopback import ROOT, od_dist
 
 from od_dist.cluster import spec as cluster_mod
@@ -459,6 +462,191 @@ def test_wine_harness_catches_broken_quoting(wine, tmp_path, monkeypatch):
     assert argv[1:] != list(launch.args)
 
 
+# How Windows starts a .cmd: from a console, cmd runs it in the console's own process, whose command
+# line (%CMDCMDLINE%) does not name it; a double-click (Explorer, like any program that starts the
+# file itself) runs `cmd.exe /c ""<full path>" "`. Wine's cmd has no CMDCMDLINE of its own; an
+# environment variable of that name stands in for it, as it overrides the dynamic one on Windows.
+CONSOLE = '"C:\\WINDOWS\\system32\\cmd.exe"'
+PAUSED = "Press a key to close this window."
+
+
+def double_click(script):
+    return f'C:\\WINDOWS\\system32\\cmd.exe /c ""{win(script)}" "'
+
+
+def start_cmd_script(wine, script, tree, record, cmdcmdline, exit_code, out):
+    """The script under Wine with its input open (a `pause` waits for it) and its output in `out`."""
+    env = {"WINEPATH": win(tree["bin"]), "OD_DIST_RECORD": win(record), "OD_DIST_RECORD_EXIT": exit_code}
+    if cmdcmdline is not None:
+        env["CMDCMDLINE"] = cmdcmdline
+    with open(out, "wb") as f:
+        return subprocess.Popen(  # by its name in its folder: Wine's cmd /c splits a path at `&`
+            ["wine", "cmd", "/c", script.name],
+            env=dict(wine.env, **env),
+            cwd=script.parent,
+            stdin=subprocess.PIPE,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+
+
+@pytest.mark.slow
+def test_a_double_clicked_cmd_keeps_its_window_open_after_a_failure(wine, tmp_path):
+    """Started from a console, the .cmd returns at once whatever the exit; started by a double-click,
+    it returns at once after success and waits for a key after a failure (od-dist's or its own), so
+    the window, which closes with it, still shows the last line. Its own path holds characters that
+    cmd would parse (the check reads cmd's command line inside quotes)."""
+    tree = make_tree(tmp_path)
+    shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
+    cluster = make_cluster(tree)
+    (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.tasks[0].role == "evaluator"]
+    folder = tmp_path / "s a&b(1) !x 'é;,="
+    folder.mkdir()
+    script = folder / f"{launch.stem}.cmd"
+    script.write_bytes(scripts.render_cmd(launch).encode())
+    gone = dataclasses.replace(
+        launch, settings=dataclasses.replace(launch.settings, workdir=win(tmp_path / "gone"))
+    )
+    lost = folder / "lost.cmd"
+    lost.write_bytes(scripts.render_cmd(gone).encode())
+    record, out = tmp_path / "record", tmp_path / "out"
+    for cmdcmdline, code in [(None, "7"), (CONSOLE, "7"), (double_click(script), "0")]:
+        proc = start_cmd_script(wine, script, tree, record, cmdcmdline, code, out)
+        try:
+            assert proc.wait(timeout=60) == int(code), out.read_bytes()  # at once, its input still open
+        finally:
+            proc.kill()
+        assert PAUSED.encode() not in out.read_bytes()
+    for started, code in [(script, "7"), (lost, "0")]:
+        record.unlink(missing_ok=True)
+        proc = start_cmd_script(wine, started, tree, record, double_click(started), code, out)
+        try:
+            deadline = time.monotonic() + 60
+            while (
+                PAUSED.encode() not in out.read_bytes()
+                and proc.poll() is None
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.2)
+            text = out.read_bytes().decode("utf-8", "replace")
+            assert (
+                f"od-dist: exit status {7 if started == script else 1}, see the lines above. {PAUSED}" in text
+            )
+            with pytest.raises(subprocess.TimeoutExpired):  # it waits for the key
+                proc.wait(timeout=2)
+            proc.stdin.write(b"\r\n")
+            proc.stdin.close()
+            assert proc.wait(timeout=60) == (7 if started == script else 1)
+        finally:
+            proc.kill()
+        assert record.exists() == (started == script)  # od-dist never ran where the folder is missing
+    assert "cannot change to the working directory" in text
+
+
+@pytest.mark.slow
+def test_one_script_per_machine_with_a_ps_on_each_windows_worker_machine(wine, tmp_path):
+    """parameter_server on 3 machines, a ps and a worker on each of the two Windows ones: one .cmd
+    and one .ps1 per Windows machine, each running the one `od-dist train` of its machine (no
+    --role: od-dist starts both entries there); a README row per machine."""
+    tree = make_tree(tmp_path)
+    (tree["venv"] / "Scripts").mkdir()
+    shutil.copy(wine.stand_in, tree["venv"] / "Scripts" / "od-dist.exe")
+    shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
+    doc = {
+        "master": "10.0.0.1:2222",
+        "worker": ["10.0.0.2:2222", "10.0.0.3:2222"],
+        "ps": ["10.0.0.2:2223", "10.0.0.3:2223"],
+        "hosts": {
+            "10.0.0.1": {"os": "linux"},
+            "10.0.0.2": {"os": "windows", "venv": win(tree["venv"]), "workdir": win(tree["work"])},
+            "10.0.0.3": {"os": "windows"},
+        },
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc, allow_unicode=True), encoding="utf-8")
+    flags = ["--pipeline=C:\\od dist\\p.yaml", "--model_dir=\\\\server\\share\\runs\\a b\\", "--num_clones=2"]
+    r = od_dist("scripts", "--cluster=c.yaml", *flags, "--out=out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == [
+        scripts.MANIFEST,
+        "README.md",
+        "master-0.sh",
+        "ps-0_worker-0.cmd",
+        "ps-0_worker-0.ps1",
+        "ps-1_worker-1.cmd",
+        "ps-1_worker-1.ps1",
+    ]
+    one = ["train", "--cluster=c.yaml", *flags, "--max_restarts=3"]
+    record = tmp_path / "record"
+    for stem, workdir in (("ps-0_worker-0", win(tree["work"])), ("ps-1_worker-1", win(tree["run"]))):
+        r, argv, cwd, _ = run_cmd_script(wine, out / f"{stem}.cmd", tree, record)
+        assert r.returncode == 0 and argv[1:] == one, stem
+        assert cwd.rstrip("\\") == workdir
+        assert len(record.read_bytes().decode("utf-16-le").split("\n")) == 4  # one command: 3 lines + ""
+        (line,) = [
+            x
+            for x in (out / f"{stem}.ps1").read_bytes().decode("utf-8-sig").split("\r\n")
+            if x.startswith("$arguments = ")
+        ]
+        assert mslex.split(powershell.unquote(line[len("$arguments = ") :])[0], like_cmd=False) == one
+    readme = (out / "README.md").read_text()
+    rows = [x for x in readme.split("\n") if x.startswith("| 10.0.0.")]
+    assert rows == [
+        f"| 10.0.0.2 | windows | ps 0 and worker 0 | `ps-0_worker-0.cmd` or `powershell -ExecutionPolicy Bypass "
+        f"-File ps-0_worker-0.ps1` | 2223, 2222 | `{win(tree['work'])}` | venv `{win(tree['venv'])}` |",
+        "| 10.0.0.3 | windows | ps 1 and worker 1 | `ps-1_worker-1.cmd` or `powershell -ExecutionPolicy Bypass "
+        "-File ps-1_worker-1.ps1` | 2223, 2222 | where you run it | `od-dist` on PATH |",
+        "| 10.0.0.1 | linux | master 0 | `bash master-0.sh` | 2222 | where you run it | `od-dist` on PATH |",
+    ]
+    machine = readme.split("### 10.0.0.2 (ps 0 and worker 0): ports 2223, 2222")[1].split("###")[0]
+    assert "- TCP port 2223 (ps 0) from 10.0.0.1, 10.0.0.3 (master:0, worker:1)." in machine
+    assert "- TCP port 2222 (worker 0) from 10.0.0.1 (master:0)." in machine  # its ps is local
+    assert machine.count("New-NetFirewallRule") == 2 and machine.count("netsh") == 2
+    assert "sudo" not in machine
+
+
+def test_absolute_linux_paths_for_a_windows_machine_are_refused(tmp_path):
+    """The cluster file, pipeline and model_dir of a Windows machine (and its hosts paths) must not be
+    absolute Linux paths: one line naming the machine, exit 2, nothing written."""
+    (tmp_path / "clusters").mkdir()
+    shutil.copy(LAN, tmp_path / "clusters")  # its master, 192.168.1.108, runs Windows
+    base = ["scripts", "--pipeline=pipelines/p.yaml", "--model_dir=runs/lan", "--out=out"]
+    for args, flag in [
+        ([f"--cluster={tmp_path / 'clusters' / 'lan-example.yaml'}"], "--cluster"),
+        (["--cluster=clusters/lan-example.yaml", "--model_dir=/srv/runs"], "--model_dir"),
+        (["--cluster=clusters/lan-example.yaml", "--pipeline=/srv/p.yaml"], "--pipeline"),
+    ]:
+        r = od_dist(*base, *args, cwd=tmp_path)
+        assert r.returncode == 2, r.stdout + r.stderr
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"od-dist scripts: {flag}: '/"), line
+        assert (
+            "': an absolute Linux path, and 192.168.1.108 (master 0) runs Windows; pass a path relative "
+            in line
+        )
+        assert not (tmp_path / "out").exists()
+    doc = cluster_mod.from_document(
+        {
+            "master": "10.0.0.1:2222",
+            "worker": ["10.0.0.2:2222"],
+            "hosts": {"10.0.0.1": {"os": "windows", "workdir": "/opt/od"}},
+        }
+    )
+    with pytest.raises(
+        scripts.ScriptError,
+        match=r"hosts.10.0.0.1.workdir: '/opt/od': an absolute Linux path, and 10.0.0.1 \(master 0\) runs Windows; write it as a Windows path",
+    ):
+        scripts.launches(doc, "c.yaml", [])
+    # Windows forms, and a share written with slashes, are taken.
+    for model_dir in ("C:\\runs", "\\\\server\\share\\runs", "//server/share/runs", "runs/lan"):
+        (launch,) = [
+            x
+            for x in scripts.launches(cluster_mod.load(LAN), "c.yaml", [f"--model_dir={model_dir}"])
+            if x.windows
+        ]
+        assert f"--model_dir={model_dir}" in launch.args
+
+
 # ----- README, firewall, CLI ------------------------------------------------------------------
 
 
@@ -540,9 +728,13 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
         "-RemoteAddress '192.168.1.116','192.168.1.109','192.168.1.111','192.168.1.120' -Action Allow"
     ) in readme
     windows = readme.split("### 192.168.1.108 (master 0): port 2223")[1]
-    assert windows.index("Windows: one of these, in an Administrator shell.") < windows.index(
-        "PowerShell:"
-    ) < windows.index("New-NetFirewallRule") < windows.index("Or cmd:") < windows.index("netsh")
+    assert (
+        windows.index("Windows: one of these, in an Administrator shell.")
+        < windows.index("PowerShell:")
+        < windows.index("New-NetFirewallRule")
+        < windows.index("Or cmd:")
+        < windows.index("netsh")
+    )
     assert "### 192.168.1.116 (ps 0): port 2224" in readme
     assert "Linux: one of these, with sudo." in readme
     assert "No inbound port: 192.168.1.120 (evaluator 0)." in readme
@@ -560,7 +752,8 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
 def test_num_clones_only_for_the_roles_that_run_replicas():
     lan = cluster_mod.load(LAN)
     args = {
-        x.tasks[0].name: x.args for x in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])
+        x.tasks[0].name: x.args
+        for x in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])
     }
     assert "--num_clones=2" in args["worker:0"] and "--num_clones=2" in args["worker:1"]
     for name in ("ps:0", "master:0", "evaluator:0"):  # parameter_server: no replicas there
@@ -645,7 +838,9 @@ def test_ps1_python_with_powershell_metacharacters():
         "hosts": {"10.0.0.1": {"os": "windows", "python": python}},
     }
     (launch,) = [
-        x for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", []) if x.tasks[0].role == "master"
+        x
+        for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", [])
+        if x.tasks[0].role == "master"
     ]
     code = [line for line in scripts.render_ps1(launch).split("\r\n") if line and not line.startswith("#")]
     seen = []
