@@ -399,7 +399,9 @@ def test_scripts_out_refuses_a_folder_with_files_it_did_not_write(tmp_path, caps
     guide.write_bytes(open(os.path.join(ROOT, "scripts", "README.md"), "rb").read())
     before = guide.read_bytes()
     (out / "od-dist-node.sh").write_text("#!/bin/sh\n")
-    code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
+    # Relative: its master runs Windows, which cannot read an absolute Linux path.
+    lan = os.path.relpath(os.path.join(ROOT, "clusters", "lan-example.yaml"))
+    code, _, err = scripts_into(capsys, lan, out)
     assert len(one_line_refusal(code, err)) == 1 and "README.md" in err and "not written by od-dist" in err, (
         err
     )
@@ -407,7 +409,7 @@ def test_scripts_out_refuses_a_folder_with_files_it_did_not_write(tmp_path, caps
     # A manifest that lists a file no run writes does not make it od-dist's either.
     (out / scripts.MANIFEST).write_text("README.md\nod-dist-node.sh\n")
     (out / "README.md").unlink()
-    code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
+    code, _, err = scripts_into(capsys, lan, out)
     assert code == 0, err
     assert (out / "od-dist-node.sh").read_text() == "#!/bin/sh\n"
 
@@ -424,7 +426,9 @@ def test_out_with_a_mount_point_inside_is_refused(tmp_path, capsys):
         pytest.skip(f"needs root to mount a tmpfs ({r.stderr.decode().strip()})")
     try:
         (out / "mnt" / "data.bin").write_text("on another file system")
-        code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
+        code, _, err = scripts_into(
+            capsys, os.path.relpath(os.path.join(ROOT, "clusters", "lan-example.yaml")), out
+        )
         assert len(one_line_refusal(code, err)) == 1 and "mount point" in err and str(out / "mnt") in err, err
         images, ann, _ = voc_folder(tmp_path)
         code, _, err = data_voc(capsys, images, ann, out)
@@ -440,7 +444,9 @@ def test_out_with_a_mount_point_inside_is_refused(tmp_path, capsys):
         (out / "saved_model.pb").unlink()
         assert (out / "mnt" / "data.bin").read_text() == "on another file system"
         assert sorted(os.listdir(out)) == ["mnt"]
-        code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out / "mnt")
+        code, _, err = scripts_into(
+            capsys, os.path.relpath(os.path.join(ROOT, "clusters", "lan-example.yaml")), out / "mnt"
+        )
         assert one_line_refusal(code, err) and "a mount point" in err, err
     finally:  # wherever it is now: a replacing --out without the check moves it aside
         with open("/proc/mounts") as f:

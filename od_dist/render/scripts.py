@@ -470,7 +470,9 @@ def render_readme(
     max_restarts: int = 0,
 ) -> str:
     rules = inbound_rules(cluster)
-    rules_of = {x.host: [r for r in rules if r.task in x.tasks] for x in items}
+    rules_of: dict[str, list[InboundRule]] = {x.host: [] for x in items}
+    for rule in rules:
+        rules_of[rule.task.address.host].append(rule)
     md = [
         f"# Launch scripts for {quote.md(cluster_path)}",
         "",
