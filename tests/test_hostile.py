@@ -190,10 +190,11 @@ def write_scripts(capsys, tmp_path, value, where):
     if where in flags:
         flags[where] = value
     out = folder / "out"
+    path = os.path.relpath(path)  # relative: 10.0.0.2 runs Windows, which cannot read an absolute Linux path
     code, _, err = run_cli(
         capsys, "scripts", f"--cluster={path}", *(f"--{k}={v}" for k, v in flags.items()), f"--out={out}"
     )
-    return code, err, out, str(path), flags
+    return code, err, out, path, flags
 
 
 def read_all(folder):
@@ -236,7 +237,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
                 r = subprocess.run(["bash", "-n", str(out / f)], capture_output=True, timeout=10)
                 assert r.returncode == 0, r.stderr
         flag_args = [f"--{k}={v}" for k, v in flags.items()] + ["--max_restarts=3"]
-        master = ["train", f"--cluster={cluster_path}", "--role=master", "--index=0", *flag_args]
+        master = ["train", f"--cluster={cluster_path}", *flag_args]  # with ps 0: no --role, both run
         worker = ["train", f"--cluster={cluster_path}", "--role=worker", "--index=0", *flag_args]
         if where == "python":
             worker = ["-m", "od_dist", *worker]
@@ -247,7 +248,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
         (arguments,) = [x for x in files["worker-0.ps1"] if x.startswith("$arguments = ")]
         assert mslex.split(powershell.literal(arguments[len("$arguments = ") :]), like_cmd=False) == worker
         if where == "workdir":
-            (cd,) = [x for x in files["master-0.sh"] if x.startswith("cd -- ")]
+            (cd,) = [x for x in files["ps-0_master-0.sh"] if x.startswith("cd -- ")]
             assert bash_words(cd[len("cd -- ") :]) == [text]
             continue
         if where in ("venv", "python"):
@@ -259,7 +260,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
             continue
         record = tmp_path / "record"
         env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OD_DIST_RECORD=str(record))
-        r = subprocess.run(["bash", str(out / "master-0.sh")], env=env, capture_output=True, timeout=30)
+        r = subprocess.run(["bash", str(out / "ps-0_master-0.sh")], env=env, capture_output=True, timeout=30)
         assert r.returncode == 0, r.stderr
         assert record.read_bytes().decode().split("\0")[:-1] == master
 
