@@ -511,7 +511,7 @@ def _run_role(run, *args) -> int:
 
 @command(
     "train",
-    "Run this machine's task: ps, master (chief), worker or evaluator; or train on one machine.",
+    "Run this machine's task (or tasks) of the cluster, or train on one machine.",
     """
 Joins the cluster as --role/--index, or without them as the entry of the cluster file that is this
 machine, and runs that task. The same flags work for every role, so one command line serves every
