@@ -532,7 +532,7 @@ def render_readme(
         f"    {quote.check(doctor)}",
         "",
         "It names what would stop the job there: records that are missing, a model_dir it cannot "
-        "write, a peer's port that a firewall drops, versions that differ.",
+        "write, a peer's port that a firewall drops, a TensorFlow or Model Garden other than od-dist's.",
         "",
         "A `.cmd` started by a double-click keeps its window open when od-dist fails, so that its "
         "last line can be read; started from a console, it returns at once.",
