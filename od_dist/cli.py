@@ -11,7 +11,7 @@ import difflib
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from absl import flags
@@ -356,7 +356,9 @@ def check_task_args(cluster, task, cluster_path: str, args: list[str], files_her
     return train_config_of(fv, config.TaskConfig(cluster, task, cluster_path, ""), files_here)
 
 
-def select_task(fv: flags.FlagValues, require_task: bool = True, allow_none: bool = False):
+def select_task(
+    fv: flags.FlagValues, require_task: bool = True, allow_none: bool = False, several: bool = False
+):
     from od_dist.job import config
 
     return config.select(
@@ -366,6 +368,7 @@ def select_task(fv: flags.FlagValues, require_task: bool = True, allow_none: boo
         fv.allow_public_addresses,
         require_task=require_task,
         allow_none=allow_none,
+        several=several,
     )
 
 
@@ -376,10 +379,11 @@ def _summary(selected) -> str:
     c = selected.cluster
     lines = [f"{selected.source}: valid, strategy {c.strategy}, num_clones {c.num_clones}"]
     for t in c.tasks():
-        mark = "  <- this machine" if selected.task == t else ""
+        mark = "  <- this machine" if selected.task == t or t in selected.here else ""
         extra = " (runs no server)" if t.role == "evaluator" else ""
         lines.append(f"  {t.name:<12} {str(t.address):<28}{extra}{mark}")
-    lines.append(f"this machine: {selected.task.name + ', ' if selected.task else ''}{selected.machine_note}")
+    names = ", ".join(t.name for t in ((selected.task,) if selected.task else selected.here))
+    lines.append(f"this machine: {names + ', ' if names else ''}{selected.machine_note}")
     return "\n".join(lines)
 
 
@@ -398,7 +402,7 @@ Example:
     define_task_flags,
 )
 def cmd_validate(fv) -> int:
-    print(_summary(select_task(fv, require_task=False)))
+    print(_summary(select_task(fv, require_task=False, several=True)))
     return exit_codes.OK
 
 
@@ -517,30 +521,38 @@ def _run_role(run, *args) -> int:
 
 @command(
     "train",
-    "Run this machine's task: ps, master (chief), worker or evaluator; or train on one machine.",
+    "Run this machine's task (or tasks) of the cluster, or train on one machine.",
     """
-Joins the cluster as --role/--index (inferred from this machine's address when omitted) and runs
-that task. The same flags work for every role, so one launch line serves every machine:
+Joins the cluster as --role/--index, or without them as the entry of the cluster file that is this
+machine, and runs that task. The same flags work for every role, so one command line serves every
+machine:
   ps, and workers under parameter_server: serve until the master finishes, then exit 0;
   master: wait for its peers (--wait_timeout), train, write checkpoints to --model_dir;
   workers under multi_worker_mirrored: train alongside the master (all-reduce);
   evaluator: evaluate each new checkpoint, exit after the final one.
-Without --cluster (and TF_CONFIG): train on this machine over --num_clones devices.
+A machine that holds several entries (a ps with its worker, a worker with the evaluator; every
+task of a loopback cluster) runs them all when --role is left out: each as a child under one
+supervisor, as `od-dist launch` does (prefixed lines, a log per task in <model_dir>/logs/, the
+same restarts; Ctrl+C stops them all, exit 130; exit 0 when the master finished). A machine the
+file does not list is refused. Without --cluster (and TF_CONFIG): train on this machine over
+--num_clones devices.
 
 Examples:
+  od-dist train --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan                                 # this machine's entries, found by its address
   od-dist train --cluster clusters/lan-example.yaml --role ps --index 0
-  od-dist train --cluster clusters/lan-example.yaml --role master \\
-      --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/lan
   od-dist train --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/one --num_clones 2 --clone_on_cpu
 With --max_restarts N the task runs as a child that is restarted (up to N times, 2 s backoff,
 doubling) when it is lost (a retryable exit: lost peer, signal), so a job whose machines each run
-their generated script heals itself; the default 0 runs it in this process, as an orchestrator
-(Kubernetes) that restarts pods itself expects.
+their generated script heals itself; the default 0 runs a single task in this process, as an
+orchestrator (Kubernetes) that restarts pods itself expects.
 """,
     lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0)),
 )
 def cmd_train(fv) -> int:
-    selected = select_task(fv, allow_none=True)
+    selected = select_task(fv, allow_none=True, several=True)
+    if selected.here:  # several entries are this machine: all of them, as launch starts them
+        return run_here(fv, selected.cluster, selected.here, "train")
     # From here on the task is known. A TF_CONFIG left in the environment would be read by parts of
     # TensorFlow on their own, and an orchestrator's lists the evaluator, which hangs a
     # parameter-server coordinator; every strategy here is built from the validated cluster instead.
@@ -651,7 +663,7 @@ Example:
 )
 def cmd_launch(fv) -> int:
     from od_dist.cluster import hostinfo
-    from od_dist.job import config, launch
+    from od_dist.job import config
 
     if fv.role is not None or fv.index is not None:
         raise UsageError(
@@ -668,12 +680,21 @@ def cmd_launch(fv) -> int:
             f"--cluster: '{fv.cluster}': no task of this cluster is on this machine; "
             "run launch on the machines the file lists"
         )
+    return run_here(fv, cluster, tasks, "launch", unchecked)
+
+
+def run_here(fv: flags.FlagValues, cluster, tasks, who: str, unchecked: Sequence[str] = ()) -> int:
+    """Runs `tasks` (entries of this machine) as children under one supervisor, each with the train
+    flags given: `launch`, and `train` without --role on a machine that holds several entries.
+    What each task will be started with is checked first (exit 2 before any starts)."""
+    from od_dist.job import config, launch
+
     # Check what every task will be started with now, rather than have each child fail on its own.
     args = {task: commandline.train_args(passed_on_args(fv), cluster, task, fv.cluster) for task in tasks}
     configs = [check_task_args(cluster, task, fv.cluster, args[task]) for task in tasks]
     if not fv.model_dir:
         raise UsageError("--model_dir: '': required (logs go to <model_dir>/logs); pass --model_dir=...")
-    config.warn(unchecked)
+    config.warn(list(unchecked))
     if any(not c.is_server for c in configs):
         # As `train` does, but once and before any task starts: a bad pipeline is exit 2, not a
         # job whose servers start and whose master then fails.
@@ -689,7 +710,7 @@ def cmd_launch(fv) -> int:
         if code == exit_codes.INVALID:
             raise UsageError(problem)
         if code:
-            print(f"od-dist launch: {problem}", file=sys.stderr)
+            print(f"od-dist {who}: {problem}", file=sys.stderr)
             return exit_codes.FAILED
     lead = cluster.lead_task()
     return launch.run(
@@ -701,6 +722,7 @@ def cmd_launch(fv) -> int:
         fv.grace_period,
         lead=lead.name if lead in tasks else None,
         eval_command=eval_command(fv),
+        who=who,
     )
 
 
@@ -1324,14 +1346,21 @@ def define_scripts_flags(fv: flags.FlagValues) -> None:
 
 @command(
     "scripts",
-    "Write a launch script per task (bash / cmd / PowerShell) and a README for the machines.",
+    "Write a launch script per machine (bash / cmd / PowerShell) and a README for the machines.",
     """
-Writes, for every task of the cluster, <out>/<role>-<index>.sh when its host is Linux, .cmd and
-.ps1 when it is Windows, all three when its os is not declared (the cluster file's hosts:
-settings), plus <out>/README.md: which machine runs which script, that the order does not
-matter, and the firewall lines (inbound port, from which peers). Each script changes to the host's workdir, activates its venv (or runs
-its python -m od_dist) and runs `od-dist train` with the task's --role/--index, --cluster and the
-given train flags, quoted for its shell (spaces, &, %, ^, !, quotes and non-ASCII arrive intact).
+Writes, for every machine of the cluster, one script named after its tasks (<role>-<index>.sh,
+ps-0_worker-0.sh for a machine holding two): .sh when its host is Linux, .cmd and .ps1 when it is
+Windows, all three when its os is not declared (the cluster file's hosts: settings), plus
+<out>/README.md: which machine runs which script and which tasks, the ports each machine opens to
+which peers (firewall lines), that the pipeline's records must be on every trainer machine, the
+`od-dist doctor` line that checks a machine, and that the order does not matter. Each script changes
+to the host's workdir, activates its venv (or runs its python -m od_dist) and runs one
+`od-dist train` with --cluster and the given train flags: with the task's --role/--index, or, on a
+machine of several tasks, without them, so that it starts them all under one supervisor. Values are
+quoted for each shell (spaces, &, %, ^, !, quotes, non-ASCII and Windows paths such as C:\\... and
+\\\\server\\share\\... arrive intact); an absolute Linux path (--cluster, --pipeline, --model_dir)
+for a Windows machine is refused (exit 2). A .cmd started by a double-click keeps its window open
+after a failure.
 
 Example:
   od-dist scripts --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
@@ -1358,7 +1387,8 @@ def cmd_scripts(fv) -> int:
         )
     except (scripts.ScriptError, records.DatasetError) as e:
         raise UsageError(str(e)) from None
-    print(f"wrote {len(written) - 1} scripts for {len(cluster.tasks())} tasks and README.md to {fv.out}")
+    machines = len({t.address.host for t in cluster.tasks()})
+    print(f"wrote {len(written) - 1} scripts for {machines} machines and README.md to {fv.out}")
     return exit_codes.OK
 
 

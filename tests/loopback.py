@@ -59,13 +59,14 @@ def site_hook(tmp_path, source):
 
 def od_dist(*args, cwd=ROOT, timeout=180, env=None):
     """`python -m od_dist ARGS` run to its end as a user runs it (without TF_CONFIG; `env` added):
-    its CompletedProcess, output as text."""
+    its CompletedProcess, output as text. This checkout's od_dist, in any working directory and
+    whichever checkout is installed."""
     return subprocess.run(
         [sys.executable, "-m", "od_dist", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=clean_env(**(env or {})),
+        env=clean_env(**{"PYTHONPATH": python_path(ROOT), **(env or {})}),
         timeout=timeout,
     )
 

@@ -226,6 +226,26 @@ def test_launch_picks_every_task_of_this_machine_in_a_lan_cluster(tmp_path):
     assert r.returncode == 2 and "no task of this cluster is on this machine" in r.stderr
 
 
+def test_train_without_role_runs_every_entry_of_this_machine(tmp_path):
+    """A machine that holds several entries (every one of a loopback cluster): `train` without --role
+    takes them all, as launch does, checking the flags each will get before any starts; validate
+    names them; tf-config, which prints one task's, still needs --role."""
+    ip = own_private_ip()
+    path = write(tmp_path, f"master: {ip}:2222\nworker: [{ip}:2223]\nps: [{ip}:2224]\n")
+    for cluster in (path, "clusters/local.yaml"):
+        r = od_dist("train", "--cluster", cluster, "--model_dir", str(tmp_path / "m"))
+        assert r.returncode == 2, r.stderr
+        assert "--pipeline: '': required for the master role" in r.stderr
+        assert "several entries" not in r.stderr and "pass --role" not in r.stderr
+    r = od_dist("validate", "--cluster", path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("<- this machine") == 3
+    assert r.stdout.splitlines()[-1].startswith("this machine: ps:0, worker:0, master:0, inferred from")
+    assert r.stdout.rstrip().endswith("`od-dist train` without --role starts them all")
+    r = od_dist("tf-config", "--cluster", path)
+    assert r.returncode == 2 and "several entries are this machine: ps:0, worker:0, master:0" in r.stderr
+
+
 def test_role_without_a_cluster_is_an_error(tmp_path):
     """Without --cluster and TF_CONFIG, a role would silently train alone into the job's model_dir."""
     for role in (["--role", "worker", "--index", "1"], ["--role", "master"]):

@@ -194,8 +194,8 @@ def test_entry_of_a_machine_with_several_tasks_or_none():
     here = ThisMachine(frozenset({"box"}), frozenset({"10.0.0.1"}))
     checks, mine = doctor.check_entry(c, None, None, here)
     assert [str(x) for x in checks] == [
-        "ok    this machine: runs worker:0, master:0: start each with --role/--index, "
-        "or all with od-dist launch"
+        "ok    this machine: runs worker:0, master:0: `od-dist train` without --role starts them all "
+        "(or each with --role/--index)"
     ]
     assert [t.name for t in mine] == ["worker:0", "master:0"]
     checks, mine = doctor.check_entry(c, "worker", 0, here)

@@ -6,6 +6,7 @@ Python traceback. Fast: validation and writer tests, no training."""
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -192,10 +193,11 @@ def write_scripts(capsys, tmp_path, value, where):
     if where in flags:
         flags[where] = value
     out = folder / "out"
+    path = os.path.relpath(path)  # relative: 10.0.0.2 runs Windows, which cannot read an absolute Linux path
     code, _, err = run_cli(
         capsys, "scripts", f"--cluster={path}", *(f"--{k}={v}" for k, v in flags.items()), f"--out={out}"
     )
-    return code, err, out, str(path), flags
+    return code, err, out, path, flags
 
 
 def read_all(folder):
@@ -238,7 +240,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
                 r = subprocess.run(["bash", "-n", str(out / f)], capture_output=True, timeout=10)
                 assert r.returncode == 0, r.stderr
         flag_args = [f"--{k}={v}" for k, v in flags.items()] + ["--max_restarts=3"]
-        master = ["train", f"--cluster={cluster_path}", "--role=master", "--index=0", *flag_args]
+        master = ["train", f"--cluster={cluster_path}", *flag_args]  # with ps 0: no --role, both run
         worker = ["train", f"--cluster={cluster_path}", "--role=worker", "--index=0", *flag_args]
         if where == "python":
             worker = ["-m", "od_dist", *worker]
@@ -249,7 +251,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
         (arguments,) = [x for x in files["worker-0.ps1"] if x.startswith("$arguments = ")]
         assert mslex.split(powershell.literal(arguments[len("$arguments = ") :]), like_cmd=False) == worker
         if where == "workdir":
-            (cd,) = [x for x in files["master-0.sh"] if x.startswith("cd -- ")]
+            (cd,) = [x for x in files["ps-0_master-0.sh"] if x.startswith("cd -- ")]
             assert bash_words(cd[len("cd -- ") :]) == [text]
             continue
         if where in ("venv", "python"):
@@ -261,7 +263,7 @@ def test_every_script_writer_carries_or_refuses_hostile_values(where, tmp_path, 
             continue
         record = tmp_path / "record"
         env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OD_DIST_RECORD=str(record))
-        r = subprocess.run(["bash", str(out / "master-0.sh")], env=env, capture_output=True, timeout=30)
+        r = subprocess.run(["bash", str(out / "ps-0_master-0.sh")], env=env, capture_output=True, timeout=30)
         assert r.returncode == 0, r.stderr
         assert record.read_bytes().decode().split("\0")[:-1] == master
 
@@ -454,8 +456,8 @@ def test_out_keeps_what_is_written_into_it_meanwhile(command, earlier, tmp_path)
     """A file another program writes into --out while od-dist replaces its output there stays:
     whether od-dist swaps a folder of its own output whole or renames each file in."""
     out = tmp_path / "out"
-    if command == "scripts":
-        args = ["scripts", f"--cluster={ROOT}/clusters/lan-example.yaml", "--pipeline=p", "--model_dir=m"]
+    if command == "scripts":  # relative: the file's master runs Windows (od_dist runs in ROOT)
+        args = ["scripts", "--cluster=clusters/lan-example.yaml", "--pipeline=p", "--model_dir=m"]
     else:
         images, ann, _ = voc_folder(tmp_path)
         args = ["data", "voc", f"--images={images}", f"--annotations={ann}", "--val_fraction=0"]
@@ -478,15 +480,17 @@ def test_out_dot_writes_into_the_working_directory_and_keeps_the_rest(command, t
     (work / "runs" / "a").mkdir(parents=True)
     (work / "runs" / "a" / "ckpt-5.index").write_text("a checkpoint")
     (work / "notes.txt").write_text("mine")
-    if command == "scripts":
-        args = ["scripts", f"--cluster={ROOT}/clusters/lan-example.yaml", "--pipeline=p", "--model_dir=m"]
+    if command == "scripts":  # relative: the file's master runs Windows
+        (work / "clusters").mkdir()
+        shutil.copy(os.path.join(ROOT, "clusters", "lan-example.yaml"), work / "clusters")
+        args = ["scripts", "--cluster=clusters/lan-example.yaml", "--pipeline=p", "--model_dir=m"]
         wrote = "master-0.cmd"
     else:
         images, ann, _ = voc_folder(tmp_path)
         args = ["data", "voc", f"--images={images}", f"--annotations={ann}", "--val_fraction=0"]
         wrote = "label_map.pbtxt"
     for _ in range(2):  # a new output, then one replacing it
-        r = od_dist(*args, "--out=.", cwd=str(work), env={"PYTHONPATH": ROOT})
+        r = od_dist(*args, "--out=.", cwd=str(work))
         assert r.returncode == 0, r.stderr
         assert (work / wrote).is_file()
         assert (work / "runs" / "a" / "ckpt-5.index").read_text() == "a checkpoint"
@@ -503,7 +507,9 @@ def test_scripts_out_refuses_a_folder_with_files_it_did_not_write(tmp_path, caps
     guide.write_bytes(open(os.path.join(ROOT, "scripts", "README.md"), "rb").read())
     before = guide.read_bytes()
     (out / "od-dist-node.sh").write_text("#!/bin/sh\n")
-    code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
+    # Relative: its master runs Windows, which cannot read an absolute Linux path.
+    lan = os.path.relpath(os.path.join(ROOT, "clusters", "lan-example.yaml"))
+    code, _, err = scripts_into(capsys, lan, out)
     assert len(one_line_refusal(code, err)) == 1 and "README.md" in err and "not written by od-dist" in err, (
         err
     )
@@ -511,7 +517,7 @@ def test_scripts_out_refuses_a_folder_with_files_it_did_not_write(tmp_path, caps
     # A manifest that lists a file no run writes does not make it od-dist's either.
     (out / scripts.MANIFEST).write_text("README.md\nod-dist-node.sh\n")
     (out / "README.md").unlink()
-    code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), out)
+    code, _, err = scripts_into(capsys, lan, out)
     assert code == 0, err
     assert (out / "od-dist-node.sh").read_text() == "#!/bin/sh\n"
 
@@ -531,7 +537,9 @@ def test_a_mount_point_in_out_is_left_as_it_is(tmp_path, capsys):
         images, ann, _ = voc_folder(tmp_path)
         for where in (out, out / "mnt"):
             for _ in range(2):  # a new output, then one replacing it
-                code, _, err = scripts_into(capsys, os.path.join(ROOT, "clusters", "lan-example.yaml"), where)
+                code, _, err = scripts_into(
+                    capsys, os.path.relpath(os.path.join(ROOT, "clusters", "lan-example.yaml")), where
+                )
                 assert code == 0, err
                 code, _, err = data_voc(capsys, images, ann, where)
                 assert code == 0, err

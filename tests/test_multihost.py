@@ -358,13 +358,20 @@ class Job:
 
 
 @pytest.mark.slow
-def test_the_same_train_line_on_two_machines_trains_a_multi_worker_mirrored_pair(
+def test_the_same_train_line_on_three_machines_trains_with_a_ps_on_each_worker_machine(
     tmp_path, machines, data_dir
 ):
-    """The same `od-dist train` line on each machine, no --role: each finds its own entry in the
-    cluster file and the pair trains in sync to the final step."""
-    net = machines(2)
-    cluster = job_cluster(tmp_path, net, {0: "master", 1: "worker"})
+    """The same `od-dist train` line on each machine, no --role: the master's machine finds its one
+    entry and trains in its own process; each worker machine holds a ps and a worker and starts both
+    under one supervisor, as launch does. The job trains to the final step and every machine's
+    od-dist exits 0."""
+    net = machines(3)
+    workers = [f"{net[i].ip}:{PORT}" for i in (1, 2)]
+    servers = [f"{net[i].ip}:{PORT + 1}" for i in (1, 2)]
+    cluster = write_cluster(
+        tmp_path,
+        f"master: {net[0].ip}:{PORT}\nworker: [{', '.join(workers)}]\nps: [{', '.join(servers)}]\n",
+    )
     train = [
         sys.executable,
         "-m",
@@ -376,18 +383,21 @@ def test_the_same_train_line_on_two_machines_trains_a_multi_worker_mirrored_pair
         "--params_override=" + TINY.format(steps=10, data=data_dir),
         "--wait_timeout=120",
     ]
-    job = Job(tmp_path, {"master:0": (net[0], train), "worker:0": (net[1], train)}, cwd=str(tmp_path))
+    job = Job(tmp_path, {"master:0": (net[0], train), "node2": (net[1], train), "node3": (net[2], train)})
     try:
         codes = job.wait(list(job.procs), timeout=480)
     finally:
         job.kill()
     out = job.all_output()
-    assert codes == {"master:0": 0, "worker:0": 0}, out
-    for name in ("master:0", "worker:0"):
-        assert f"{name}: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in job.output(
-            name
-        ), out
+    assert codes == {"master:0": 0, "node2": 0, "node3": 0}, out
+    assert "master:0: training with ParameterServerStrategy" in job.output("master:0"), out
     assert re.search(r"od-dist train \| step 10/10 ", job.output("master:0")), out
+    for i, machine in enumerate(("node2", "node3")):
+        text = job.output(machine)
+        assert f"od-dist train: starting ps:{i}, worker:{i}; logs in " in text, out
+        assert f"[ps:{i}] ps:{i} serving on {servers[i]}\n" in text, out
+        assert f"[worker:{i}] worker:{i} serving on {workers[i]}\n" in text, out
+        assert text.rstrip().endswith("od-dist train: every task finished"), out
     assert checkpoint_step(str(tmp_path / "model")) == 10
 
 

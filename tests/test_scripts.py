@@ -12,14 +12,17 @@
   mslex, as for cmd.
 """
 
+import dataclasses
 import os
 import shutil
 import stat
 import subprocess
+import time
 
 import mslex
 import powershell
 import pytest
+import yaml
 from loopback import ROOT, od_dist
 
 from od_dist.cluster import spec as cluster_mod
@@ -41,6 +44,11 @@ VALUES = [
     'quote"inside',
     'back\\"slash',
     "\\\\server\\share\\x y",
+    "\\\\server\\share\\",
+    "C:\\",
+    "C:\\Program Files (x86)\\od dist\\",
+    "C:\\a&b\\%PATH%\\c^d!e\\x y.yaml",
+    "//server/share/x y",
     "%PATH%",
     "%%",
     "%~dp0",
@@ -66,6 +74,8 @@ PASSED = [
     "--params_override=trainer.train_steps=2000; x: '%~dp0' \"q\"",
     "--num_clones=2",
     "--noclone_on_cpu",
+    "--model_dir=\\\\server\\share\\runs\\a b\\",  # Windows forms: a share, a drive, a trailing \\
+    "--pipeline=C:\\od dist (x86)\\p&q%PATH%.yaml",
     *VALUES,
     "--wait_timeout=301",
 ]  # ends in a 1, as `echo %*> file` would show
@@ -170,9 +180,11 @@ def make_tree(base):
 
 
 def make_cluster(tree):
+    """Linux and Windows machines with every kind of settings; 10.0.0.2 (Linux) and 10.0.0.5
+    (Windows) hold a ps and a worker each: one script, one `od-dist train` without --role."""
     doc = {
         "strategy": "parameter_server",
-        "ps": ["10.0.0.1:2222"],
+        "ps": ["10.0.0.1:2222", "10.0.0.2:2223", "10.0.0.5:2223"],
         "worker": ["10.0.0.2:2222", "10.0.0.3:2222", "10.0.0.5:2222"],
         "master": "10.0.0.4:2222",
         "evaluator": "10.0.0.6",
@@ -204,6 +216,14 @@ def install_sh(path):
     path.chmod(0o755)
 
 
+def train_head(launch):
+    """The start of a machine's `train` command: its one task's --role/--index, else no role at all
+    (od-dist starts every entry of the machine)."""
+    (task, *more) = launch.tasks
+    where = [] if more else [f"--role={task.role}", f"--index={task.index}"]
+    return ["train", f"--cluster={launch.cluster_path}", *where, *PASSED][:4]
+
+
 def test_sh_scripts_pass_exact_arguments(tmp_path):
     tree = make_tree(tmp_path)
     (tree["venv"] / "bin").mkdir()
@@ -233,12 +253,7 @@ def test_sh_scripts_pass_exact_arguments(tmp_path):
         assert r.returncode == 7, r.stderr  # od-dist's exit status is the script's
         cwd, venv, pythonhome, *args = record.read_bytes().decode().split("\0")[:-1]
         assert args == list(launch.args), launch.stem
-        assert args[args.index("train") :][:4] == [
-            "train",
-            f"--cluster={CLUSTER_PATH}",
-            f"--role={launch.task.role}",
-            f"--index={launch.task.index}",
-        ]
+        assert args[args.index("train") :][:4] == train_head(launch)
         assert cwd == str(launch.settings.workdir or tree["run"])
         if launch.settings.venv:
             assert (venv, pythonhome) == (launch.settings.venv, "<unset>")
@@ -292,9 +307,12 @@ def test_cmd_scripts_survive_batch_parsing(tmp_path):
         lines = text.split("\r\n")
         assert lines[0] == "@echo off" and "setlocal EnableExtensions DisableDelayedExpansion" in lines
         assert lines.index("chcp 65001 >nul 2>&1") < min(i for i, x in enumerate(lines) if not x.isascii())
-        # call would expand % a second time (`(call )` only clears ERRORLEVEL)
-        assert not any(x.lower().startswith("call ") for x in lines)
-        (run,) = [x for x in lines if "train" in x and not x.startswith("rem")]
+        # call would expand % a second time (`(call )` only clears ERRORLEVEL); the one `call` puts the
+        # script's own path into a search-and-replace of cmd's command line, never a value of the job
+        assert [x for x in lines if x.lower().startswith("call ")] == [
+            'call set "OD_DIST_REST=%%OD_DIST_LINE:%OD_DIST_SELF%=%%"'
+        ]
+        (run,) = [x for x in lines if " train " in x and not x.startswith("rem")]
         parsed = mslex.split(cmd_batch_line(run), like_cmd=False)
         assert parsed[0] == launch.program and parsed[1:] == list(launch.args)
 
@@ -436,12 +454,197 @@ def test_wine_harness_catches_broken_quoting(wine, tmp_path, monkeypatch):
     tree = make_tree(tmp_path)
     shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
     cluster = make_cluster(tree)
-    (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.task.role == "evaluator"]
+    (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.tasks[0].role == "evaluator"]
     real = quote.cmd_escape
     monkeypatch.setattr(quote, "cmd_escape", lambda text: real(text).replace("%%", "%"))
     (tmp_path / "broken.cmd").write_bytes(scripts.render_cmd(launch).encode())
     r, argv, _, _ = run_cmd_script(wine, tmp_path / "broken.cmd", tree, tmp_path / "record")
     assert argv[1:] != list(launch.args)
+
+
+# How Windows starts a .cmd: from a console, cmd runs it in the console's own process, whose command
+# line (%CMDCMDLINE%) does not name it; a double-click (Explorer, like any program that starts the
+# file itself) runs `cmd.exe /c ""<full path>" "`. Wine's cmd has no CMDCMDLINE of its own; an
+# environment variable of that name stands in for it, as it overrides the dynamic one on Windows.
+CONSOLE = '"C:\\WINDOWS\\system32\\cmd.exe"'
+PAUSED = "Press a key to close this window."
+
+
+def double_click(script):
+    return f'C:\\WINDOWS\\system32\\cmd.exe /c ""{win(script)}" "'
+
+
+def start_cmd_script(wine, script, tree, record, cmdcmdline, exit_code, out):
+    """The script under Wine with its input open (a `pause` waits for it) and its output in `out`."""
+    env = {"WINEPATH": win(tree["bin"]), "OD_DIST_RECORD": win(record), "OD_DIST_RECORD_EXIT": exit_code}
+    if cmdcmdline is not None:
+        env["CMDCMDLINE"] = cmdcmdline
+    with open(out, "wb") as f:
+        return subprocess.Popen(  # by its name in its folder: Wine's cmd /c splits a path at `&`
+            ["wine", "cmd", "/c", script.name],
+            env=dict(wine.env, **env),
+            cwd=script.parent,
+            stdin=subprocess.PIPE,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+
+
+@pytest.mark.slow
+def test_a_double_clicked_cmd_keeps_its_window_open_after_a_failure(wine, tmp_path):
+    """Started from a console, the .cmd returns at once whatever the exit; started by a double-click,
+    it returns at once after success and waits for a key after a failure (od-dist's or its own), so
+    the window, which closes with it, still shows the last line. Its own path holds characters that
+    cmd would parse (the check reads cmd's command line inside quotes)."""
+    tree = make_tree(tmp_path)
+    shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
+    cluster = make_cluster(tree)
+    (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.tasks[0].role == "evaluator"]
+    folder = tmp_path / "s a&b(1) !x 'é;,="
+    folder.mkdir()
+    script = folder / f"{launch.stem}.cmd"
+    script.write_bytes(scripts.render_cmd(launch).encode())
+    gone = dataclasses.replace(
+        launch, settings=dataclasses.replace(launch.settings, workdir=win(tmp_path / "gone"))
+    )
+    lost = folder / "lost.cmd"
+    lost.write_bytes(scripts.render_cmd(gone).encode())
+    record, out = tmp_path / "record", tmp_path / "out"
+    for cmdcmdline, code in [(None, "7"), (CONSOLE, "7"), (double_click(script), "0")]:
+        proc = start_cmd_script(wine, script, tree, record, cmdcmdline, code, out)
+        try:
+            assert proc.wait(timeout=60) == int(code), out.read_bytes()  # at once, its input still open
+        finally:
+            proc.kill()
+        assert PAUSED.encode() not in out.read_bytes()
+    for started, code in [(script, "7"), (lost, "0")]:
+        record.unlink(missing_ok=True)
+        proc = start_cmd_script(wine, started, tree, record, double_click(started), code, out)
+        try:
+            deadline = time.monotonic() + 60
+            while (
+                PAUSED.encode() not in out.read_bytes()
+                and proc.poll() is None
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.2)
+            text = out.read_bytes().decode("utf-8", "replace")
+            assert (
+                f"od-dist: exit status {7 if started == script else 1}, see the lines above. {PAUSED}" in text
+            )
+            with pytest.raises(subprocess.TimeoutExpired):  # it waits for the key
+                proc.wait(timeout=2)
+            proc.stdin.write(b"\r\n")
+            proc.stdin.close()
+            assert proc.wait(timeout=60) == (7 if started == script else 1)
+        finally:
+            proc.kill()
+        assert record.exists() == (started == script)  # od-dist never ran where the folder is missing
+    assert "cannot change to the working directory" in text
+
+
+@pytest.mark.slow
+def test_one_script_per_machine_with_a_ps_on_each_windows_worker_machine(wine, tmp_path):
+    """parameter_server on 3 machines, a ps and a worker on each of the two Windows ones: one .cmd
+    and one .ps1 per Windows machine, each running the one `od-dist train` of its machine (no
+    --role: od-dist starts both entries there); a README row per machine."""
+    tree = make_tree(tmp_path)
+    (tree["venv"] / "Scripts").mkdir()
+    shutil.copy(wine.stand_in, tree["venv"] / "Scripts" / "od-dist.exe")
+    shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
+    doc = {
+        "master": "10.0.0.1:2222",
+        "worker": ["10.0.0.2:2222", "10.0.0.3:2222"],
+        "ps": ["10.0.0.2:2223", "10.0.0.3:2223"],
+        "hosts": {
+            "10.0.0.1": {"os": "linux"},
+            "10.0.0.2": {"os": "windows", "venv": win(tree["venv"]), "workdir": win(tree["work"])},
+            "10.0.0.3": {"os": "windows"},
+        },
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc, allow_unicode=True), encoding="utf-8")
+    flags = ["--pipeline=C:\\od dist\\p.yaml", "--model_dir=\\\\server\\share\\runs\\a b\\", "--num_clones=2"]
+    r = od_dist("scripts", "--cluster=c.yaml", *flags, "--out=out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == [
+        scripts.MANIFEST,
+        "README.md",
+        "master-0.sh",
+        "ps-0_worker-0.cmd",
+        "ps-0_worker-0.ps1",
+        "ps-1_worker-1.cmd",
+        "ps-1_worker-1.ps1",
+    ]
+    one = ["train", "--cluster=c.yaml", *flags, "--max_restarts=3"]
+    record = tmp_path / "record"
+    for stem, workdir in (("ps-0_worker-0", win(tree["work"])), ("ps-1_worker-1", win(tree["run"]))):
+        r, argv, cwd, _ = run_cmd_script(wine, out / f"{stem}.cmd", tree, record)
+        assert r.returncode == 0 and argv[1:] == one, stem
+        assert cwd.rstrip("\\") == workdir
+        assert len(record.read_bytes().decode("utf-16-le").split("\n")) == 4  # one command: 3 lines + ""
+        (line,) = [
+            x
+            for x in (out / f"{stem}.ps1").read_bytes().decode("utf-8-sig").split("\r\n")
+            if x.startswith("$arguments = ")
+        ]
+        assert mslex.split(powershell.unquote(line[len("$arguments = ") :])[0], like_cmd=False) == one
+    readme = (out / "README.md").read_text()
+    rows = [x for x in readme.split("\n") if x.startswith("| 10.0.0.")]
+    assert rows == [
+        f"| 10.0.0.2 | windows | ps 0 and worker 0 | `ps-0_worker-0.cmd` or `powershell -ExecutionPolicy Bypass "
+        f"-File ps-0_worker-0.ps1` | 2223, 2222 | `{win(tree['work'])}` | venv `{win(tree['venv'])}` |",
+        "| 10.0.0.3 | windows | ps 1 and worker 1 | `ps-1_worker-1.cmd` or `powershell -ExecutionPolicy Bypass "
+        "-File ps-1_worker-1.ps1` | 2223, 2222 | where you run it | `od-dist` on PATH |",
+        "| 10.0.0.1 | linux | master 0 | `bash master-0.sh` | 2222 | where you run it | `od-dist` on PATH |",
+    ]
+    machine = readme.split("### 10.0.0.2 (ps 0 and worker 0): ports 2223, 2222")[1].split("###")[0]
+    assert "- TCP port 2223 (ps 0) from 10.0.0.1, 10.0.0.3 (master:0, worker:1)." in machine
+    assert "- TCP port 2222 (worker 0) from 10.0.0.1 (master:0)." in machine  # its ps is local
+    assert machine.count("New-NetFirewallRule") == 2 and machine.count("netsh") == 2
+    assert "sudo" not in machine
+
+
+def test_absolute_linux_paths_for_a_windows_machine_are_refused(tmp_path):
+    """The cluster file, pipeline and model_dir of a Windows machine (and its hosts paths) must not be
+    absolute Linux paths: one line naming the machine, exit 2, nothing written."""
+    (tmp_path / "clusters").mkdir()
+    shutil.copy(LAN, tmp_path / "clusters")  # its master, 192.168.1.108, runs Windows
+    base = ["scripts", "--pipeline=pipelines/p.yaml", "--model_dir=runs/lan", "--out=out"]
+    for args, flag in [
+        ([f"--cluster={tmp_path / 'clusters' / 'lan-example.yaml'}"], "--cluster"),
+        (["--cluster=clusters/lan-example.yaml", "--model_dir=/srv/runs"], "--model_dir"),
+        (["--cluster=clusters/lan-example.yaml", "--pipeline=/srv/p.yaml"], "--pipeline"),
+    ]:
+        r = od_dist(*base, *args, cwd=tmp_path)
+        assert r.returncode == 2, r.stdout + r.stderr
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"od-dist scripts: {flag}: '/"), line
+        assert (
+            "': an absolute Linux path, and 192.168.1.108 (master 0) runs Windows; pass a path relative "
+            in line
+        )
+        assert not (tmp_path / "out").exists()
+    doc = cluster_mod.from_document(
+        {
+            "master": "10.0.0.1:2222",
+            "worker": ["10.0.0.2:2222"],
+            "hosts": {"10.0.0.1": {"os": "windows", "workdir": "/opt/od"}},
+        }
+    )
+    with pytest.raises(
+        scripts.ScriptError,
+        match=r"hosts.10.0.0.1.workdir: '/opt/od': an absolute Linux path, and 10.0.0.1 \(master 0\) runs Windows; write it as a Windows path",
+    ):
+        scripts.launches(doc, "c.yaml", [])
+    # Windows forms, and a share written with slashes, are taken.
+    for model_dir in ("C:\\runs", "\\\\server\\share\\runs", "//server/share/runs", "runs/lan"):
+        (launch,) = [
+            x
+            for x in scripts.launches(cluster_mod.load(LAN), "c.yaml", [f"--model_dir={model_dir}"])
+            if x.windows
+        ]
+        assert f"--model_dir={model_dir}" in launch.args
 
 
 # ----- README, firewall, CLI ------------------------------------------------------------------
@@ -493,7 +696,7 @@ def test_firewall_rules():
 def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     r = od_dist(
         "scripts",
-        f"--cluster={LAN}",
+        "--cluster=clusters/lan-example.yaml",  # relative: the Windows master reads it too
         "--pipeline=pipelines/shapes_retinanet.yaml",
         "--model_dir=runs/lan",
         f"--out={tmp_path}",
@@ -510,32 +713,47 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
         "worker-0.sh",
         "worker-1.sh",
     ]
+    assert r.stdout.startswith("wrote 6 scripts for 5 machines and README.md")
     readme = (tmp_path / "README.md").read_text()
     assert "Any order" in readme and "(120 s here)" in readme
-    assert "| 192.168.1.108 | windows | master 0 |" in readme
+    assert (
+        "| 192.168.1.108 | windows | master 0 | `master-0.cmd` or `powershell -ExecutionPolicy Bypass "
+        "-File master-0.ps1` | 2223 | `C:\\TFWS\\od-dist` | venv `C:\\TFWS\\venv` |"
+    ) in readme
+    assert "| 192.168.1.120 | linux | evaluator 0 | `bash evaluator-0.sh` | none |" in readme
     # The Windows master's port is open to the servers, which probe it; nothing else on Windows.
     assert readme.count("New-NetFirewallRule") == 1
     assert (
         "New-NetFirewallRule -DisplayName 'od-dist master 0' -Direction Inbound -Protocol TCP -LocalPort 2223 "
         "-RemoteAddress '192.168.1.116','192.168.1.109','192.168.1.111','192.168.1.120' -Action Allow"
     ) in readme
-    assert "### 192.168.1.116: ps 0, port 2224" in readme
-    assert "No inbound port: evaluator 0 (192.168.1.120)." in readme
-    # Where the records must be, and the doctor line that finds what is missing.
+    windows = readme.split("### 192.168.1.108 (master 0): port 2223")[1]
     assert (
-        "must be on every machine whose task reads them (192.168.1.109, 192.168.1.111, 192.168.1.108, "
-        "192.168.1.120), at that path from its working directory, or on a shared folder"
+        windows.index("Windows: one of these, in an Administrator shell.")
+        < windows.index("PowerShell:")
+        < windows.index("New-NetFirewallRule")
+        < windows.index("Or cmd:")
+        < windows.index("netsh")
+    )
+    assert "### 192.168.1.116 (ps 0): port 2224" in readme
+    assert "Linux: one of these, with sudo." in readme
+    assert "No inbound port: 192.168.1.120 (evaluator 0)." in readme
+    # Where the records must be, and the line that checks a machine for them.
+    assert (
+        "The pipeline's records (its input files) must be on every trainer machine (192.168.1.109, "
+        "192.168.1.111, 192.168.1.108, 192.168.1.120; a ps reads none)"
     ) in readme
     assert (
-        f"`od-dist doctor --cluster={LAN} --pipeline=pipelines/shapes_retinanet.yaml --model_dir=runs/lan`"
-        in readme
-    )
+        "    od-dist doctor --cluster=clusters/lan-example.yaml --pipeline=pipelines/shapes_retinanet.yaml "
+        "--model_dir=runs/lan\n"
+    ) in readme
 
 
 def test_num_clones_only_for_the_roles_that_run_replicas():
     lan = cluster_mod.load(LAN)
     args = {
-        x.task.name: x.args for x in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])
+        x.tasks[0].name: x.args
+        for x in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])
     }
     assert "--num_clones=2" in args["worker:0"] and "--num_clones=2" in args["worker:1"]
     for name in ("ps:0", "master:0", "evaluator:0"):  # parameter_server: no replicas there
@@ -572,7 +790,7 @@ def test_machines_of_unknown_os_get_all_three_scripts(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     assert "| 10.0.0.1 | not declared | master 0 |" in readme
     # Its firewall lines for both systems.
-    master = readme.split("### 10.0.0.1: master 0")[1].split("###")[0]
+    master = readme.split("### 10.0.0.1 (master 0): port 2222")[1].split("###")[0]
     assert "sudo ufw allow" in master and "New-NetFirewallRule" in master
 
 
@@ -590,7 +808,7 @@ def test_home_in_paths(tmp_path):
     (launch,) = [
         x
         for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"])
-        if x.task.role == "master"
+        if x.tasks[0].role == "master"
     ]
     script = tmp_path / "master-0.sh"
     script.write_text(scripts.render_sh(launch))
@@ -620,7 +838,9 @@ def test_ps1_python_with_powershell_metacharacters():
         "hosts": {"10.0.0.1": {"os": "windows", "python": python}},
     }
     (launch,) = [
-        x for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", []) if x.task.role == "master"
+        x
+        for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", [])
+        if x.tasks[0].role == "master"
     ]
     code = [line for line in scripts.render_ps1(launch).split("\r\n") if line and not line.startswith("#")]
     seen = []
@@ -644,7 +864,6 @@ def test_checked_in_lan_example_is_current(tmp_path):
         "--model_dir=runs/lan",
         "--out=scripts/lan-example",
         cwd=tmp_path,
-        env={"PYTHONPATH": ROOT},  # this checkout's od_dist, whichever one is installed
     )
     assert r.returncode == 0, r.stderr
     fresh, checked_in = tmp_path / "scripts" / "lan-example", os.path.join(ROOT, "scripts", "lan-example")

@@ -1,5 +1,5 @@
 """The `od-dist train` command line of one task of a job, built here for every path that starts
-tasks: `launch` (its children), `train --max_restarts` (its child), `scripts` (a script per task)
+tasks: `launch` (its children), `train --max_restarts` (its child), `scripts` (a script per machine)
 and `k8s` (a container per role: a TFJob replica type or a JobSet replicated job). So a flag the user gave reaches every task the same way,
 and what `launch` checks before any task starts is what each task is started with.
 
@@ -45,3 +45,16 @@ def train_args(
     elif index is not None and task is not None:
         where = [f"--role={task.role}", f"--index={index}"]
     return [TRAIN, *where, *role_flags(flags, cluster, task.role if task else None)]
+
+
+def machine_args(
+    flags: Sequence[str], cluster: Cluster, tasks: Sequence[Task], cluster_path: str
+) -> list[str]:
+    """`train` and its arguments for the machine that holds `tasks` (a generated script): one task's
+    own line, whose --role/--index has the machine checked to be that entry; for several, no role:
+    `od-dist train` then starts every entry of its machine under one supervisor, as `launch` does,
+    each with its role's flags (--num_clones kept when any of them runs replicas)."""
+    if len(tasks) == 1:
+        return train_args(flags, cluster, tasks[0], cluster_path)
+    keeps = next((t.role for t in tasks if cluster.runs_replicas(t.role)), tasks[0].role)
+    return [TRAIN, f"--cluster={cluster_path}", *role_flags(flags, cluster, keeps)]

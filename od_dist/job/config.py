@@ -20,9 +20,12 @@ from od_dist.job.watch import LOST_PEER_TIMEOUT_S
 @dataclass(frozen=True)
 class TaskConfig:
     cluster: Cluster | None  # None: one machine, no cluster
-    task: Task | None  # None only when no single task is this machine (validate of a loopback file)
+    task: Task | None  # None when no single task is this machine (see `here`), or no cluster
     source: str  # the cluster file, "TF_CONFIG", or "" for one machine
     machine_note: str  # how this machine was matched, for the summary
+    # With `several` and no --role: the entries of this machine when it holds more than one (every
+    # task of a loopback cluster); `od-dist train` starts them all, as `launch` does.
+    here: tuple[Task, ...] = ()
 
 
 def public_problems(cluster: Cluster, allow_public: bool, unchecked: list[str]) -> list[str]:
@@ -61,21 +64,26 @@ def select(
     require_task: bool = True,
     allow_none: bool = False,
     machine=None,
+    several: bool = False,
 ) -> TaskConfig:
     """Loads the cluster from --cluster (else TF_CONFIG) and picks this process's task.
 
     Raises InvalidCluster with every problem found. `machine` is a hostinfo.ThisMachine (tests
-    pass their own); it is only looked up when the host check needs it. The names the public-address
-    rule could not check are said once the task is chosen: refused input gets its one message.
+    pass their own); it is only looked up when the host check needs it. `several`: without --role,
+    a machine that holds several entries is accepted, its tasks in `here`. The names the
+    public-address rule could not check are said once the task is chosen: refused input gets its
+    one message.
     """
     unchecked: list[str] = []
-    selected = _select(cluster_path, role, index, allow_public, require_task, allow_none, machine, unchecked)
+    selected = _select(
+        cluster_path, role, index, allow_public, require_task, allow_none, machine, unchecked, several
+    )
     warn(unchecked)
     return selected
 
 
 def _select(
-    cluster_path, role, index, allow_public, require_task, allow_none, machine, unchecked
+    cluster_path, role, index, allow_public, require_task, allow_none, machine, unchecked, several=False
 ) -> TaskConfig:
     role = validate.normalize_role(role)
     if index is not None and role is None:
@@ -139,6 +147,16 @@ def _select(
     if role is None:
         if cluster.loopback_only() and not require_task:
             return TaskConfig(cluster, None, source, "loopback-only cluster: every task runs on this machine")
+        mine = cluster.tasks_on(is_local)
+        if several and (len(mine) > 1 or cluster.loopback_only()):
+            how = (
+                "loopback-only cluster: every task runs on this machine"
+                if cluster.loopback_only()
+                else f"inferred from this machine's addresses ({machine.describe()})"
+            )
+            return TaskConfig(
+                cluster, None, source, f"{how}; `od-dist train` without --role starts them all", mine
+            )
         task, problems = validate.infer_task(cluster, is_local)
         if problems and not require_task and not cluster.tasks_on(is_local):
             # `validate` checks a file from any machine (a laptop before copying it out); only

@@ -90,7 +90,11 @@ def check_entry(cluster: Cluster, role: str | None, index: int | None, machine) 
         ], mine
     names = ", ".join(t.name for t in mine)
     return [
-        Check(OK, "this machine", f"runs {names}: start each with --role/--index, or all with od-dist launch")
+        Check(
+            OK,
+            "this machine",
+            f"runs {names}: `od-dist train` without --role starts them all (or each with --role/--index)",
+        )
     ], mine
 
 

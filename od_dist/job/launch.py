@@ -1,4 +1,5 @@
-"""`od-dist launch`: every task of the cluster that lives on this machine, as child processes.
+"""`od-dist launch` (and `od-dist train` without --role on a machine that holds several entries):
+every task of the cluster that lives on this machine, as child processes.
 
 This module starts the processes and carries their output: one console with prefixed lines
 (`[worker:1] ...`), one log file per task under <model_dir>/logs/. Which task to restart, stop or
@@ -171,12 +172,17 @@ def run(
     grace_s: float,
     lead: str | None = None,
     eval_command: str | None = None,
+    who: str = "launch",
 ) -> int:
     """Starts the tasks, each with its `args` (`train ...`), supervises and restarts them
-    (supervisor.py), returns the job's exit status. `lead`, `eval_command`: supervisor.Supervisor's."""
+    (supervisor.py), returns the job's exit status. `lead`, `eval_command`: supervisor.Supervisor's.
+    `who`: the od-dist command that runs them, in its own lines."""
     log_dir = log_dir_for(model_dir)
     os.makedirs(log_dir, exist_ok=True)
     lock = threading.Lock()
+
+    def say(message: str) -> None:
+        _write_console(f"od-dist {who}: {message}\n")
 
     def start(task: Task) -> Child:
         return _start(task, child_argv(args[task]), log_dir, lock)
@@ -188,7 +194,7 @@ def run(
         strategy,
         tasks,
         start,
-        _say,
+        say,
         max_restarts,
         grace_s,
         finish=finish,
@@ -197,7 +203,7 @@ def run(
     )
     previous = handle_signals(sup.on_signal)
     try:
-        _say(
+        say(
             f"starting {', '.join(t.name for t in tasks)}; logs in {log_dir}; up to {max_restarts} "
             f"restart(s) (--max_restarts)"
         )

@@ -1,14 +1,19 @@
-"""Per-machine launch scripts: one cluster file -> a bash, cmd or PowerShell script per task, plus
-a README that says which machine runs which script and which ports each machine must open.
+"""Per-machine launch scripts: one cluster file -> a bash, cmd or PowerShell script per machine,
+plus a README that says which machine runs which script and which ports each machine must open.
+
+Each script runs one `od-dist train` command: a machine's one task with its --role/--index, or for
+a machine that holds several entries (a ps with its worker) no --role, so that od-dist starts every
+entry of that machine under one supervisor (cluster/commandline.py's machine_args).
 
 Every value reaches `od-dist train` through exactly one quoting layer per shell, done by the
 functions of `od_dist.render.quote` (tested on their own and by running the scripts: bash for
 real, cmd under Wine). The cmd script hands its line to the program as it is (no `call`, which
 would expand `%` a second time) after `chcp 65001` (the file is UTF-8 without BOM; cmd decodes each
-line with the current code page). The PowerShell script hands the ready-made Windows command line
-to System.Diagnostics.Process, so PowerShell's own native-argument passing, which drops embedded
-quotes in 5.1 and changed in 7.3, plays no part: right for Windows PowerShell 5.1 and PowerShell
-7.x alike. Its files are UTF-8 with BOM (5.1 reads BOM-less files in the ANSI code page).
+line with the current code page). Started by a double-click, it keeps its window open after a
+failure, so its last line can be read. The PowerShell script hands the ready-made Windows command
+line to System.Diagnostics.Process, so PowerShell's own native-argument passing, which drops
+embedded quotes in 5.1 and changed in 7.3, plays no part: right for Windows PowerShell 5.1 and
+PowerShell 7.x alike. Its files are UTF-8 with BOM (5.1 reads BOM-less files in the ANSI code page).
 
 Scripts fit each host's `os` (hosts settings): `.sh` for linux hosts, `.cmd` and `.ps1` for
 windows hosts, all three for a host whose OS is not declared. No TensorFlow here.
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 from od_dist.cluster import commandline, duties
 from od_dist.cluster.spec import Cluster, HostSettings, Task
 from od_dist.cluster.topology import connecting_peers
-from od_dist.cluster.validate import PARAMETER_SERVER
+from od_dist.cluster.validate import PARAMETER_SERVER, PATH_SHOWN_MAX, problem
 from od_dist.data import records
 from od_dist.render import quote
 from od_dist.render.quote import QuoteError, sh_path
@@ -53,9 +58,9 @@ def cmd_path(path: str) -> str:
 
 @dataclass(frozen=True)
 class Launch:
-    """How one task starts on its host."""
+    """How one machine starts its tasks: one `od-dist train` command."""
 
-    task: Task
+    tasks: tuple[Task, ...]  # this machine's entries, in the cluster's order (servers first)
     host: str
     settings: HostSettings
     args: tuple[str, ...]  # everything after the program: [-m od_dist] train --cluster=... ...
@@ -76,7 +81,7 @@ class Launch:
 
     @property
     def stem(self) -> str:
-        return f"{self.task.role}-{self.task.index}"
+        return "_".join(f"{t.role}-{t.index}" for t in self.tasks)
 
     @property
     def venv_bin(self) -> str | None:
@@ -99,26 +104,85 @@ class Launch:
         names = {"linux": (f"{self.stem}.sh",), "windows": (f"{self.stem}.cmd", f"{self.stem}.ps1")}
         return sum((names[o] for o in self.oses), ())
 
+    def what(self) -> str:
+        """'ps 0 and worker 0': the tasks, as the README and the scripts' comments name them."""
+        names = [f"{t.role} {t.index}" for t in self.tasks]
+        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
     def describe(self) -> str:
-        return f"{self.task.role} {self.task.index} ({self.task.address}) of {self.cluster_path}"
+        where = ", ".join(str(t.address) for t in self.tasks)
+        return f"{self.what()} ({where}) of {self.cluster_path}"
+
+    @property
+    def together(self) -> str | None:
+        """For a machine of several entries, the comment line that says how they run."""
+        if len(self.tasks) == 1:
+            return None
+        return (
+            "od-dist train without --role starts every task of this machine, each under one supervisor "
+            "(as od-dist launch does)."
+        )
 
 
 def launches(cluster: Cluster, cluster_path: str, passed_on: list[str]) -> list[Launch]:
-    out = []
+    """One Launch per machine (per host as the cluster file writes it), in the order of its first task."""
+    by_host: dict[str, list[Task]] = {}
     for task in cluster.tasks():
-        host = task.address.host
+        by_host.setdefault(task.address.host, []).append(task)
+    out = []
+    for host, tasks in by_host.items():
         settings = cluster.host_settings(host)
         prefix = ["-m", "od_dist"] if settings.python else []
-        args = tuple(prefix + commandline.train_args(passed_on, cluster, task, cluster_path))
+        args = tuple(prefix + commandline.machine_args(passed_on, cluster, tasks, cluster_path))
+        what = tasks[0].name if len(tasks) == 1 else host
         for i, a in enumerate(args):
-            _check(a, f"argument {i + 1} of {task.name}")
+            _check(a, f"argument {i + 1} of {what}")
         for name in ("python", "venv", "workdir"):
             value = getattr(settings, name)
             if value is not None:
                 _check(value, f"hosts.{host}.{name}")
                 _check_home(value, f"hosts.{host}.{name}", settings.os)
-        out.append(Launch(task, host, settings, args, cluster_path))
+        launch = Launch(tuple(tasks), host, settings, args, cluster_path)
+        if launch.windows:
+            _check_windows_paths(launch)
+        out.append(launch)
     return out
+
+
+# The paths of a task's command line that a Windows machine must be able to read.
+PATH_FLAGS = ("--cluster=", "--pipeline=", "--model_dir=")
+
+
+def is_posix_absolute(path: str) -> bool:
+    """`/srv/runs`: absolute on Linux; on Windows, a folder of whatever drive is current. `//server/share`
+    is a Windows UNC path written with slashes."""
+    return path.startswith("/") and not path.startswith("//")
+
+
+def _check_windows_paths(launch: Launch) -> None:
+    """A Windows machine's paths (the job's flags, its hosts settings) must not be absolute Linux ones."""
+    flags = [(a.partition("=")[0], a.partition("=")[2]) for a in launch.args if a.startswith(PATH_FLAGS)]
+    settings = [
+        (f"hosts.{launch.host}.{n}", getattr(launch.settings, n)) for n in ("python", "venv", "workdir")
+    ]
+    windows_forms = "C:\\... or \\\\server\\share\\..."
+    for what, value in flags + settings:
+        if value and is_posix_absolute(value):
+            fix = (
+                f"write it as a Windows path ({windows_forms})"
+                if what.startswith("hosts.")
+                else "pass a path relative to the working directory (hosts workdir), which Linux and "
+                f"Windows machines read alike, or a Windows one ({windows_forms})"
+            )
+            raise ScriptError(
+                problem(
+                    what,
+                    value,
+                    f"an absolute Linux path, and {launch.host} ({launch.what()}) runs Windows",
+                    fix,
+                    PATH_SHOWN_MAX,
+                )
+            )
 
 
 def _check_home(value: str, what: str, os_name: str | None) -> None:
@@ -147,8 +211,10 @@ def render_sh(launch: Launch) -> str:
         f"# od-dist launch script for {quote.check(launch.describe())}.",
         f"# Run it on {quote.check(launch.host)}: bash {launch.stem}.sh   (generated by `od-dist scripts`; "
         "see README.md)",
-        "set -e",
     ]
+    if launch.together:
+        lines.append(f"# {launch.together}")
+    lines.append("set -e")
     if s.workdir:
         lines.append(f"cd -- {sh_path(s.workdir)}")
     if s.venv:  # what the venv's bin/activate does, without its prompt and shell-function side effects
@@ -164,16 +230,40 @@ def render_sh(launch: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A double-click runs a .cmd as `cmd.exe /c ""<its full path>" "` (Explorer, like any program that
+# starts the file itself), and its window closes when it ends; from a console, cmd's own command
+# line (%CMDCMDLINE%) is the console's and does not name the script. Its quotes are removed first,
+# so that the values sit inside the quotes of `set` and `if`, where no other character is special
+# (twice: where cmd has no CMDCMDLINE, as Wine's, the first leaves a quote behind). `call` expands
+# the line a second time to put the path into the search-and-replace; a path with `%` or `^` (which
+# that expands or doubles) may not be recognised.
+_CMD_CLICKED = [
+    "rem Started by a double-click (cmd's command line names this script): keep the window open after",
+    "rem a failure, so that its last line can be read. Started from a console: return at once.",
+    'set "OD_DIST_SELF=%~f0"',
+    'set "OD_DIST_PAUSE="',
+    'set "OD_DIST_LINE=%CMDCMDLINE:"=%"',
+    'set "OD_DIST_LINE=%OD_DIST_LINE:"=%"',
+    'call set "OD_DIST_REST=%%OD_DIST_LINE:%OD_DIST_SELF%=%%"',
+    'if /i not "%OD_DIST_REST%"=="%OD_DIST_LINE%" set "OD_DIST_PAUSE=1"',
+]
+
+
 def render_cmd(launch: Launch) -> str:
     s = launch.settings
     program = "od-dist" if launch.program == "od-dist" else cmd_path(launch.program)
+    where = ", ".join(str(t.address) for t in launch.tasks)
     lines = [
         "@echo off",
-        f"rem od-dist launch script for {launch.task.role} {launch.task.index} "
-        f"({quote.cmd_escape(str(launch.task.address))}).",
+        f"rem od-dist launch script for {launch.what()} ({quote.cmd_escape(where)}).",
         f"rem Run it on {quote.cmd_escape(launch.host)} (Windows 10 or later): {launch.stem}.cmd",
         "rem Generated by `od-dist scripts`; see README.md next to it.",
+    ]
+    if launch.together:
+        lines.append(f"rem {launch.together}")
+    lines += [
         "setlocal EnableExtensions DisableDelayedExpansion",
+        *_CMD_CLICKED,
         "rem UTF-8, so that non-ASCII text below reaches od-dist intact; the code page is restored at the end.",
         'for /f "tokens=2 delims=:." %%c in (\'chcp\') do set "OD_DIST_OLD_CP=%%c"',
         "chcp 65001 >nul 2>&1",
@@ -184,7 +274,8 @@ def render_cmd(launch: Launch) -> str:
         lines += [
             "(call )",
             f"pushd {cmd_path(s.workdir)}",
-            "if errorlevel 1 (echo od-dist: cannot change to the working directory 1>&2 & exit /b 1)",
+            "if errorlevel 1 (echo od-dist: cannot change to the working directory 1>&2 "
+            '& set "OD_DIST_RC=1" & goto od_dist_end)',
         ]
     if s.venv:  # what the venv's activate.bat does; `call` would expand % in the path a second time
         lines += [
@@ -198,7 +289,13 @@ def render_cmd(launch: Launch) -> str:
     ]
     if s.workdir:
         lines.append("popd")
-    lines += ["if defined OD_DIST_OLD_CP chcp %OD_DIST_OLD_CP% >nul 2>&1", "exit /b %OD_DIST_RC%"]
+    lines += [
+        ":od_dist_end",
+        "if defined OD_DIST_OLD_CP chcp %OD_DIST_OLD_CP% >nul 2>&1",
+        'if not "%OD_DIST_RC%"=="0" if defined OD_DIST_PAUSE (echo od-dist: exit status %OD_DIST_RC%, '
+        "see the lines above. Press a key to close this window. & pause >nul)",
+        "exit /b %OD_DIST_RC%",
+    ]
     for line in lines:
         if len(line) > CMD_LINE_LIMIT:
             raise ScriptError(
@@ -229,6 +326,7 @@ def render_ps1(launch: Launch) -> str:
         f"# od-dist launch script for {quote.check(launch.describe())}.",
         f"# Run it on {quote.check(launch.host)}:  powershell -ExecutionPolicy Bypass -File {launch.stem}.ps1",
         "# Generated by `od-dist scripts`; see README.md next to it.",
+        *([f"# {launch.together}"] if launch.together else []),
         "# Right for Windows PowerShell 5.1 and PowerShell 7.x alike: the Windows command line below is",
         "# built once, by the C-runtime rules od-dist parses it with, and handed to the process as is;",
         "# PowerShell's own native-argument passing (changed in 7.3) plays no part.",
@@ -283,27 +381,42 @@ def inbound_rules(cluster: Cluster) -> list[InboundRule]:
     return out
 
 
-def firewall_lines(rule: InboundRule, os_name: str) -> list[str]:
-    """The copy-paste commands of one rule: PowerShell and cmd (netsh) for Windows, bash for Linux;
-    every value quoted for its shell."""
+def firewall_ways(rule: InboundRule, os_name: str) -> list[tuple[str, list[str]]]:
+    """The copy-paste commands of one rule, each way with its own: (shell or tool, lines), every
+    value quoted for its shell. Windows: PowerShell or cmd (netsh); Linux: ufw or iptables."""
     name = f"od-dist {rule.task.role} {rule.task.index}"
     if os_name == "windows":
         remote = ",".join(rule.sources)
         return [
-            f"New-NetFirewallRule -DisplayName {quote.ps(name)} -Direction Inbound -Protocol TCP "
-            f"-LocalPort {rule.port} -RemoteAddress {','.join(quote.ps(h) for h in rule.sources)} "
-            "-Action Allow",
-            f'netsh advfirewall firewall add rule name="{name}" dir=in action=allow protocol=TCP '
-            f"localport={rule.port} {quote.cmd('remoteip=' + remote)}",
+            (
+                "PowerShell",
+                [
+                    f"New-NetFirewallRule -DisplayName {quote.ps(name)} -Direction Inbound -Protocol TCP "
+                    f"-LocalPort {rule.port} -RemoteAddress {','.join(quote.ps(h) for h in rule.sources)} "
+                    "-Action Allow"
+                ],
+            ),
+            (
+                "cmd",
+                [
+                    f'netsh advfirewall firewall add rule name="{name}" dir=in action=allow protocol=TCP '
+                    f"localport={rule.port} {quote.cmd('remoteip=' + remote)}"
+                ],
+            ),
         ]
-    lines = [f"sudo ufw allow proto tcp from {quote.sh(h)} to any port {rule.port}" for h in rule.sources]
+    ufw = [f"sudo ufw allow proto tcp from {quote.sh(h)} to any port {rule.port}" for h in rule.sources]
     # -I: before the final REJECT rule that RHEL-family systems ship (-A would land after it).
-    lines += [
+    iptables = [
         f"sudo {'ip6tables' if ':' in h else 'iptables'} -I INPUT -p tcp -s {quote.sh(h)} "
         f"--dport {rule.port} -j ACCEPT"
         for h in rule.sources
     ]
-    return lines
+    return [("ufw", ufw), ("iptables", iptables)]
+
+
+def firewall_lines(rule: InboundRule, os_name: str) -> list[str]:
+    """Every way's commands of one rule, one after another."""
+    return [line for _, lines in firewall_ways(rule, os_name) for line in lines]
 
 
 # ----- README ------------------------------------------------------------------------------------
@@ -317,19 +430,35 @@ def _run_line(launch: Launch, file: str) -> str:
     return f"`{file}`"
 
 
-def _records_note(cluster: Cluster, items: list[Launch]) -> str:
-    """Where the records must be, and the doctor line that finds what is missing on a machine."""
-    readers = dict.fromkeys(
-        quote.md_word(x.host) for x in items if duties.of(cluster.strategy, x.task.role).reads_records
-    )
-    place = ("--cluster=", "--pipeline=", "--model_dir=")
-    doctor = ["od-dist", "doctor", *(a for a in items[0].args if a.startswith(place))]
-    return (
-        "The records the pipeline reads (`task.train_data` / `task.validation_data` `input_path`) must be "
-        f"on every machine whose task reads them ({', '.join(readers)}), at that path from its working "
-        "directory, or on a shared folder. Before the first start, run on each machine "
-        f"{quote.md(' '.join(quote.sh(a) for a in doctor))}: it names what is missing there."
-    )
+# How each system's firewall commands are run; the ways of one system are alternatives.
+FIREWALL_SHELLS = {"linux": "with sudo", "windows": "in an Administrator shell"}
+
+
+def _firewall_section(cluster: Cluster, launch: Launch, rules: list[InboundRule]) -> list[str]:
+    ports = ", ".join(str(r.port) for r in rules)
+    md = [
+        f"### {quote.md_word(launch.host)} ({launch.what()}): port{'s' if len(rules) > 1 else ''} {ports}",
+        "",
+    ]
+    for rule in rules:
+        peers = ", ".join(
+            t.name for t in connecting_peers(cluster, rule.task) if t.address.host != launch.host
+        )
+        md.append(
+            f"- TCP port {rule.port} ({rule.task.role} {rule.task.index}) from "
+            f"{', '.join(quote.md_word(h) for h in rule.sources)} ({peers})."
+        )
+    md.append("")
+    for os_name in launch.oses:
+        ways: dict[str, list[str]] = {}
+        for rule in rules:
+            for how, lines in firewall_ways(rule, os_name):
+                ways.setdefault(how, []).extend(lines)
+        md.append(f"{os_name.capitalize()}: one of these, {FIREWALL_SHELLS[os_name]}.")
+        md.append("")
+        for n, (how, lines) in enumerate(ways.items()):
+            md += [f"{'Or ' if n else ''}{how}:", "", "```", *lines, "```", ""]
+    return md
 
 
 def render_readme(
@@ -340,6 +469,10 @@ def render_readme(
     wait_timeout: int,
     max_restarts: int = 0,
 ) -> str:
+    rules = inbound_rules(cluster)
+    rules_of: dict[str, list[InboundRule]] = {x.host: [] for x in items}
+    for rule in rules:
+        rules_of[rule.task.address.host].append(rule)
     md = [
         f"# Launch scripts for {quote.md(cluster_path)}",
         "",
@@ -347,14 +480,17 @@ def render_readme(
         "",
         f"    {quote.check(command)}",
         "",
-        f"Strategy: `{cluster.strategy}`. One script per task, in the shell of its machine's `os` "
+        f"Strategy: `{cluster.strategy}`. One script per machine, in the shell of its `os` "
         "(the cluster file's `hosts:` settings): `.sh` for Linux, `.cmd` (cmd) and `.ps1` (PowerShell; "
         "either one) for Windows, all three for a machine whose `os` is not declared (use the one "
-        "that fits).",
+        "that fits). Each runs one `od-dist train`; on a machine that holds several tasks (a ps with "
+        "its worker) it has no `--role`, and starts every task of that machine under one supervisor, "
+        "as `od-dist launch` does: one console with prefixed lines, a log per task in "
+        "`<model_dir>/logs/`.",
         "",
         "## Which machine runs which script",
         "",
-        "| machine | os | task | address | run | working directory | od-dist from |",
+        "| machine | os | runs | script | open inbound TCP | working directory | od-dist from |",
         "|---|---|---|---|---|---|---|",
     ]
     for launch in items:
@@ -368,20 +504,38 @@ def render_readme(
             else "`od-dist` on PATH"
         )
         workdir = quote.md(s.workdir, table=True) if s.workdir else "where you run it"
+        ports = ", ".join(str(r.port) for r in rules_of[launch.host]) or "none"
         md.append(
-            f"| {quote.md_word(launch.host, table=True)} | {s.os or 'not declared'} | {launch.task.role} "
-            f"{launch.task.index} | {quote.md_word(str(launch.task.address), table=True)} | {run} | {workdir} | "
-            f"{source} |"
+            f"| {quote.md_word(launch.host, table=True)} | {s.os or 'not declared'} | {launch.what()} | "
+            f"{run} | {ports} | {workdir} | {source} |"
         )
+    readers = [
+        x.host for x in items if any(duties.of(cluster.strategy, t.role).reads_records for t in x.tasks)
+    ]
+    # Every script passes the job's --pipeline and --model_dir: doctor checks them on each machine.
+    files = [a for a in items[0].args if a.startswith(("--pipeline=", "--model_dir="))]
+    doctor = " ".join(quote.sh(a) for a in ["od-dist", "doctor", f"--cluster={cluster_path}", *files])
     md += [
         "",
         "Copy each script to its machine. It changes to the working directory, activates the Python "
-        "environment and runs `od-dist train` with the task's `--role`/`--index`; the cluster file "
+        "environment and runs `od-dist train`; the cluster file "
         f"({quote.md(cluster_path)}), the pipeline and `--model_dir` are resolved from that working directory, "
         "so each machine needs them there (the evaluator reads the master's checkpoints: give both the "
         "same model_dir on a shared folder, or run them on one machine).",
         "",
-        _records_note(cluster, items),
+        "The pipeline's records (its input files) must be on every trainer machine ("
+        + ", ".join(quote.md_word(h) for h in readers)
+        + ("; a ps reads none" if cluster.tasks_of("ps") else "")
+        + "), at the paths the pipeline names, or on a shared folder. Check each "
+        "machine before the first start, in its working directory:",
+        "",
+        f"    {quote.check(doctor)}",
+        "",
+        "It names what would stop the job there: records that are missing, a model_dir it cannot "
+        "write, a peer's port that a firewall drops, a TensorFlow or Model Garden other than od-dist's.",
+        "",
+        "A `.cmd` started by a double-click keeps its window open when od-dist fails, so that its "
+        "last line can be read; started from a console, it returns at once.",
         "",
         "## Order",
         "",
@@ -389,11 +543,11 @@ def render_readme(
         f"({wait_timeout} s here), and then names the ones still missing; start all machines within "
         "that window. The servers exit by themselves after the master finishes. Ctrl+C on any "
         "machine ends the job on every machine: the trainers save one checkpoint first, and every "
-        "script's `od-dist train` exits 130 without restarting its task.",
+        "script's `od-dist train` exits 130 without restarting its tasks.",
         "",
         "## Faults",
         "",
-        f"Each script runs its task with `--max_restarts {max_restarts}`: when the task is lost (killed, "
+        f"Each script runs its tasks with `--max_restarts {max_restarts}`: when a task is lost (killed, "
         "or it lost a peer: exit 137, 138 or 143) the script's `od-dist train` starts it again, "
         f"up to {max_restarts} times, after 2 s (doubling), so the job heals itself: a lost "
         "parameter_server worker rejoins; when a ps or the master is lost (under "
@@ -420,38 +574,18 @@ def render_readme(
         f"{'master' if cluster.master else 'worker 0 (the chief)'}'s port is open, to know training is "
         "alive, so that port is open to it too. Outbound connections must be "
         "allowed (they are by default). The TensorFlow server has no authentication: open its "
-        "port to these peers only, never to the internet.",
+        "port to these peers only, never to the internet. Peers on the same machine need no rule.",
         "",
     ]
-    rules = inbound_rules(cluster)
     if any(not re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+", h) for r in rules for h in r.sources):
         md += ["Some peers are host names: the firewall commands need their IP addresses.", ""]
-    by_host: dict[str, list[InboundRule]] = {}
-    for rule in rules:
-        by_host.setdefault(rule.task.address.host, []).append(rule)
     for launch in items:
-        host = launch.host
-        if host not in by_host:
-            continue
-        for rule in by_host.pop(host):
-            md += [
-                f"### {quote.md_word(host)}: {rule.task.role} {rule.task.index}, port {rule.port}",
-                "",
-                f"Allow TCP port {rule.port} from {', '.join(quote.md_word(h) for h in rule.sources)} "
-                f"({', '.join(t.name for t in connecting_peers(cluster, rule.task) if t.address.host != host)}).",
-                "",
-                "```",
-            ]
-            for os_name in launch.oses:
-                md += firewall_lines(rule, os_name)
-            md += ["```", ""]
-    ruled = {r.task for r in rules}
-    no_inbound = [x for x in items if x.task not in ruled]
+        if rules_of[launch.host]:
+            md += _firewall_section(cluster, launch, rules_of[launch.host])
+    no_inbound = [x for x in items if not rules_of[x.host]]
     if no_inbound:
         md.append(
-            "No inbound port: "
-            + ", ".join(f"{x.task.role} {x.task.index} ({quote.md_word(x.host)})" for x in no_inbound)
-            + "."
+            "No inbound port: " + ", ".join(f"{quote.md_word(x.host)} ({x.what()})" for x in no_inbound) + "."
         )
         md.append("")
     md += [
@@ -483,7 +617,7 @@ def write_scripts(
     wait_timeout: int,
     max_restarts: int = 0,
 ) -> list[str]:
-    """Writes every task's scripts and README.md into out_dir as `records.write_owned` does (each
+    """Writes every machine's scripts and README.md into out_dir as `records.write_owned` does (each
     file atomically; only files an earlier run wrote and nobody changed since are replaced or, when
     this run does not write them, removed; nothing else there is touched); returns their paths.
     Scripts of an earlier run that were changed since are kept, said in one line."""
