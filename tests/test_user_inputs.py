@@ -43,6 +43,25 @@ def test_records_that_match_no_file_are_one_line_before_the_model_is_built(data_
     assert not os.path.exists(tmp_path / "job" / "logs"), "a task started"
 
 
+@pytest.mark.slow
+def test_validation_records_that_match_no_file_are_named_at_the_start(data_dir, tmp_path):
+    """A typo in task.validation_data.input_path: `train` (which does not evaluate) says so in one
+    warning line before training, trains and exits 0; `eval` (which does) refuses it in one line,
+    exit 2."""
+    missing = MISSING.replace("train-", "val-")
+    override = tiny(data_dir, steps=5).replace(f"{data_dir}/val.tfrecord", missing)
+    r = od_dist("train", f"--pipeline={PIPELINE}", f"--model_dir={tmp_path / 'run'}", override)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = missing_records_line("task.validation_data.input_path", missing, loopback.ROOT)
+    warning = f"od-dist: warning: {line.removeprefix('od-dist: ')}; training goes on, evaluation would fail"
+    lines = r.stdout.splitlines()
+    assert warning in lines, r.stdout
+    assert lines.index(warning) < next(i for i, ln in enumerate(lines) if "training with" in ln), r.stdout
+    assert loopback.checkpoint_step(str(tmp_path / "run")) == 5
+    r = od_dist("eval", f"--pipeline={PIPELINE}", f"--model_dir={tmp_path / 'run'}", override)
+    assert r.returncode == 2 and r.stderr.splitlines() == [line], r.stdout + r.stderr
+
+
 @pytest.mark.parametrize(
     "model_dir, why",
     [

@@ -387,30 +387,45 @@ def check_inputs(params, path: str, train: bool = False, evaluate: bool = False)
     `evaluate` the validation records, which must also hold numeric source ids. Every pattern of
     their input_path must name a file on this machine; remote ones (gs://...) are TensorFlow's to
     open. Raises PipelineError naming the key, the pattern and the fix."""
-    from od_dist.data import records
-
     splits = (["train_data"] if train else []) + (["validation_data"] if evaluate else [])
     for split in splits:
-        data = getattr(params.task, split)
-        if data.tfds_name:
-            continue
-        key = f"task.{split}.input_path"
-        found = records.patterns(data.input_path)
-        if not found:
-            raise PipelineError(
-                f"pipeline '{path}': {key}: '': not set; set it to the records (a file, a glob or "
-                "a comma-separated list)"
-            )
-        for pattern in found:
-            if "://" not in pattern and not records.files_of(pattern):
-                raise PipelineError(
-                    f"pipeline '{path}': {key}: '{pattern}': matches no file on this machine (working "
-                    f"directory {os.getcwd()}); fix the path or copy the records here, then "
-                    f"'od-dist data check --pipeline {path}' reads every record"
-                )
+        problem = input_problem(params, path, split)
+        if problem:
+            raise PipelineError(problem)
     problem = file_name_ids(params, path) if evaluate else None
     if problem:
         raise PipelineError(problem)
+
+
+def validation_problem(params, path: str) -> str | None:
+    """What the evaluation of this pipeline's validation records would fail on here, in one line (a
+    path that matches nothing, file names as source ids); None when nothing."""
+    return input_problem(params, path, "validation_data") or file_name_ids(params, path)
+
+
+def input_problem(params, path: str, split: str) -> str | None:
+    """The first pattern of task.<split>.input_path that names no file on this machine, in one line;
+    None when each does (or the data is not files here: TFDS, gs://...)."""
+    from od_dist.data import records
+
+    data = getattr(params.task, split)
+    if data.tfds_name:
+        return None
+    key = f"task.{split}.input_path"
+    found = records.patterns(data.input_path)
+    if not found:
+        return (
+            f"pipeline '{path}': {key}: '': not set; set it to the records (a file, a glob or "
+            "a comma-separated list)"
+        )
+    for pattern in found:
+        if "://" not in pattern and not records.files_of(pattern):
+            return (
+                f"pipeline '{path}': {key}: '{pattern}': matches no file on this machine (working "
+                f"directory {os.getcwd()}); fix the path or copy the records here, then "
+                f"'od-dist data check --pipeline {path}' reads every record"
+            )
+    return None
 
 
 def file_name_ids(params, path: str) -> str | None:
