@@ -168,9 +168,12 @@ def num(value, path: str) -> float:
     return value
 
 
-def image_size(cfg: Config, body, path: str, step: int, notes: list[str]) -> tuple[list[int], bool]:
+def image_size(
+    cfg: Config, body, path: str, step: int, notes: list[str], stretches: bool = True
+) -> tuple[list[int], bool]:
     """([h, w, 3], keep_aspect_ratio); h and w rounded up to a multiple of ``step`` (the model's
-    largest stride, which Model Garden pads to)."""
+    largest stride, which Model Garden pads to). ``stretches``: whether the family's parsers and
+    export can stretch to a fixed shape (else a fixed_shape_resizer is said to become a letterbox)."""
     resizer = cfg.sub(body, path, "image_resizer")
     rpath = f"{path}.image_resizer"
     keep = True
@@ -181,6 +184,11 @@ def image_size(cfg: Config, body, path: str, step: int, notes: list[str]) -> tup
         h = int(num(cfg.take(fixed, p, "height", 300), p + ".height"))
         w = int(num(cfg.take(fixed, p, "width", 300), p + ".width"))
         keep = False  # the Object Detection API stretches to the fixed shape
+        if not stretches:
+            notes.append(
+                f"{p} ({h}x{w}): this Model Garden model keeps the aspect ratio (and pads) in training, "
+                "evaluation and export alike; images are not stretched"
+            )
     elif aspect is not None:
         p = f"{rpath}.keep_aspect_ratio_resizer"
         side = int(num(cfg.take(aspect, p, "max_dimension", 1024), p + ".max_dimension"))
