@@ -62,6 +62,25 @@ def test_validation_records_that_match_no_file_are_named_at_the_start(data_dir, 
     assert r.returncode == 2 and r.stderr.splitlines() == [line], r.stdout + r.stderr
 
 
+def test_an_input_size_the_model_cannot_take_is_one_line_with_the_sizes_that_work(data_dir, tmp_path):
+    """The OD API's 300x300 or a 96 on the demo (levels 3-6): refused before the model is built, one
+    line naming the key and the nearest sizes, rounded as `pipeline import` rounds them; exit 2."""
+    from od_dist.model.pipeline import PipelineError, load_pipeline
+
+    override = tiny(data_dir).replace("input_size=[64,64,3]", "input_size=[96,96,3]")
+    r = od_dist("train", f"--pipeline={PIPELINE}", f"--model_dir={tmp_path / 'run'}", override)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.splitlines() == [
+        f"od-dist: pipeline '{PIPELINE}' with params_override: task.model.input_size: '[96, 96, 3]': height "
+        "and width must be multiples of 64 (2^task.model.max_level, the model's largest stride); the nearest "
+        "that work: [64, 64, 3] or [128, 128, 3]"
+    ], r.stderr
+    assert "training with" not in r.stdout and not os.path.exists(tmp_path / "run" / "checkpoint")
+    with pytest.raises(PipelineError) as e:
+        load_pipeline(PIPELINE, "task.model.input_size=[300,40,3]")
+    assert str(e.value).endswith("the nearest that work: [320, 64, 3]")  # no side of 0
+
+
 @pytest.mark.parametrize(
     "model_dir, why",
     [
@@ -136,7 +155,6 @@ def run_cli(capsys, *args):
 )
 def test_file_flags_take_several_paths_a_glob_or_a_comma_list(tmp_path, capsys, form):
     from labelimg import make_voc
-
 
     images, anns, _ = make_voc(str(tmp_path / "src"), count=2)
     picked = [os.path.join(anns, "photo_000.xml"), os.path.join(anns, "photo_001.xml")]

@@ -274,8 +274,35 @@ def _explicit_keys(doc: dict, source: str, keys: Iterable[str], out: dict[str, t
             out[k] = (source, v)
 
 
+def stride_sizes(side: int, stride: int) -> tuple[int, int]:
+    """The sizes a model whose largest stride is ``stride`` takes nearest ``side``: (the multiple
+    below or equal, the multiple above or equal). Model Garden pads images to a multiple of that
+    stride and builds the model at input_size, so only multiples work."""
+    return side // stride * stride, -(-side // stride) * stride
+
+
+def _check_input_size(model, source: str) -> None:
+    """task.model.input_size against the levels of a model with an FPN (RetinaNet, the R-CNNs):
+    Model Garden would stop at the first step with a layer's shape error."""
+    max_level = getattr(model, "max_level", None)
+    size = list(getattr(model, "input_size", None) or [])
+    if not max_level or len(size) < 2:
+        return
+    stride = 2 ** int(max_level)
+    if all(side % stride == 0 for side in size[:2]):
+        return
+    below, above = zip(*(stride_sizes(int(side), stride) for side in size[:2]))
+    options = [list(sides) + size[2:] for sides in (below, above) if min(sides) > 0]
+    raise PipelineError(
+        f"{source}: task.model.input_size: '{size}': height and width must be multiples of {stride} "
+        f"(2^task.model.max_level, the model's largest stride); the nearest that work: "
+        + " or ".join(str(o) for o in options)
+    )
+
+
 def _check_params(params, source: str) -> None:
     """Rules Model Garden only discovers minutes later, checked up front."""
+    _check_input_size(params.task.model, source)
     t = params.trainer
     if t.train_steps <= 0:
         raise PipelineError(

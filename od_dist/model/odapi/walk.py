@@ -4,10 +4,10 @@ learning-rate schedule, the augmentations and the input readers."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from od_dist.data import textproto
+from od_dist.model.pipeline import stride_sizes
 
 PLACEHOLDER = "PATH_TO_BE_CONFIGURED"
 
@@ -200,7 +200,7 @@ def image_size(
             f"{rpath}: no fixed_shape_resizer or keep_aspect_ratio_resizer; Model Garden needs a fixed "
             "input size: add one of them"
         )
-    rh, rw = math.ceil(h / step) * step, math.ceil(w / step) * step
+    rh, rw = stride_sizes(h, step)[1], stride_sizes(w, step)[1]
     if (rh, rw) != (h, w):
         notes.append(
             f"{rpath} ({h}x{w}): written as {rh}x{rw}: Model Garden pads images to a multiple of "
