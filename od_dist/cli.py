@@ -1012,8 +1012,10 @@ def define_check_flags(fv: flags.FlagValues) -> None:
 Reads every record of the pipeline's training and validation data (or --records), decodes each
 image with TensorFlow as training will, and checks: the stored size matches the image, boxes are
 normalized, inside the image and not empty, class ids are in 1..num_classes-1, source ids are
-numeric and unique within a split. Each problem names the file, the record index and source id.
-Then prints images and objects per split and per class. Exit 2 when any problem is found.
+numeric and unique within a split (--records: the files whose names differ only in a shard number,
+e.g. val-00000-of-00004, are one split; each other file is its own). Each problem names the file,
+the record index and source id. Then prints images and objects per split and per class. Exit 2
+when any problem is found.
 
 Examples:
   od-dist data check --pipeline pipelines/custom_retinanet.yaml
@@ -1040,9 +1042,10 @@ def cmd_data_check(fv) -> int:
             "validation": params.task.validation_data.input_path,
         }
         num_classes = params.task.model.num_classes
-    else:
-        splits, num_classes = {"records": fv.records}, fv.num_classes
     from od_dist.data import check
+
+    if not fv.pipeline:
+        splits, num_classes = check.splits_of(fv.records), fv.num_classes
 
     return exit_codes.INVALID if check.check(splits, num_classes, sys.stdout) else exit_codes.OK
 

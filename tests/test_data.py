@@ -5,6 +5,7 @@ COCO writes it. Hostile annotations each give their one-line error, exit 2 and n
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -295,6 +296,29 @@ def test_data_check_names_record_and_problem(tmp_path):
     assert "no file matches" in buf.getvalue()
     r = od_dist("data", "check")
     _one_line_error(r, "--pipeline/--records: pass exactly one")
+
+
+def test_data_check_passes_the_demo_data_and_reads_ids_per_split(data_dir, tmp_path):
+    """`data shapes` numbers its training and validation images from 1 each: two splits, which COCO
+    evaluation never reads together, so the project's own data passes its own check, with a column
+    per file. Shards of one split (what one evaluation reads) still may not repeat an id."""
+    train, val = os.path.join(data_dir, "train.tfrecord"), os.path.join(data_dir, "val.tfrecord")
+    r = od_dist("data", "check", "--records", train, val)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "ok: every record decodes, boxes and ids are valid", r.stdout
+    assert f"{train}: 48 images" in r.stdout and f"{val}: 8 images" in r.stdout, r.stdout
+    head = next(ln for ln in lines if ln.startswith("class "))
+    assert head.split() == ["class", "train.tfrecord", "val.tfrecord"], r.stdout
+    rows = [ln for ln in lines if ln[:1].isdigit()]
+    assert len(rows) == 3 and all(len(ln) == len(head) for ln in rows), r.stdout  # columns line up
+    for i in range(2):
+        shutil.copyfile(val, tmp_path / f"val-0000{i}-of-00002.tfrecord")
+    r = od_dist("data", "check", "--records", train, str(tmp_path / "val-*.tfrecord"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    again = [ln for ln in r.stdout.splitlines() if "also used by" in ln]
+    assert len(again) == 8 and all("val-00001-of-00002.tfrecord" in ln for ln in again), r.stdout
+    assert "also used by val-00000-of-00002.tfrecord record 0" in again[0], r.stdout
 
 
 # ----- data coco ------------------------------------------------------------------------------

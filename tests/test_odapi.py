@@ -546,7 +546,9 @@ def test_import_zoo_configs(tmp_path, capsys, text, experiment, size, batch, ste
         assert params.task.model.backbone.type in ("mobilenet", "resnet")
         assert params.task.losses.focal_loss_alpha == 0.25 and params.task.model.anchor.num_scales == 2
         assert any("random_crop_image" in ln for ln in dropped)
-        assert params.task.train_data.parser.keep_aspect_ratio is False  # fixed_shape_resizer stretches
+        # fixed_shape_resizer stretches, in training and in evaluation alike (the export reads training's)
+        assert params.task.train_data.parser.keep_aspect_ratio is False
+        assert params.task.validation_data.parser.keep_aspect_ratio is False
     if experiment == "retinanet_mobile_coco":
         assert params.task.model.backbone.mobilenet.model_id == "MobileNetV2"
         assert params.task.model.decoder.fpn.use_separable_conv and params.task.model.head.num_filters == 128
@@ -716,6 +718,152 @@ def test_import_zoo_families(tmp_path, capsys, name, experiment, backbone, size,
             "model.center_net.keypoint_estimation_task: the keypoint heads are not carried: Model Garden's "
             "CenterNet detects boxes; the box detection is imported"
         ], dropped
+
+
+def covered(image):
+    """(rows, columns) of a model input that a solid-coloured picture covers: its pixels equal the
+    top-left one (a letterbox pads the rest, a stretch covers it all)."""
+    image = np.asarray(image)
+    same = np.all(np.abs(image - image[0, 0]) < 1e-3, axis=-1)
+    return int(same[:, 0].sum()), int(same[0, :].sum())
+
+
+@pytest.mark.parametrize("name", sorted(f[: -len(".config")] for f in os.listdir(ZOO)))
+def test_imported_pipelines_resize_alike_in_training_evaluation_and_export(tmp_path, capsys, name):
+    """Each Zoo config's import resizes a 64x128 picture alike in its training parser, its
+    validation parser (`eval`, the evaluator) and its export, as the Object Detection API's resizer
+    does: a fixed_shape_resizer stretches, a keep_aspect_ratio_resizer letterboxes."""
+    import tensorflow as tf
+    from official.core import task_factory
+    from official.vision.serving import detection
+
+    from od_dist.model import export
+    from od_dist.model.pipeline import load_pipeline
+
+    picture = np.zeros((64, 128, 3), np.uint8) + np.array([200, 60, 30], np.uint8)
+    record = str(tmp_path / "one.tfrecord")
+    with tf.io.TFRecordWriter(record) as writer:
+        f = {
+            "image/encoded": [shapes.encode_image(picture, "png")],
+            "image/source_id": [b"1"],
+            "image/height": [64],
+            "image/width": [128],
+            "image/object/bbox/xmin": [0.25],
+            "image/object/bbox/xmax": [0.75],
+            "image/object/bbox/ymin": [0.25],
+            "image/object/bbox/ymax": [0.75],
+            "image/object/class/label": [1],
+        }
+        feature = {
+            k: tf.train.Feature(bytes_list=tf.train.BytesList(value=v))
+            if isinstance(v[0], bytes)
+            else tf.train.Feature(float_list=tf.train.FloatList(value=v))
+            if isinstance(v[0], float)
+            else tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+            for k, v in f.items()
+        }
+        writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    (tmp_path / "pipeline.config").write_text(zoo(name))
+    out = tmp_path / "p.yaml"
+    code, _, err = run_cli(
+        capsys, "pipeline", "import", f"--config={tmp_path / 'pipeline.config'}", f"--out={out}"
+    )
+    assert code == 0, err
+    params = load_pipeline(str(out))
+    for data in (params.task.train_data, params.task.validation_data):
+        data.input_path, data.global_batch_size = record, 1
+    # Resizing only: the training parser's random augmentations off.
+    parser = params.task.train_data.parser
+    for flag in (
+        "aug_rand_hflip",
+        "aug_rand_hue",
+        "aug_rand_contrast",
+        "aug_rand_saturation",
+        "aug_rand_brightness",
+    ):
+        if flag in parser.as_dict():
+            setattr(parser, flag, False)
+    parser.aug_scale_min = parser.aug_scale_max = 1.0
+    if "aug_type" in parser.as_dict():
+        parser.aug_type = None
+    task = task_factory.get_task(params.task)
+    seen = {}
+    for what, data in (("training", params.task.train_data), ("validation", params.task.validation_data)):
+        images, _ = next(iter(task.build_inputs(data)))
+        seen[what] = covered(images[0])
+    size = list(params.task.model.input_size[:2])
+    picture = tf.constant(picture)
+
+    class NoModel(tf.Module):  # the export's preprocessing needs no model
+        def __call__(self, images, training=False):
+            return images
+
+    if export._is_centernet(params):
+        module = export._centernet_module(params, size, 0.1, model=NoModel())
+        seen["export"] = covered(module._one(picture)[0])
+    else:
+        module = detection.DetectionModule(params, batch_size=1, input_image_size=size, model=NoModel())
+        seen["export"] = covered(module._build_inputs(picture)[0])
+    stretched = "fixed_shape_resizer" in zoo(name)
+    side = size[0]
+    assert seen == dict.fromkeys(seen, (side, side) if stretched else (side // 2, side)), seen
+
+
+@pytest.mark.parametrize(
+    "block, params, aspect, area",
+    [
+        # No operations: the Object Detection API's seven, each skipped 15% of the time.
+        (
+            "ssd_random_crop {\n    }",
+            [(c, c, 0.85) for c in (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)],
+            [0.5, 2.0],
+            [0.1, 1.0],
+        ),
+        (
+            "ssd_random_crop {\n operations { min_object_covered: 0.3 min_aspect_ratio: 0.5 max_aspect_ratio: 2.0 "
+            "min_area: 0.2 max_area: 1.0 overlap_thresh: 0.4 random_coef: 0.25 }\n"
+            " operations { min_object_covered: 0.9 min_aspect_ratio: 0.5 max_aspect_ratio: 2.0 "
+            "min_area: 0.2 max_area: 1.0 overlap_thresh: 0.6 random_coef: 0.0 } }",
+            [(0.3, 0.4, 0.75), (0.9, 0.6, 1.0)],
+            [0.5, 2.0],
+            [0.2, 1.0],
+        ),
+        (
+            "ssd_random_crop_fixed_aspect_ratio {\n operations { min_object_covered: 0.5 min_area: 0.1 "
+            "max_area: 1.0 overlap_thresh: 0.5 random_coef: 0.1 }\n aspect_ratio: 1.0 }",
+            [(0.5, 0.5, 0.9)],
+            [1.0, 1.0],
+            [0.1, 1.0],
+        ),
+    ],
+    ids=["defaults", "operations", "fixed_aspect_ratio"],
+)
+def test_import_maps_ssd_random_crop(tmp_path, capsys, block, params, aspect, area):
+    """The SSD family's IoU-constrained crop becomes Model Garden RetinaNet's ssd_random_crop, with the
+    config's operations, and is no longer reported as dropped."""
+    from od_dist.model.pipeline import load_pipeline
+
+    before = "  data_augmentation_options {\n    random_crop_image {"
+    text = SSD_MOBILENET_V2_FPNLITE_320.replace(
+        before, f"  data_augmentation_options {{\n    {block}\n  }}\n{before}"
+    )
+    (tmp_path / "pipeline.config").write_text(text)
+    out = tmp_path / "p.yaml"
+    code, stdout, err = run_cli(
+        capsys, "pipeline", "import", f"--config={tmp_path / 'pipeline.config'}", f"--out={out}"
+    )
+    assert code == 0, err
+    aug = load_pipeline(str(out)).task.train_data.parser.aug_type
+    assert aug.type == "ssd_random_crop"
+    crop = aug.ssd_random_crop
+    got = [
+        (p.min_object_covered, p.min_box_overlap, round(p.prob_to_apply, 6))
+        for p in crop.ssd_random_crop_params
+    ]
+    assert got == params and list(crop.aspect_ratio_range) == aspect and list(crop.area_range) == area
+    dropped = [ln for ln in stdout.splitlines() if ln.startswith("not carried over: ")]
+    assert not any(ln.split(" ")[3].endswith(".ssd_random_crop") for ln in dropped), dropped
+    assert any(ln.split(" ")[3].endswith(".random_crop_image") for ln in dropped), dropped
 
 
 def test_import_refuses_deepmac(tmp_path, capsys):
@@ -973,7 +1121,8 @@ def small_zoo(tmp_path, capsys, name, *edits):
 
 @pytest.mark.slow
 def test_zoo_families_train_and_evaluate(data_dir, tmp_path, capsys, monkeypatch):
-    """Imported from the Zoo's configs, in this one process: EfficientDet D0 trains a step;
+    """Imported from the Zoo's configs, in this one process: EfficientDet D0 (with the SSD family's
+    ssd_random_crop) trains a step;
     CenterNet (Hourglass-10 for the config's Hourglass-104: the same mapping at a tenth of the cost)
     trains a step, `eval` prints its COCO line, and its export draws detections with `predict` on an
     image of another size; CenterNet ResNet-50 V2's model builds."""
@@ -991,7 +1140,14 @@ def test_zoo_families_train_and_evaluate(data_dir, tmp_path, capsys, monkeypatch
         EFFICIENTDET_D0,
         ("total_steps: 300000", "total_steps: 1"),
         ("warmup_steps: 2500", "warmup_steps: 0"),
+        # The SSD family's IoU-constrained crop, which Model Garden's augmenter runs through AutoGraph.
+        (
+            "data_augmentation_options {\n    random_horizontal_flip",
+            "data_augmentation_options {\n    ssd_random_crop {\n    }\n  }\n"
+            "  data_augmentation_options {\n    random_horizontal_flip",
+        ),
     )
+    assert load_pipeline(efficientdet).task.train_data.parser.aug_type.type == "ssd_random_crop"
     centernet = small_zoo(tmp_path, capsys, CENTERNET_HG104, ("hourglass_104", "hourglass_10"))
     for pipeline in (efficientdet, centernet):
         code, out, err = run_cli(

@@ -969,3 +969,45 @@ def test_node_ps1_text():
         "exit $process.ExitCode",
     ):
         assert needle in text, needle
+
+
+def test_scripts_for_a_large_cluster_check_each_task_in_time_linear_in_the_tasks(tmp_path):
+    """Every task's arguments are checked as the task will check them; that must not walk every
+    other task per task (3,000 workers took 84 s). Counted in the real child, through a hook: the
+    addresses parsed and the hosts' clones looked up, for 400 and 800 workers on 100 machines."""
+    import loopback
+
+    hook = loopback.site_hook(
+        tmp_path,
+        "import atexit, ipaddress, sys\n"
+        "from od_dist.cluster import spec\n"
+        "calls = [0]\n"
+        "def counted(f):\n"
+        "    def g(*a, **k):\n"
+        "        calls[0] += 1\n"
+        "        return f(*a, **k)\n"
+        "    return g\n"
+        "ipaddress.ip_address = counted(ipaddress.ip_address)\n"
+        "spec.Cluster.clones_for = counted(spec.Cluster.clones_for)\n"
+        "atexit.register(lambda: print(f'CALLS {calls[0]}', file=sys.stderr))\n",
+    )
+    counts = {}
+    for workers in (400, 800):
+        cluster = tmp_path / f"c{workers}.yaml"
+        hosts = [f"10.0.{i // 100}.{1 + i % 100}:2222" for i in range(workers)]
+        cluster.write_text(
+            "strategy: parameter_server\nmaster: 10.1.0.1:2222\nps:\n  - 10.1.0.2:2222\nworker:\n"
+            + "".join(f"  - {h}\n" for h in hosts)
+        )
+        r = od_dist(
+            "scripts",
+            f"--cluster={cluster}",
+            "--pipeline=pipelines/shapes_retinanet.yaml",
+            "--model_dir=runs/big",
+            f"--out={tmp_path / f'out{workers}'}",
+            env={"PYTHONPATH": os.pathsep.join([hook, ROOT])},
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        counts[workers] = int(r.stderr.split("CALLS ")[-1])
+    # Linear: twice the tasks, about twice the calls (quadratic: four times, 160,000 at 400).
+    assert counts[800] < 2.5 * counts[400] and counts[400] < 50 * 402, counts

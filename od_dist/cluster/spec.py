@@ -97,9 +97,26 @@ class Cluster:
     def tasks_of(self, role: str) -> tuple[Task, ...]:
         return self._tasks_by_role.get(validate.normalize_role(role), ())
 
+    @functools.cached_property
+    def _tasks(self) -> tuple[Task, ...]:
+        return sum((self.tasks_of(r) for r in ("ps", "worker", "master", "evaluator")), ())
+
     def tasks(self) -> tuple[Task, ...]:
         """Every task, in the order a launcher would start them (servers first)."""
-        return sum((self.tasks_of(r) for r in ("ps", "worker", "master", "evaluator")), ())
+        return self._tasks
+
+    @functools.cached_property
+    def _roles_by_machine(self) -> dict[str, tuple[str, ...]]:
+        """Built once, in the order of tasks(): each task's checks ask for its machine's roles, and
+        a walk over every task per task is quadratic (scripts for 3,000 workers)."""
+        out: dict[str, list[str]] = {}
+        for t in self.tasks():
+            out.setdefault(validate.machine_of(t.address.host), []).append(t.role)
+        return {m: tuple(roles) for m, roles in out.items()}
+
+    def roles_on(self, host: str) -> tuple[str, ...]:
+        """The roles of the tasks on `host`'s machine (every loopback address is this one)."""
+        return self._roles_by_machine.get(validate.machine_of(host), ())
 
     def tasks_on(self, is_local) -> tuple[Task, ...]:
         """The tasks whose host `is_local` says is this machine (all of a loopback cluster)."""
@@ -112,10 +129,20 @@ class Cluster:
     def task(self, role: str, index: int = 0) -> Task:
         return self.tasks_of(role)[index]
 
+    @functools.cached_property
+    def _server_tasks(self) -> tuple[Task, ...]:
+        return tuple(t for t in self.tasks() if t.role != "evaluator")
+
     def server_tasks(self) -> tuple[Task, ...]:
         """Tasks in the TensorFlow ClusterSpec. The evaluator runs no server and stays out: an
         evaluator listed in a parameter-server cluster hangs the coordinator."""
-        return tuple(t for t in self.tasks() if t.role != "evaluator")
+        return self._server_tasks
+
+    @functools.cached_property
+    def trainer_clones(self) -> tuple[int, int]:
+        """(the trainers, the sum of their hosts' num_clones): built once, asked once per task."""
+        hosts = [t.address.host for t in self.server_tasks() if self.runs_replicas(t.role)]
+        return len(hosts), sum(self.clones_for(h) for h in hosts)
 
     def cluster_spec(self) -> dict[str, list[str]]:
         spec: dict[str, list[str]] = {}

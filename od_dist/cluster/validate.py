@@ -168,6 +168,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def machine_of(host: str) -> str:
+    """What tells machines apart: the host as written, every loopback address being this one."""
+    return "localhost" if is_loopback(host) else host
+
+
 def is_ip(host: str) -> bool:
     """An IP address literal (a host name is not)."""
     try:

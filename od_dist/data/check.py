@@ -12,12 +12,35 @@ from __future__ import annotations
 import collections
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from od_dist.data import records
 
 MAX_INSTANCES = 100  # Model Garden's Parser.max_num_instances default: later boxes are dropped
 _EPS = 1e-6
+# A shard's number at the end of a records file's name (train-00000-of-00004, val_1).
+_SHARD = re.compile(r"[-_]\d+(-of-\d+)?$")
+
+
+def splits_of(value) -> dict[str, str]:
+    """The records of a --records flag grouped as the splits one evaluation (or one training) reads:
+    files whose names differ only in a shard number are one split, each other file its own (a
+    training and a validation split may share source ids; within one they must differ). Split name
+    -> its files, comma-joined; a pattern that names no file here is kept as given (reported)."""
+    groups: dict[str, list[str]] = {}
+    for pattern in records.patterns(value):
+        files = records.files_of(pattern)
+        if not files:
+            groups.setdefault(pattern, []).append(pattern)
+        for f in files:
+            folder, name = os.path.split(f)
+            stem, ext = os.path.splitext(name)
+            base = _SHARD.sub("", stem)
+            groups.setdefault(os.path.join(folder, base + ("-*" if base != stem else "") + ext), []).append(f)
+    if len(groups) <= 1:
+        return {"records": ",".join(records.patterns(value))}
+    return {name: ",".join(dict.fromkeys(files)) for name, files in groups.items()}
 
 
 @dataclass
@@ -183,8 +206,9 @@ def check(splits: dict[str, str], num_classes: int | None, out, limit: int = 50)
 
 def _print_counts(stats: dict[str, SplitStats], num_classes: int | None, out) -> None:
     for name, s in stats.items():
+        matching = "" if name == s.pattern else f" {s.files} file(s) matching '{s.pattern}',"
         print(
-            f"{name}: {s.files} file(s) matching '{s.pattern}', {s.images} images, {s.objects} objects"
+            f"{name}:{matching} {s.images} images, {s.objects} objects"
             f" ({s.crowd} is_crowd/difficult, ignored in training and scoring)",
             file=out,
         )
@@ -205,9 +229,13 @@ def _print_counts(stats: dict[str, SplitStats], num_classes: int | None, out) ->
         for c, t in s.names.items():
             names.setdefault(c, t)
     width = max([len("class")] + [len(f"{c} {names.get(c, '')}") for c in ids])
-    print(f"{'class':<{width}}  " + "  ".join(f"{n:>7}" for n in stats), file=out)
+    # A column per split, as wide as its name (a file's name when the splits are files).
+    heads = [os.path.basename(n) if os.sep in n else n for n in stats]
+    if len(set(heads)) < len(heads):
+        heads = list(stats)
+    cols = [max(7, len(h)) for h in heads]
+    print(f"{'class':<{width}}  " + "  ".join(f"{h:>{w}}" for h, w in zip(heads, cols)), file=out)
     for c in ids:
         label = f"{c} {names.get(c, '')}".strip()
-        print(
-            f"{label:<{width}}  " + "  ".join(f"{s.per_class.get(c, 0):>7}" for s in stats.values()), file=out
-        )
+        counts = [f"{s.per_class.get(c, 0):>{w}}" for s, w in zip(stats.values(), cols)]
+        print(f"{label:<{width}}  " + "  ".join(counts), file=out)

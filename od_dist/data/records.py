@@ -19,6 +19,7 @@ import os
 import random
 import re
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -74,6 +75,19 @@ def match_files(value) -> list[str]:
     return list(dict.fromkeys(f for p in patterns(value) for f in files_of(p)))
 
 
+def first_record(path: str) -> bytes | None:
+    """The first record of a TFRecord file (length, its CRC, the data; CRCs not checked), or None.
+    Read here, not by TensorFlow: its non-deprecated reader (tf.data) initialises the runtime, which
+    a trainer must configure first, and the deprecated one prints four lines on the console."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 12:
+            return None
+        length = struct.unpack("<Q", head[:8])[0]
+        data = f.read(length)
+    return data if len(data) == length else None
+
+
 def file_name_source_id(files: Sequence[str]) -> str | None:
     """The first record's image/source_id when it is not a number (the Object Detection API's
     converters write the file name there, which Model Garden's COCO evaluation cannot read), else
@@ -82,7 +96,7 @@ def file_name_source_id(files: Sequence[str]) -> str | None:
 
     for path in files[:1]:
         try:
-            data = next(iter(tf.compat.v1.io.tf_record_iterator(path)), None)
+            data = first_record(path)
             example = tf.train.Example.FromString(data) if data else None
         except Exception:  # noqa: BLE001 - unreadable records are `data check`'s to report
             return None

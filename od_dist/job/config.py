@@ -267,8 +267,8 @@ def replicas_in_job(cluster: Cluster | None, num_clones: int | None) -> int:
     the cluster file. One machine without a cluster: its own clones."""
     if cluster is None:
         return num_clones or 1
-    trainers = [t for t in cluster.server_tasks() if cluster.runs_replicas(t.role)]
-    return sum(num_clones or cluster.clones_for(t.address.host) for t in trainers)
+    trainers, clones = cluster.trainer_clones
+    return num_clones * trainers if num_clones else clones
 
 
 def train_config(

@@ -74,8 +74,9 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
     params = _params(config)  # before any wait: a bad pipeline fails at once
     pipeline.check_inputs(params, config.pipeline, train=True)
     if not config.selected.task or config.role == "master":
-        # Training reads no validation record; the evaluation after it will, and would fail.
-        problem = pipeline.file_name_ids(params, config.pipeline)
+        # Training reads no validation record; the evaluation after it will, and would fail: said
+        # now, not after hours of training.
+        problem = pipeline.validation_problem(params, config.pipeline)
         if problem:
             print(f"od-dist: warning: {problem}; training goes on, evaluation would fail", flush=True)
     cluster, task = config.selected.cluster, config.selected.task

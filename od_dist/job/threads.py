@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from od_dist.cluster import duties, validate
+from od_dist.cluster import duties
 from od_dist.cluster.spec import Cluster, Task
 
 MIN_INTER_OP = 2  # 1 deadlocks the parameter_server coordinator
@@ -152,15 +152,11 @@ def budget(cores: int, role: str, strategy: str, roles_here: list[str], limited:
     return Threads(share, max(MIN_INTER_OP, share))
 
 
-def _same_machine(a: str, b: str) -> bool:
-    return a == b or (validate.is_loopback(a) and validate.is_loopback(b))
-
-
 def roles_sharing(cluster: Cluster | None, task: Task | None) -> list[str]:
     """The roles of the cluster's tasks on `task`'s machine, this one included."""
     if cluster is None or task is None:
         return ["single"]
-    return [t.role for t in cluster.tasks() if _same_machine(t.address.host, task.address.host)]
+    return list(cluster.roles_on(task.address.host))
 
 
 def resolve(

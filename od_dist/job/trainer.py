@@ -512,21 +512,32 @@ def make_task(params, model_dir: str | None = None, data_threads: int = 0):
     task = task_factory.get_task(params.task, logging_dir=model_dir)
     # Model Garden's parsers branch on Python values only, so autograph's rewrite of their source
     # (about 150 functions: 5 s of CPU at every start, most of the input pipeline's set-up) gives
-    # the graph they build as written.
+    # the graph they build as written. Its augmenters (parser.aug_type: ssd_random_crop, ...) branch
+    # on tensors in Python and need the rewrite.
     as_written = tf.autograph.experimental.do_not_convert(task.build_inputs)
+    converted = task.build_inputs
     if data_threads:
         from od_dist.job import threads
 
         as_written = threads.with_data_threads(as_written, data_threads)
+        converted = threads.with_data_threads(converted, data_threads)
 
     # Orbit passes `input_context` (this replica's share of the global batch, this trainer's
     # shard of the data) only to a function whose own arguments name it: a wrapper's *args hide
     # it, and every replica would then read the whole global batch from unsharded data.
     def build_inputs(params, input_context=None):
-        return as_written(params, input_context=input_context)
+        build = converted if _augments(params) else as_written
+        return build(params, input_context=input_context)
 
     task.build_inputs = build_inputs
     return task
+
+
+def _augments(data_params) -> bool:
+    """Whether a data config's parser runs one of Model Garden's augmenters (``aug_type``)."""
+    parser = getattr(data_params, "parser", None)
+    aug = getattr(parser, "aug_type", None)
+    return aug is not None and bool(getattr(aug, "type", None))
 
 
 def _run(

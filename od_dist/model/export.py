@@ -173,7 +173,7 @@ def _is_centernet(params) -> bool:
     return isinstance(params.task, centernet.CenterNetTask)
 
 
-def _centernet_module(params, size: list[int], min_score: float):
+def _centernet_module(params, size: list[int], min_score: float, model=None):
     """Model Garden ships no serving module for its CenterNet project: this one resizes and
     normalises images as the project's parser does for evaluation, and returns what every od-dist
     export returns (boxes normalised to the original image, scores, classes from 1, the count of
@@ -221,7 +221,9 @@ def _centernet_module(params, size: list[int], min_score: float):
                 "num_detections": tf.reduce_sum(tf.cast(scores >= min_score, tf.int32), axis=1),
             }
 
-    return CenterNetModule(params, batch_size=1, input_image_size=size, input_type="image_tensor")
+    return CenterNetModule(
+        params, batch_size=1, input_image_size=size, input_type="image_tensor", model=model
+    )
 
 
 def exported_min_score(model_dir: str) -> float | None:

@@ -274,8 +274,35 @@ def _explicit_keys(doc: dict, source: str, keys: Iterable[str], out: dict[str, t
             out[k] = (source, v)
 
 
+def stride_sizes(side: int, stride: int) -> tuple[int, int]:
+    """The sizes a model whose largest stride is ``stride`` takes nearest ``side``: (the multiple
+    below or equal, the multiple above or equal). Model Garden pads images to a multiple of that
+    stride and builds the model at input_size, so only multiples work."""
+    return side // stride * stride, -(-side // stride) * stride
+
+
+def _check_input_size(model, source: str) -> None:
+    """task.model.input_size against the levels of a model with an FPN (RetinaNet, the R-CNNs):
+    Model Garden would stop at the first step with a layer's shape error."""
+    max_level = getattr(model, "max_level", None)
+    size = list(getattr(model, "input_size", None) or [])
+    if not max_level or len(size) < 2:
+        return
+    stride = 2 ** int(max_level)
+    if all(side % stride == 0 for side in size[:2]):
+        return
+    below, above = zip(*(stride_sizes(int(side), stride) for side in size[:2]))
+    options = [list(sides) + size[2:] for sides in (below, above) if min(sides) > 0]
+    raise PipelineError(
+        f"{source}: task.model.input_size: '{size}': height and width must be multiples of {stride} "
+        f"(2^task.model.max_level, the model's largest stride); the nearest that work: "
+        + " or ".join(str(o) for o in options)
+    )
+
+
 def _check_params(params, source: str) -> None:
     """Rules Model Garden only discovers minutes later, checked up front."""
+    _check_input_size(params.task.model, source)
     t = params.trainer
     if t.train_steps <= 0:
         raise PipelineError(
@@ -387,30 +414,45 @@ def check_inputs(params, path: str, train: bool = False, evaluate: bool = False)
     `evaluate` the validation records, which must also hold numeric source ids. Every pattern of
     their input_path must name a file on this machine; remote ones (gs://...) are TensorFlow's to
     open. Raises PipelineError naming the key, the pattern and the fix."""
-    from od_dist.data import records
-
     splits = (["train_data"] if train else []) + (["validation_data"] if evaluate else [])
     for split in splits:
-        data = getattr(params.task, split)
-        if data.tfds_name:
-            continue
-        key = f"task.{split}.input_path"
-        found = records.patterns(data.input_path)
-        if not found:
-            raise PipelineError(
-                f"pipeline '{path}': {key}: '': not set; set it to the records (a file, a glob or "
-                "a comma-separated list)"
-            )
-        for pattern in found:
-            if "://" not in pattern and not records.files_of(pattern):
-                raise PipelineError(
-                    f"pipeline '{path}': {key}: '{pattern}': matches no file on this machine (working "
-                    f"directory {os.getcwd()}); fix the path or copy the records here, then "
-                    f"'od-dist data check --pipeline {path}' reads every record"
-                )
+        problem = input_problem(params, path, split)
+        if problem:
+            raise PipelineError(problem)
     problem = file_name_ids(params, path) if evaluate else None
     if problem:
         raise PipelineError(problem)
+
+
+def validation_problem(params, path: str) -> str | None:
+    """What the evaluation of this pipeline's validation records would fail on here, in one line (a
+    path that matches nothing, file names as source ids); None when nothing."""
+    return input_problem(params, path, "validation_data") or file_name_ids(params, path)
+
+
+def input_problem(params, path: str, split: str) -> str | None:
+    """The first pattern of task.<split>.input_path that names no file on this machine, in one line;
+    None when each does (or the data is not files here: TFDS, gs://...)."""
+    from od_dist.data import records
+
+    data = getattr(params.task, split)
+    if data.tfds_name:
+        return None
+    key = f"task.{split}.input_path"
+    found = records.patterns(data.input_path)
+    if not found:
+        return (
+            f"pipeline '{path}': {key}: '': not set; set it to the records (a file, a glob or "
+            "a comma-separated list)"
+        )
+    for pattern in found:
+        if "://" not in pattern and not records.files_of(pattern):
+            return (
+                f"pipeline '{path}': {key}: '{pattern}': matches no file on this machine (working "
+                f"directory {os.getcwd()}); fix the path or copy the records here, then "
+                f"'od-dist data check --pipeline {path}' reads every record"
+            )
+    return None
 
 
 def file_name_ids(params, path: str) -> str | None:

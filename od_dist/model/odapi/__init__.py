@@ -116,7 +116,7 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
     max_boxes = cfg.take(train, "train_config", "max_number_of_boxes")
     if max_boxes:
         (model if parts.max_boxes == "model" else parser)["max_num_instances"] = int(max_boxes)
-    walk.augmentations(cfg, train, parts.switches, parser)
+    walk.augmentations(cfg, train, parts, parser, notes)
     if train is not None and train.get("fine_tune_checkpoint"):
         cfg.take(train, "train_config", "fine_tune_checkpoint_type")
         cfg.take(train, "train_config", "fine_tune_checkpoint_version")

@@ -93,7 +93,7 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
         if fe is not None and fe.all(name):
             cfg.take(fe, FPATH, name)
             inputs[name] = [float(v) for v in fe.all(name)]
-    size, _ = walk.image_size(cfg, body, PATH, step, notes)
+    size, _ = walk.image_size(cfg, body, PATH, step, notes, stretches=False)
     model: dict = {"input_size": size, "backbone": backbone, "head": {"input_levels": levels}}
 
     losses: dict = {"detection": {}}

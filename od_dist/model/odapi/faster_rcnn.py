@@ -27,7 +27,7 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
         f"{PATH}.feature_extractor ({kind}): Model Garden's Faster R-CNN "
         "always has an FPN (levels 2-6) where the Object Detection API's has one feature map"
     )
-    size, _ = walk.image_size(cfg, body, PATH, 2**6, notes)
+    size, _ = walk.image_size(cfg, body, PATH, 2**6, notes, stretches=False)
     model: dict = {
         "input_size": size,
         "backbone": {"type": "resnet", "resnet": {"model_id": int(_RESNET.match(kind).group(1))}},

@@ -126,9 +126,10 @@ def retinanet(
     mpath = f"{PATH}.matcher.argmax_matcher"
     names = {"matched_threshold": "match_threshold", "unmatched_threshold": "unmatched_threshold"}
     _floats(cfg, argmax, mpath, names, parser)
-    if not keep_aspect:
-        parser["keep_aspect_ratio"] = False  # the Object Detection API stretches to a fixed shape
-    return walk.Parts(experiment, model, losses, parser)
+    # The Object Detection API stretches to a fixed shape: validation must see the images training
+    # sees (the export reads the training parser's setting).
+    inputs = {} if keep_aspect else {"keep_aspect_ratio": False}
+    return walk.Parts(experiment, model, losses, parser, inputs=inputs, ssd_crop=True)
 
 
 def _floats(cfg: walk.Config, msg, path: str, names: dict, out: dict) -> None:

@@ -4,10 +4,10 @@ learning-rate schedule, the augmentations and the input readers."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from od_dist.data import textproto
+from od_dist.model.pipeline import stride_sizes
 
 PLACEHOLDER = "PATH_TO_BE_CONFIGURED"
 
@@ -20,9 +20,19 @@ CHECKPOINT_WHY = (
     "init_checkpoint_modules: backbone}"
 )
 CROP_WHY = (
-    "Model Garden's detection parser has no IoU-constrained random crop; its scale jitter "
+    "no counterpart in Model Garden's parser for this model (of the random crops, its RetinaNet "
+    "takes the SSD family's ssd_random_crop*); its scale jitter "
     "(task.train_data.parser.aug_scale_min/max) is the nearest"
 )
+# The Object Detection API's ssd_random_crop without operations (preprocessor_builder's defaults).
+SSD_CROP_DEFAULT = {
+    "min_object_covered": (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0),
+    "overlap_thresh": (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0),
+    "random_coef": 0.15,
+    "aspect_ratio": (0.5, 2.0),
+    "area": (0.1, 1.0),
+}
+SSD_CROPS = ("ssd_random_crop", "ssd_random_crop_pad", "ssd_random_crop_fixed_aspect_ratio")
 COLOUR_WHY = (
     "Model Garden's detection parser has no colour jitter (task.train_data.parser.aug_type: "
     "randaugment is its nearest)"
@@ -47,9 +57,7 @@ WHY = {
     "localization_weight": "Model Garden's loss weights are normalised differently; its defaults are kept",
     "hard_example_miner": "Model Garden's RetinaNet uses the focal loss, no hard-example mining",
     "random_crop_image": CROP_WHY,
-    "ssd_random_crop": CROP_WHY,
-    "ssd_random_crop_pad": CROP_WHY,
-    "ssd_random_crop_fixed_aspect_ratio": CROP_WHY,
+    **{name: CROP_WHY for name in SSD_CROPS},  # the families whose parser has none
     "random_pad_image": "Model Garden pads every image to input_size itself",
     "random_adjust_brightness": COLOUR_WHY,
     "random_adjust_contrast": COLOUR_WHY,
@@ -92,6 +100,7 @@ class Parts:
     # Object Detection API augmentations that switch a parser flag on: name -> flag.
     switches: dict = field(default_factory=lambda: {"random_horizontal_flip": "aug_rand_hflip"})
     max_boxes: str = "parser"  # where max_number_of_boxes goes: the parser or the model
+    ssd_crop: bool = False  # the parser takes Model Garden's aug_type ssd_random_crop (RetinaNet's)
 
 
 class Config:
@@ -162,9 +171,12 @@ def num(value, path: str) -> float:
     return value
 
 
-def image_size(cfg: Config, body, path: str, step: int, notes: list[str]) -> tuple[list[int], bool]:
+def image_size(
+    cfg: Config, body, path: str, step: int, notes: list[str], stretches: bool = True
+) -> tuple[list[int], bool]:
     """([h, w, 3], keep_aspect_ratio); h and w rounded up to a multiple of ``step`` (the model's
-    largest stride, which Model Garden pads to)."""
+    largest stride, which Model Garden pads to). ``stretches``: whether the family's parsers and
+    export can stretch to a fixed shape (else a fixed_shape_resizer is said to become a letterbox)."""
     resizer = cfg.sub(body, path, "image_resizer")
     rpath = f"{path}.image_resizer"
     keep = True
@@ -175,6 +187,11 @@ def image_size(cfg: Config, body, path: str, step: int, notes: list[str]) -> tup
         h = int(num(cfg.take(fixed, p, "height", 300), p + ".height"))
         w = int(num(cfg.take(fixed, p, "width", 300), p + ".width"))
         keep = False  # the Object Detection API stretches to the fixed shape
+        if not stretches:
+            notes.append(
+                f"{p} ({h}x{w}): this Model Garden model keeps the aspect ratio (and pads) in training, "
+                "evaluation and export alike; images are not stretched"
+            )
     elif aspect is not None:
         p = f"{rpath}.keep_aspect_ratio_resizer"
         side = int(num(cfg.take(aspect, p, "max_dimension", 1024), p + ".max_dimension"))
@@ -186,7 +203,7 @@ def image_size(cfg: Config, body, path: str, step: int, notes: list[str]) -> tup
             f"{rpath}: no fixed_shape_resizer or keep_aspect_ratio_resizer; Model Garden needs a fixed "
             "input size: add one of them"
         )
-    rh, rw = math.ceil(h / step) * step, math.ceil(w / step) * step
+    rh, rw = stride_sizes(h, step)[1], stride_sizes(w, step)[1]
     if (rh, rw) != (h, w):
         notes.append(
             f"{rpath} ({h}x{w}): written as {rh}x{rw}: Model Garden pads images to a multiple of "
@@ -336,7 +353,8 @@ def optimizer(cfg: Config, train, notes: list[str]) -> dict:
     return out
 
 
-def augmentations(cfg: Config, train, switches: dict, parser: dict) -> None:
+def augmentations(cfg: Config, train, parts: Parts, parser: dict, notes: list[str]) -> None:
+    switches = parts.switches
     parser.setdefault("aug_rand_hflip", False)
     parser.setdefault("aug_scale_min", 1.0)
     parser.setdefault("aug_scale_max", 1.0)
@@ -355,6 +373,57 @@ def augmentations(cfg: Config, train, switches: dict, parser: dict) -> None:
             parser["aug_scale_min"] = float(body.get(lo, 0.1 if lo == "scale_min" else 0.5))
             parser["aug_scale_max"] = float(body.get(hi, 2.0))
             cfg.used.add(p)
+        elif name in SSD_CROPS and parts.ssd_crop and "aug_type" not in parser:
+            parser["aug_type"] = ssd_crop(name, body, p, notes)
+            cfg.used.add(p)
+
+
+def ssd_crop(name: str, body: textproto.Message, path: str, notes: list[str]) -> dict:
+    """An ssd_random_crop* block -> Model Garden's ``aug_type: ssd_random_crop``: one of the
+    operations picked at random per image, as in the Object Detection API."""
+    ops = body.all("operations") if body is not None else []
+    d = SSD_CROP_DEFAULT
+    if ops:
+        params = [
+            {
+                "min_object_covered": float(op.get("min_object_covered", 0.0)),
+                "min_box_overlap": float(op.get("overlap_thresh", 0.0)),
+                "prob_to_apply": 1.0 - float(op.get("random_coef", 0.0)),
+            }
+            for op in ops
+        ]
+    else:
+        params = [
+            {"min_object_covered": c, "min_box_overlap": o, "prob_to_apply": 1.0 - d["random_coef"]}
+            for c, o in zip(d["min_object_covered"], d["overlap_thresh"])
+        ]
+
+    def widest(lo: str, hi: str, default: tuple) -> list[float]:
+        lows = {float(op.get(lo, default[0])) for op in ops} or {default[0]}
+        highs = {float(op.get(hi, default[1])) for op in ops} or {default[1]}
+        if len(lows) > 1 or len(highs) > 1:
+            notes.append(
+                f"{path}.operations ({lo}/{hi} differ): Model Garden's ssd_random_crop has one range "
+                f"for every operation; written as the widest, {min(lows)}-{max(highs)}"
+            )
+        return [min(lows), max(highs)]
+
+    if name == "ssd_random_crop_fixed_aspect_ratio":
+        ratio = float(body.get("aspect_ratio", 1.0)) if body is not None else 1.0
+        aspect = [ratio, ratio]
+    else:
+        aspect = widest("min_aspect_ratio", "max_aspect_ratio", d["aspect_ratio"])
+    if name == "ssd_random_crop_pad":
+        notes.append(
+            f"{path}: written as Model Garden's ssd_random_crop without the padding (Model Garden pads "
+            "every image to input_size itself)"
+        )
+    crop = {
+        "ssd_random_crop_params": params,
+        "aspect_ratio_range": aspect,
+        "area_range": widest("min_area", "max_area", d["area"]),
+    }
+    return {"type": "ssd_random_crop", "ssd_random_crop": crop}
 
 
 def inputs(cfg: Config, name: str) -> tuple[str, str | None]:
