@@ -23,6 +23,8 @@ class TaskConfig:
     task: Task | None  # None only when no single task is this machine (validate of a loopback file)
     source: str  # the cluster file, "TF_CONFIG", or "" for one machine
     machine_note: str  # how this machine was matched, for the summary
+    # SIGTERM reaches every task of the job at once (a Slurm step): servers outlive the master's save
+    term_to_all: bool = False
 
 
 def public_problems(cluster: Cluster, allow_public: bool, unchecked: list[str]) -> list[str]:
