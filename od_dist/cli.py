@@ -1571,7 +1571,7 @@ is the master's; scancel or the time limit (--signal) saves a checkpoint; sent a
 requeued) it resumes. Logs: the job's output file, each line prefixed with its rank.
 
 Example:
-  od-dist slurm --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \
+  od-dist slurm --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
       --model_dir runs/lan --partition gpu --time 12:00:00 --out job.sbatch
   sbatch job.sbatch
 """,
