@@ -127,6 +127,16 @@ def test_script_shape(tmp_path):
     assert "#SBATCH --gpus-per-task=2\n" in text and "#SBATCH --signal=TERM@120\n" in text
     assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --distribution=block" in text
     assert "SLURM_HOSTFILE" not in text
+    # Uneven (3 entries on one machine, 1 on the other): a host file in block order.
+    path.write_text("ps: [a:2002]\nmaster: a:2000\nworker: [a:2001, b:2003]\n")
+    r = od_dist("slurm", f"--cluster={path}", f"--pipeline={pipeline}", "--model_dir=m", f"--out={out}")
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=3\n" in text and "--gpus-per-task" not in text
+    assert "counts=(3 1)" in text and 'export SLURM_HOSTFILE="$OD_DIST_RUN_DIR/hosts"' in text
+    assert "srun --nodes=2 --ntasks=4 --distribution=arbitrary" in text
+    assert "#     2  master:0  node 1, port 2000\n#     3  worker:1  node 2, port 2003\n" in text
+    assert "export OD_DIST_LEAD_RANK=2\n" in text
     r = od_dist(
         "slurm", f"--cluster={path}", f"--pipeline={pipeline}", "--model_dir=m", f"--out={out}", "--time=soon"
     )
