@@ -151,11 +151,10 @@ def _missing() -> str | None:
         return "not root"
     path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     gone = [d for d in DAEMONS if shutil.which(d, path=path) is None]
-    return (
-        f"{', '.join(gone)} not installed (apt-get install slurmd slurmctld slurm-client munge)"
-        if gone
-        else None
-    )
+    if gone:
+        return f"{', '.join(gone)} not installed (apt-get install slurmd slurmctld slurm-client munge)"
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    return "no private mount namespace here (unshare --mount refused)" if probe.returncode else None
 
 
 def _in_hosts(hosts_file, *argv):
