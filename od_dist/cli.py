@@ -547,12 +547,15 @@ doubling) when it is lost (a retryable exit: lost peer, signal), so a job whose 
 their generated script heals itself; the default 0 runs a single task in this process, as an
 orchestrator (Kubernetes) that restarts pods itself expects.
 """,
-    lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0)),
+    lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0), define_slurm_task_flag(fv)),
 )
 def cmd_train(fv) -> int:
-    selected = select_task(fv, allow_none=True, several=True)
-    if selected.here:  # several entries are this machine: all of them, as launch starts them
-        return run_here(fv, selected.cluster, selected.here, "train")
+    if fv.slurm:
+        selected = select_slurm_task(fv)
+    else:
+        selected = select_task(fv, allow_none=True, several=True)
+        if selected.here:  # several entries are this machine: all of them, as launch starts them
+            return run_here(fv, selected.cluster, selected.here, "train")
     # From here on the task is known. A TF_CONFIG left in the environment would be read by parts of
     # TensorFlow on their own, and an orchestrator's lists the evaluator, which hangs a
     # parameter-server coordinator; every strategy here is built from the validated cluster instead.
@@ -567,7 +570,7 @@ def cmd_train(fv) -> int:
             selected.cluster,
             selected.task,
             selected.source if selected.cluster and selected.source != "TF_CONFIG" else None,
-        )
+        ) + (["--slurm"] if fv.slurm else [])
         task = selected.task or Task("single", 0, Address("localhost", None))
         return launch.run_task(
             task,
@@ -588,6 +591,48 @@ def cmd_train(fv) -> int:
     from od_dist.job import roles
 
     return _run_role(roles.run, cfg)
+
+
+def define_slurm_task_flag(fv: flags.FlagValues) -> None:
+    """train's own: a task's place, never passed on as a job flag (the script `od-dist slurm`
+    writes adds it to its srun line)."""
+    flags.DEFINE_boolean(
+        "slurm",
+        False,
+        "A task of an srun step (the script `od-dist slurm` writes): the role and index come from "
+        "the rank (SLURM_PROCID), the hosts from the step's nodes (SLURM_STEP_NODELIST) with the "
+        "--cluster file's ports.",
+        flag_values=fv,
+    )
+
+
+def select_slurm_task(fv: flags.FlagValues):
+    """This srun task's place (cluster/slurm.py), with the checks select() makes: --role/--index,
+    if given (a supervised child gets them), must be the rank's; the public-address rule."""
+    from od_dist.cluster import slurm
+    from od_dist.cluster.validate import normalize_role, problem
+    from od_dist.job import config
+
+    cluster, task, step = slurm.select(fv.cluster, os.environ)
+    given = (normalize_role(fv.role), fv.index or 0)
+    if fv.role is not None and given != (task.role, task.index):
+        raise InvalidCluster(
+            [
+                problem(
+                    "--role",
+                    f"{given[0]} {given[1]}",
+                    f"rank {step.rank} of the Slurm step is {task.name}",
+                    "leave --role/--index out with --slurm",
+                )
+            ]
+        )
+    unchecked: list[str] = []
+    problems = config.public_problems(cluster, fv.allow_public_addresses, unchecked)
+    if problems:
+        raise InvalidCluster(problems, fv.cluster)
+    config.warn(unchecked)
+    where = f"rank {step.rank} of the Slurm step, on {step.nodename}"
+    return config.TaskConfig(cluster, task, fv.cluster, where, term_to_all=True)
 
 
 def define_eval_flags(fv: flags.FlagValues) -> None:
@@ -1547,6 +1592,78 @@ def cmd_k8s(fv) -> int:
         print(f"wrote {fv.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return exit_codes.OK
+
+
+def define_slurm_flags(fv: flags.FlagValues) -> None:
+    define_train_flags(fv)
+    # 0: Slurm's requeue (or sending the job again) restarts the whole job; N > 0 gives each task its
+    # own supervisor inside the allocation.
+    define_restart_flags(fv, 0)
+    flags.DEFINE_string("out", None, "The batch script to write (e.g. job.sbatch).", flag_values=fv)
+    flags.DEFINE_string("name", None, "The job's name. Default: od-dist-<cluster file name>.", flag_values=fv)
+    flags.DEFINE_string("partition", None, "#SBATCH --partition.", flag_values=fv)
+    flags.DEFINE_string("time", None, "#SBATCH --time: the time limit, e.g. 2-00:00:00.", flag_values=fv)
+    flags.DEFINE_integer("cpus_per_task", None, "#SBATCH --cpus-per-task.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_string("mem", None, "#SBATCH --mem: memory per node, e.g. 64G.", flag_values=fv)
+    flags.DEFINE_integer(
+        "gpus_per_task",
+        None,
+        "#SBATCH --gpus-per-task; Slurm sets each task's CUDA_VISIBLE_DEVICES to them. Default: the "
+        "trainers' num_clones when above 1 (and not --clone_on_cpu), else none.",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_multi_string(
+        "sbatch", None, "More #SBATCH lines, each an sbatch option: --sbatch=--account=lab.", flag_values=fv
+    )
+
+
+@command(
+    "slurm",
+    "Write a Slurm batch script for the cluster: one srun step, a task per entry.",
+    """
+Writes a batch script for sbatch: the cluster file's roles and counts as one srun step, a task per
+entry (the file's machines become the nodes of the allocation, their entries the tasks per node),
+each running `od-dist train --slurm` with the given train flags, which takes its role and index
+from its rank and the hosts from the step's nodes (the file's ports are kept). The job's exit code
+is the master's; scancel or the time limit (--signal) saves a checkpoint; sent again (or
+requeued) it resumes. Logs: the job's output file, each line prefixed with its rank.
+
+Example:
+  od-dist slurm --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan --partition gpu --time 12:00:00 --out job.sbatch
+  sbatch job.sbatch
+""",
+    define_slurm_flags,
+)
+def cmd_slurm(fv) -> int:
+    from od_dist.data import records
+    from od_dist.render import slurm
+
+    cluster, passed_on = _render_input(fv, "slurm")
+    if not fv.out:
+        raise UsageError("--out: '': required; pass --out=job.sbatch")
+    passed_on += restart_args(fv)
+    try:
+        text = slurm.render(
+            cluster,
+            fv.cluster,
+            passed_on,
+            fv.out,
+            name=fv.name,
+            partition=fv.partition,
+            time=fv.time,
+            cpus_per_task=fv.cpus_per_task,
+            mem=fv.mem,
+            gpus_per_task=fv.gpus_per_task,
+            sbatch_lines=tuple(fv.sbatch or ()),
+        )
+        records.write_file(fv.out, text)
+    except (slurm.SlurmError, records.DatasetError) as e:
+        raise UsageError(str(e)) from None
+    os.chmod(fv.out, 0o755)
+    print(f"wrote {fv.out} ({len(cluster.tasks())} tasks); send it with: sbatch {fv.out}", file=sys.stderr)
     return exit_codes.OK
 
 

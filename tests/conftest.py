@@ -23,6 +23,7 @@ LONGEST_FIRST = (
     "test_distributed.py",
     "test_faults.py",
     "test_multihost.py",
+    "test_slurm.py",
     "test_defects.py",
     "test_export.py",
     "test_trainer.py",

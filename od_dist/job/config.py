@@ -26,6 +26,8 @@ class TaskConfig:
     # With `several` and no --role: the entries of this machine when it holds more than one (every
     # task of a loopback cluster); `od-dist train` starts them all, as `launch` does.
     here: tuple[Task, ...] = ()
+    # SIGTERM reaches every task of the job at once (a Slurm step): servers outlive the master's save
+    term_to_all: bool = False
 
 
 def public_problems(cluster: Cluster, allow_public: bool, unchecked: list[str]) -> list[str]:

@@ -57,7 +57,13 @@ def run_server(config: TrainConfig) -> NoReturn:
         return devices.apply_policy()
 
     try:
-        code = server.serve(selected.cluster, selected.task, config.wait_timeout, devices=set_up_devices)
+        code = server.serve(
+            selected.cluster,
+            selected.task,
+            config.wait_timeout,
+            devices=set_up_devices,
+            term_to_all=selected.term_to_all,
+        )
     except (server.ServerError, devices.DeviceError) as e:
         raise RoleError(str(e)) from None
     # TensorFlow's teardown of a server at interpreter exit can crash (SIGSEGV, exit 139, after

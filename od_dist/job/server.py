@@ -89,10 +89,12 @@ def bind_port(task: Task) -> socket.socket:
         raise
 
 
-def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> int:
+def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_to_all: bool = False) -> int:
     """Runs this task's server until the master says done (0) or that a person stopped it (130),
     a signal (143 for SIGTERM, 130 for SIGINT/SIGBREAK, unless the master's word came first), or the master stays
-    unreachable for wait_timeout seconds (LOST_PEER, 138: it never came, or it died)."""
+    unreachable for wait_timeout seconds (LOST_PEER, 138: it never came, or it died).
+    `term_to_all`: a SIGTERM reaches the master too (scancel, a Slurm time limit), which saves
+    its checkpoint through the servers: they serve on until its port closes, then exit 143."""
     import tensorflow as tf
 
     bind_port(task).close()
@@ -147,9 +149,21 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
     next_probe = 0.0
     unwritten = 0
     asked_at = None  # when a Ctrl+C here asked the master to end the job
+    termed_at = None  # when a SIGTERM came that the master also got (term_to_all)
     try:
         while True:
             if stop.wait(POLL_S):
+                # Every SIGTERM is the same request then (its supervisor passes one on too); a
+                # Ctrl+C still stops it at once.
+                terms = set(received) == {signal.SIGTERM}
+                if term_to_all and terms and master and is_listening(master.host, master.port):
+                    if termed_at is None:
+                        termed_at = time.monotonic()
+                        print(
+                            f"{task.name}: SIGTERM; serving until the master has saved and exited", flush=True
+                        )
+                    stop.clear()
+                    continue
                 if asked_at is None and _ask_master(cluster, task, request, received):
                     asked_at = time.monotonic()
                     stop.clear()
@@ -171,6 +185,8 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None) -> in
                     flush=True,
                 )
                 return exit_codes.INTERRUPTED
+            if termed_at is not None and not is_listening(master.host, master.port):
+                break  # the master saved and exited: the SIGTERM's exit below
             now = time.monotonic()
             if master is not None and now >= next_probe:
                 next_probe = now + MASTER_PROBE_S
