@@ -470,10 +470,10 @@ class Supervisor:
         stuck = [r.task for r in self.running.values() if r.task.role != "evaluator"]
         if not stuck or len(stuck) != len(self.running):
             return None
+        # The lead finished (a failed one ended the job in _handle): the job is done whatever
+        # is left, a server that missed the master's stop marker (restarted alone near the end)
+        # included.
         names = ", ".join(t.name for t in stuck)
-        if any(not is_trainer(self.strategy, t.role) for t in stuck):
-            self.say(f"{names} still running {SERVER_GRACE_S:.0f} s after training finished; stopping them")
-            return exit_codes.FAILED
         self.say(
             f"{names} still running {SERVER_GRACE_S:.0f} s after training finished; stopping "
             f"{'them (nothing of theirs' if len(stuck) > 1 else 'it (nothing of it'} is needed)"
