@@ -94,6 +94,7 @@ class Job:
 
     def __init__(self, strategy, tasks, scripts, max_restarts=3, grace_s=5.0, **kwargs):
         self.started = []  # (task name, start number)
+        self.pids = {}  # (task name, start number) -> the PID to give that start (reuse_pid)
         self.procs = []
         self.lines = []
         self.scripts = scripts
@@ -113,7 +114,13 @@ class Job:
         n = sum(1 for name, _ in self.started if name == t.name)
         self.started.append((t.name, n))
         code = self.scripts(t, n)
+        pid = self.pids.get((t.name, n))
+        if pid is not None:
+            reuse_pid(pid)
         proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        if pid is not None and proc.pid != pid:
+            proc.kill()
+            pytest.skip(f"another process took PID {pid} first")
         self.procs.append(proc)
         return supervisor.Running(t, proc, f"logs/{t.role}-{t.index}.log")
 
@@ -125,6 +132,18 @@ class Job:
         assert not thread.is_alive(), self.lines
         assert all(p.poll() is not None for p in self.procs), "a child outlived the supervisor"
         return result[0]
+
+
+LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def reuse_pid(pid):
+    """The next process started gets `pid` again, as Linux does once PIDs wrap around."""
+    try:
+        with open(LAST_PID, "w") as f:
+            f.write(str(pid - 1))
+    except OSError as e:
+        pytest.skip(f"cannot set the next PID here ({LAST_PID}: {e.strerror})")
 
 
 def wait_until(condition, timeout=30):
@@ -470,3 +489,37 @@ def test_a_server_that_waited_out_its_master_is_not_restarted():
     job = Job(PS, [PS0, W0], lambda t, n: WAITED_OUT if t.role == "ps" else SERVE)
     assert job.run() == 138, job.lines
     assert sorted(job.started) == [("ps:0", 0), ("worker:0", 0)]
+
+
+def test_a_reused_pid_does_not_make_a_restarted_task_look_waited_out():
+    """A child's word to its supervisor outlives it no longer than its exit: the evaluator that
+    left "waited out" and failed, then a worker given its PID again (Linux reuses PIDs) and lost
+    to a peer, is restarted, not taken for one that waited --wait_timeout."""
+    if not os.path.exists(LAST_PID):
+        pytest.skip("no settable PIDs on this system")
+    told = (
+        "import os\nfrom od_dist.job import exit_codes\nexit_codes.tell_supervisor(exit_codes.WAITED_OUT)\n"
+    )
+
+    def scripts(t, n):
+        if t.role == "evaluator":
+            return told + "os._exit(1)" if n == 0 else exits(0, 1.0)
+        return [exits(143, 1.5), exits(138, 0.3), exits(0, 0.3)][n]
+
+    job = Job(MWMS, [W0, EVAL], scripts)
+    original = job.start
+
+    def start(t):
+        running = original(t)
+        if job.started[-1] == ("evaluator:0", 0):
+            job.pids[("worker:0", 1)] = running.proc.pid
+        return running
+
+    job.sup.start = start
+    assert job.run() == 0, job.lines
+    assert [s for s in job.started if s[0] == "worker:0"] == [
+        ("worker:0", 0),
+        ("worker:0", 1),
+        ("worker:0", 2),
+    ]
+    assert any(line.startswith("worker:0 died (exit 138, lost a peer); restart 2/3") for line in job.lines)

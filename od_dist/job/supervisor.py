@@ -188,6 +188,7 @@ class Running:
     proc: subprocess.Popen
     log_path: str | None = None  # where its output goes, for the messages
     tmp: str | None = None  # its temporary folder (TMPDIR), removed once it has exited
+    notes: str | None = None  # where it leaves words (exit_codes.tell_supervisor), removed likewise
 
 
 def _work_done(proc: subprocess.Popen) -> tuple[float, int]:
@@ -268,7 +269,7 @@ class Supervisor:
     finished: set[str] = field(default_factory=set)  # tasks done for good (exit 0, or after training)
     first_done: tuple[str, float] | None = None  # the first trainer that finished training, and when
     lead_progress: Progress | None = None
-    notes: str = ""  # the folder where children leave words (exit_codes.tell_supervisor)
+    notes: str = ""  # the folder of the children's words, one folder per start (exit_codes.tell_supervisor)
     scratch: str = ""  # the children's temporary folders, one per start
 
     def on_signal(self, signum, _frame=None) -> None:
@@ -278,10 +279,8 @@ class Supervisor:
 
     def run(self) -> int:
         """Starts every task and supervises them; returns the job's exit status."""
-        previous = os.environ.get(exit_codes.NOTES_ENV)
         self.notes = tempfile.mkdtemp(prefix="od-dist-notes-")
         self.scratch = tempfile.mkdtemp(prefix="od-dist-tasks-")
-        os.environ[exit_codes.NOTES_ENV] = self.notes  # the children inherit it
         try:
             for task in self.tasks:
                 self.running[task.name] = self._start(task)
@@ -289,10 +288,6 @@ class Supervisor:
         finally:
             # Whatever happened (an exception included), no child outlives the supervisor.
             self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
-            if previous is None:
-                os.environ.pop(exit_codes.NOTES_ENV, None)
-            else:
-                os.environ[exit_codes.NOTES_ENV] = previous
             shutil.rmtree(self.notes, ignore_errors=True)
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -301,22 +296,27 @@ class Supervisor:
         killed or lost cannot remove its temporary files (autograph's sources, a
         multi_worker_mirrored worker's checkpoint copy), and each restart would add more."""
         folder = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.scratch)
-        previous = os.environ.get("TMPDIR")
-        os.environ["TMPDIR"] = folder
+        # Its words in a folder of this start alone: a PID is reused once the child is gone, and
+        # a word left by an earlier child must not speak for a later one.
+        notes = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.notes)
+        previous = {name: os.environ.get(name) for name in ("TMPDIR", exit_codes.NOTES_ENV)}
+        os.environ.update({"TMPDIR": folder, exit_codes.NOTES_ENV: notes})
         try:
             running = self.start(task)
         finally:
-            if previous is None:
-                os.environ.pop("TMPDIR", None)
-            else:
-                os.environ["TMPDIR"] = previous
-        running.tmp = folder
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        running.tmp, running.notes = folder, notes
         return running
 
     def _finish(self, r: Running) -> None:
         self.finish(r)
-        if r.tmp:
-            shutil.rmtree(r.tmp, ignore_errors=True)
+        for folder in (r.tmp, r.notes):
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _procs(self, trainers: bool | None = None) -> list[subprocess.Popen]:
         return [
@@ -381,11 +381,7 @@ class Supervisor:
         """The task said it exits 138 after --wait_timeout without its peers (a pause elsewhere
         that did not end, a machine that never came): one wait, not one per restart."""
         r = self.running.get(task.name)
-        return (
-            r is not None
-            and bool(self.notes)
-            and exit_codes.told(self.notes, r.proc.pid, exit_codes.WAITED_OUT)
-        )
+        return r is not None and bool(r.notes) and exit_codes.told(r.notes, r.proc.pid, exit_codes.WAITED_OUT)
 
     def _log_note(self, task: Task) -> str:
         log = self.running[task.name].log_path if task.name in self.running else None
