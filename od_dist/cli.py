@@ -536,7 +536,11 @@ def cmd_train(fv) -> int:
     # parameter-server coordinator; every strategy here is built from the validated cluster instead.
     tf_config = os.environ.pop("TF_CONFIG", None)
     cfg = train_config_of(fv, selected)
-    if fv.max_restarts:
+    # The evaluator, a sidecar whose failures never stop the trainers, always runs under a
+    # supervisor of its own (unless it is one's child already): without restarts too, its exit is
+    # what happened to the job, never a permanent failure of its own (FailJobSet on Kubernetes).
+    sidecar = cfg.role == "evaluator" and not os.environ.get(exit_codes.NOTES_ENV)
+    if fv.max_restarts or sidecar:
         from od_dist.cluster.spec import Address, Task
         from od_dist.job import launch
 

@@ -171,6 +171,32 @@ def test_out_of_memory_building_the_model_is_no_invalid_pipeline(data_dir, tmp_p
     assert not (tmp_path / "run" / "logs").exists()  # no task was started
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("restarts", [[], ["--max_restarts=1"]])
+def test_an_evaluator_whose_job_never_started_says_so(restarts, data_dir, tmp_path):
+    """`train --role evaluator`, as every generated script (`--max_restarts N`) and a Kubernetes pod
+    without a budget run it, and no master ever comes: exit 138 (the job did not start, a later
+    try may find it), once, never "training finished" and never a permanent failure of its own."""
+    from loopback import tiny, write_cluster
+
+    cluster = write_cluster(tmp_path, workers=1, evaluator=True)
+    r = od_dist(
+        "train",
+        f"--cluster={cluster}",
+        "--role=evaluator",
+        f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}",
+        f"--model_dir={tmp_path / 'run'}",
+        tiny(data_dir),
+        "--wait_timeout=3",
+        *restarts,
+        timeout=300,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 138, out[-3000:]
+    assert "the job did not start" in out and "training finished" not in out, out[-3000:]
+    assert out.count("never came within --wait_timeout (3 s)") == 1, out[-3000:]  # not restarted
+
+
 # ----- 5: a complete checkpoint is never deleted; only leftovers of unfinished saves are ------------
 
 

@@ -50,7 +50,8 @@ def test_sigint_is_a_persons_stop_never_restarted(code):
     job (every multi_worker_mirrored trainer saves and exits 130; the master tells the servers)."""
     for strategy, role in ((PS, "worker"), (PS, "ps"), (PS, "master"), (MWMS, "worker"), (MWMS, "master")):
         assert decide(strategy, role, code) == supervisor.PERSON
-    assert decide(MWMS, "evaluator", code) == RESTART_TASK  # a sidecar, as for any exit
+    # The evaluator is stopped by no one else: its 130 says a person stopped the job it evaluates.
+    assert decide(MWMS, "evaluator", code) == supervisor.PERSON
     assert plan(MWMS, [MASTER, W0], [(W0, 138), (MASTER, 130)]) == supervisor.Plan(
         supervisor.PERSON, (MASTER, 130)
     )
@@ -523,3 +524,27 @@ def test_a_reused_pid_does_not_make_a_restarted_task_look_waited_out():
         ("worker:0", 2),
     ]
     assert any(line.startswith("worker:0 died (exit 138, lost a peer); restart 2/3") for line in job.lines)
+
+
+def test_a_lone_evaluators_exit_says_what_happened_to_the_job():
+    """`train --role evaluator` (every generated script, a Kubernetes pod): the evaluator's own
+    supervisor, alone on its machine, says no more than it knows. Its master never came: exit
+    138, not restarted. The job stopped by a person: 130. Evaluation failing past its restarts:
+    exit 0 (it never stops the trainers) without claiming that training finished."""
+    job = Job(PS, [EVAL], lambda t, n: WAITED_OUT)
+    assert job.run() == 138, job.lines
+    assert job.started == [("evaluator:0", 0)]
+    assert job.lines == [
+        "evaluator:0 waited --wait_timeout for its master, which never came (exit 138, lost a peer): the "
+        "job did not start; not restarted"
+    ]
+    job = Job(PS, [EVAL], lambda t, n: exits(130, 0.1))
+    assert job.run() == 130, job.lines
+    assert job.started == [("evaluator:0", 0)]
+    job = Job(PS, [EVAL], lambda t, n: exits(1, 0.1), max_restarts=1, eval_command="od-dist eval x")
+    assert job.run() == 0, job.lines
+    assert len(job.started) == 2
+    assert job.lines[-1] == (
+        "evaluation is missing (evaluator:0 used up its restarts); training is not affected; evaluate "
+        "the final checkpoint with: od-dist eval x"
+    )

@@ -308,10 +308,11 @@ def run_evaluator(config: TrainConfig) -> int:
     lead = config.selected.cluster.lead_task() if config.selected.cluster else None
     master = lead.address if lead else None  # the master, or worker 0 when the cluster has none
     last_seen = [time.monotonic()]
+    seen = [False]  # the master was ever up: the job started
 
     def keep_waiting() -> bool:
         if master is not None and is_listening(master.host, master.port):
-            last_seen[0] = time.monotonic()
+            last_seen[0], seen[0] = time.monotonic(), True
         return time.monotonic() - last_seen[0] < config.wait_timeout
 
     metrics = trainer.continuous_eval(
@@ -321,6 +322,18 @@ def run_evaluator(config: TrainConfig) -> int:
         keep_waiting=keep_waiting,
         pipeline_path=config.pipeline,
     )
+    if metrics is None and master is not None and not seen[0]:
+        # The job never started (no master, no checkpoint): retryable, like a trainer's wait for
+        # its peers, and not restarted by its supervisor (it would only wait again).
+        print(
+            f"od-dist: evaluator: the master at {master} never came within --wait_timeout "
+            f"({config.wait_timeout:.0f} s) and {config.model_dir} has no checkpoint: the job did not start; "
+            f"exit {exit_codes.LOST_PEER}",
+            file=sys.stderr,
+            flush=True,
+        )
+        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)
+        return exit_codes.LOST_PEER
     if metrics is None:
         raise RoleError(
             f"evaluator: no checkpoint appeared in {config.model_dir} while the master was reachable "

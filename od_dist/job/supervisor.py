@@ -88,10 +88,10 @@ def decide(strategy: str, role: str, returncode: int) -> str:
     code = exit_codes.normalize(returncode)
     if code == exit_codes.OK:
         return DONE
+    if code == exit_codes.INTERRUPTED:  # SIGINT reaches a task only from a person (its own or a peer's)
+        return PERSON  # the evaluator's 130 too: it says a person stopped the job (roles.run_evaluator)
     if role == "evaluator":  # a sidecar: its failure is never the job's
         return RESTART_TASK
-    if code == exit_codes.INTERRUPTED:  # SIGINT reaches a task only from a person (its own or a peer's)
-        return PERSON
     if code not in exit_codes.RETRYABLE:
         return PERMANENT
     if role == "worker" and strategy == PARAMETER_SERVER:
@@ -391,9 +391,13 @@ class Supervisor:
         """The job's end when the lead finished: exit 0, and a last line when evaluation is missing
         (0 all the same, as JobSet's success policy on the master has it: the model is trained)."""
         if self.no_evaluation:
+            # Only a trainer here tells that training finished; an evaluator alone on its machine
+            # knows only that its own evaluation is missing.
             self.say(
-                f"training finished; evaluation is missing ({', '.join(self.no_evaluation)} used up its "
-                f"restarts); evaluate the final checkpoint with: {self.eval_command or 'od-dist eval'}"
+                f"{'training finished; ' if self.first_done else ''}evaluation is missing "
+                f"({', '.join(self.no_evaluation)} used up its restarts)"
+                f"{'' if self.first_done else '; training is not affected'}; evaluate the final "
+                f"checkpoint with: {self.eval_command or 'od-dist eval'}"
             )
         else:
             self.say("every task finished")
@@ -477,12 +481,24 @@ class Supervisor:
         self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
         return self._succeeded()
 
-    def _restart_evaluators(self, evaluators, exits) -> None:
+    def _restart_evaluators(self, evaluators, exits) -> int | None:
         """Restarts each evaluator alone within its own --max_restarts; past them, training goes on
-        without it (and the job's last line says so)."""
+        without it (and the job's last line says so). One whose master never came is not restarted
+        (it would only wait again): alone here, its 138 is this machine's exit."""
         codes = dict((t.name, c) for t, c in exits)
         for t in evaluators:
             cause = f"{t.name} died ({describe(codes[t.name])})"
+            if self._waited_out(t):
+                self.say(
+                    f"{t.name} waited --wait_timeout for its master, which never came "
+                    f"({describe(codes[t.name])}): the job did not start; not restarted"
+                )
+                self._finish(self.running.pop(t.name))
+                if not self.running and not self.pending:
+                    return exit_codes.LOST_PEER
+                self.no_evaluation.append(t.name)
+                self.finished.add(t.name)
+                continue
             n = self.evaluator_restarts.get(t.name, 0)
             if n >= self.max_restarts:
                 self.say(
@@ -501,6 +517,7 @@ class Supervisor:
             )
             self._finish(self.running.pop(t.name))
             self.pending[t.name] = time.monotonic() + wait
+        return None
 
     def _done(self, task: Task) -> None:
         self.finished.add(task.name)
@@ -531,8 +548,7 @@ class Supervisor:
         after = f" after {self.first_done[0]} finished training" if self.first_done else ""
         cause = f"{task.name} died{after} ({describe(code)})"
         if p.action == RESTART_TASK and all(t.role == "evaluator" for t in p.restart):
-            self._restart_evaluators(p.restart, exits)
-            return None
+            return self._restart_evaluators(p.restart, exits)
         if p.action == PERSON:
             return self._interrupt(
                 signal.SIGINT,
