@@ -263,11 +263,66 @@ def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, 
     )
 
 
+def servers_up(tmp_path, procs, cluster, model_dir, data_dir, wait, workers=1):
+    """The ps and the first `workers` workers, started by hand and serving."""
+    started = [Proc(tmp_path, "ps", train_args(cluster, "ps", 0, model_dir, data_dir, wait=wait))]
+    started += [
+        Proc(tmp_path, f"worker{i}", train_args(cluster, "worker", i, model_dir, data_dir, wait=wait))
+        for i in range(workers)
+    ]
+    procs.extend(started)
+    for p in started:
+        p.wait_for(lambda out: "serving on" in out, 400, "serving")
+    return started
+
+
+def test_a_master_stopping_at_its_records_check_tells_its_servers(tmp_path, data_dir, procs):
+    """Every machine's train_data.input_path matches nothing: the master exits 2 at its records
+    check, before it connects to anyone, and says so on its port; the ps and the worker exit 2 with
+    its reason within seconds, not after --wait_timeout with a retryable 138."""
+    wait = 120
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    model_dir = tmp_path / "model"
+    missing = tmp_path / "nowhere"
+    servers = servers_up(tmp_path, procs, cluster, model_dir, missing, wait)
+    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, missing, wait=wait))
+    procs.append(master)
+    assert master.wait(300) == 2, master.out[-3000:]
+    gone = time.monotonic()
+    assert f"{missing}/train.tfrecord" in master.out.strip().splitlines()[-1], master.out[-3000:]
+    for p in servers:
+        assert p.wait(30) == 2, p.out[-3000:]
+        assert re.search(
+            r"the master stopped before training \(pipeline .*nowhere.*; exit 2; stopping$", p.out, re.M
+        ), p.out[-3000:]
+    print(f"\nmaster exit 2 at its records check: servers gone {time.monotonic() - gone:.1f} s after it")
+
+
+def test_ctrl_c_on_a_master_waiting_for_its_peers_ends_the_job_everywhere(tmp_path, data_dir, procs):
+    """Ctrl+C on the master while it waits for a worker that is late (before TensorFlow connects,
+    before the stop handler of training): every machine exits 130, at once."""
+    cluster = write_cluster(tmp_path, ps=1, workers=2)
+    model_dir = tmp_path / "model"
+    servers = servers_up(tmp_path, procs, cluster, model_dir, data_dir, 120)  # worker:1 never comes
+    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, data_dir, wait=120))
+    procs.append(master)
+    master.wait_for(lambda out: "waiting for worker:1" in out, 300, "its wait for worker:1")
+    master.proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    assert master.wait(30) == 130, master.out[-3000:]
+    for p in servers:
+        assert p.wait(30) == 130, p.out[-3000:]
+        assert "the master was stopped (Ctrl+C); stopping; exit 130" in p.out, p.out[-3000:]
+    print(
+        f"\nCtrl+C on a master waiting for its peers: every process gone {time.monotonic() - sent:.1f} s after it"
+    )
+
+
 def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_path, data_dir, procs):
     """SIGTERM to the master mid-loop saves a checkpoint (exit 143) while the servers wait; the
     master restarted resumes from it; Ctrl+C to the ps stops every process, the master after a
     checkpoint. (A lost worker that rejoins is in test_faults.py's parameter_server job.)"""
-    cluster = write_cluster(tmp_path, ps=1, workers=2)
+    cluster = write_cluster(tmp_path, ps=1, workers=2, evaluator=True)
     model_dir = tmp_path / "model"
 
     def task(role, index, name=None, **kw):
@@ -282,6 +337,9 @@ def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_pat
         return p
 
     ps, w0, w1, master = task("ps", 0), task("worker", 0), task("worker", 1), task("master", 0)
+    # The evaluator's machine as its generated script runs it: a pause of the master is waited
+    # for; a person's stop ends it with 130, not a wait of --wait_timeout and an exit 0.
+    evaluator = task("evaluator", 0, extra=["--max_restarts=2"])
     master.wait_step(5, 400)
 
     master.proc.send_signal(signal.SIGTERM)
@@ -296,7 +354,7 @@ def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_pat
     assert m and m.group(1) == "master:0" and m.group(3) == "SIGTERM", master.out[-3000:]
     stopped = int(m.group(2))
     assert stopped == master.step() and checkpoint_step(str(model_dir)) == stopped
-    assert all(p.proc.poll() is None for p in (ps, w0, w1))  # the servers wait for the master's restart
+    assert all(p.proc.poll() is None for p in (ps, w0, w1, evaluator))  # they wait for the master's restart
 
     # Restarted, it resumes there. Ctrl+C on the ps's machine is a person ending the job: the ps
     # asks the master, which saves, tells the servers, and every process exits 130 (no supervisor
@@ -320,6 +378,14 @@ def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_pat
         assert "the master stopped the job: ps:0 was stopped by Ctrl+C; stopping; exit 130" in p.out, p.out[
             -2000:
         ]
+    assert evaluator.wait(150) == 130, evaluator.out[-3000:]  # its --wait_timeout is 180 s
+    assert (
+        f"evaluator: master:0 was stopped by a person (ps:0 was stopped by Ctrl+C) at step {m.group(2)}; exit 130"
+        in (evaluator.out)
+    ), evaluator.out[-3000:]
+    assert "training finished" not in evaluator.out and "restart 1/" not in evaluator.out, evaluator.out[
+        -3000:
+    ]
     print(f"parameter_server: Ctrl+C to the ps: every process gone {time.monotonic() - sent:.1f} s after it")
 
 

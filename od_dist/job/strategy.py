@@ -85,12 +85,17 @@ def wait_with_beacon(task: Task, peers, timeout_s: float, beacon=None) -> None:
     TensorFlow. Under multi_worker_mirrored a trainer's port opens only once its strategy is being
     built, which blocks until every peer is there, so trainers find each other by these beacons.
     Under parameter_server the servers watch the master's port: the beacon tells them the master
-    is alive while it waits for a late peer. `beacon`: the port, if the caller bound it already."""
+    is alive while it waits for a late peer. `beacon`: the port, if the caller bound it already;
+    the caller keeps it when the wait ends otherwise (Ctrl+C), to tell the servers (roles.run)."""
+    given = beacon is not None
     beacon = beacon or bind_port(task)
     try:
         wait_for_peers(peers, timeout_s)
-    finally:
-        beacon.close()
+    except BaseException:
+        if not given:
+            beacon.close()
+        raise
+    beacon.close()
 
 
 def _resolver(cluster: Cluster, task: Task, num_gpus: int):
