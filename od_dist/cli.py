@@ -525,7 +525,8 @@ Examples:
 With --max_restarts N the task runs as a child that is restarted (up to N times, 2 s backoff,
 doubling) when it is lost (a retryable exit: lost peer, signal), so a job whose machines each run
 their generated script heals itself; the default 0 runs it in this process, as an orchestrator
-(Kubernetes) that restarts pods itself expects.
+(Kubernetes) that restarts pods itself expects (the evaluator always runs under a supervisor of
+its own: its failures are never the job's).
 """,
     lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0)),
 )

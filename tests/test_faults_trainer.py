@@ -318,6 +318,57 @@ def test_ctrl_c_on_a_master_waiting_for_its_peers_ends_the_job_everywhere(tmp_pa
     )
 
 
+# The ps's machine is slow to load TensorFlow: the Ctrl+C comes while it still starts. (It says
+# so in a file: od-dist keeps lines that are not its own off the console.)
+SLOW_START = """
+import importlib.abc, os, sys, time
+
+class _Slow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "tensorflow":
+            sys.meta_path.remove(self)
+            open(os.path.join(os.getcwd(), "loading-tensorflow"), "w").close()
+            time.sleep(30)
+        return None
+
+sys.meta_path.insert(0, _Slow())
+"""
+
+
+def test_ctrl_c_on_a_ps_still_starting_ends_the_job_everywhere(tmp_path, data_dir, procs):
+    """Ctrl+C on the ps while it starts (before it serves, so before its stop handler), the master
+    waiting for it: the ps says so on its port, the master ends with 130 and tells the worker,
+    which ends with 130 too; no machine waits --wait_timeout."""
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    model_dir = tmp_path / "model"
+    w0 = Proc(tmp_path, "worker0", train_args(cluster, "worker", 0, model_dir, data_dir, wait=120))
+    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, data_dir, wait=120))
+    procs.extend([w0, master])
+    w0.wait_for(lambda out: "serving on" in out, 400, "serving")
+    master.wait_for(lambda out: "waiting for ps:0" in out, 400, "its wait for ps:0")
+    hook = site_hook(tmp_path, SLOW_START)
+    path = os.pathsep.join(p for p in (hook, os.environ.get("PYTHONPATH")) if p)
+    ps = Proc(
+        tmp_path, "ps", train_args(cluster, "ps", 0, model_dir, data_dir, wait=120), {"PYTHONPATH": path}
+    )
+    procs.append(ps)
+    ps.wait_for(lambda out: (tmp_path / "loading-tensorflow").exists(), 300, "its start")
+    ps.proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    assert ps.wait(60) == 130, ps.out[-3000:]
+    assert "ps:0: Ctrl+C before the job started; telling the peers waiting for it" in ps.out, ps.out[-3000:]
+    assert "serving on" not in ps.out, ps.out[-3000:]  # it was still starting
+    assert master.wait(30) == 130, master.out[-3000:]
+    assert "master:0: ps:0 was stopped (Ctrl+C); stopping before training (exit 130)" in master.out, (
+        master.out[-3000:]
+    )
+    assert w0.wait(30) == 130, w0.out[-3000:]
+    assert "worker:0: the master stopped the job: ps:0 was stopped (Ctrl+C); stopping; exit 130" in w0.out, (
+        w0.out[-3000:]
+    )
+    print(f"\nCtrl+C on a ps still starting: every process gone {time.monotonic() - sent:.1f} s after it")
+
+
 def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_path, data_dir, procs):
     """SIGTERM to the master mid-loop saves a checkpoint (exit 143) while the servers wait; the
     master restarted resumes from it; Ctrl+C to the ps stops every process, the master after a

@@ -194,18 +194,42 @@ def _stopped_before_training(config: TrainConfig, beacon, e: BaseException) -> N
     while it loads or waits for its peers): it tells them on its port, which it still holds, so
     they exit at once with its reason rather than wait --wait_timeout and exit 138 (retryable)."""
     from od_dist.job import server
+    from od_dist.job.strategy import PeerStopped
 
     code = _code_of(e)
-    if code == exit_codes.INTERRUPTED:
+    if isinstance(e, PeerStopped):
+        word = server.stopped_the_job(str(e))
+    elif code == exit_codes.INTERRUPTED:
         word = server.STOPPED_BY_PERSON
     else:
         word = server.with_exit(f"stopped before training ({str(e).strip() or type(e).__name__})", code)
+    why = f"{e}; " if isinstance(e, PeerStopped) else ""
     print(
-        f"{config.selected.task.name}: stopping before training (exit {code}); telling the servers "
+        f"{config.selected.task.name}: {why}stopping before training (exit {code}); telling the servers "
         f"(for {server.BEACON_LINGER_S:.0f} s)",
         flush=True,
     )
     server.say_on_beacon(beacon, word.splitlines()[0])
+
+
+def _stopped_before_starting(task, e: KeyboardInterrupt) -> None:
+    """Ctrl+C on a server or a multi_worker_mirrored trainer before it serves or trains (while it
+    loads or waits): it says so on its port, which is free then, to the peers waiting for it
+    (strategy.wait_for_peers), which end with 130 in turn, rather than wait --wait_timeout."""
+    from od_dist.job import server
+
+    try:
+        port = server.bind_port(task)
+    except (server.ServerError, OSError):
+        return  # its TensorFlow server holds it: its peers have connected already
+    word = str(e) or f"{task.name} was stopped (Ctrl+C)"  # its own Ctrl+C, or a peer's passed on
+    print(
+        f"{task.name}: {str(e) or 'Ctrl+C'} before the job started; telling the peers waiting for it "
+        f"(for {server.BEACON_LINGER_S:.0f} s)",
+        flush=True,
+    )
+    with port:
+        server.say_on_beacon(port, word)
 
 
 def _model_built(config: TrainConfig, dist, who: str):
@@ -442,6 +466,8 @@ def run(config: TrainConfig) -> int:
     except BaseException as e:
         if beacon is not None and beacon.fileno() != -1:  # still ours: TensorFlow never connected
             _stopped_before_training(config, beacon, e)
+        elif isinstance(e, KeyboardInterrupt) and task is not None and task.address.port is not None:
+            _stopped_before_starting(task, e)
         raise
     finally:
         if beacon is not None:

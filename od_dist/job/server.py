@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -68,7 +69,8 @@ def is_person_stop(why: str) -> bool:
 
 # A master that stops before training has no TensorFlow connection to write stop markers through;
 # it holds its port (its beacon) from its start, and answers each connection there with this and
-# why it stops, for BEACON_LINGER_S (the servers probe it every MASTER_PROBE_S).
+# why it stops, for BEACON_LINGER_S (the servers probe it every MASTER_PROBE_S). A task stopped by
+# Ctrl+C before the job started does the same on its own port, for the peers waiting for it.
 BEACON_WORD = b"od-dist master: "
 BEACON_LINGER_S = MASTER_PROBE_S + 2.0
 BEACON_READ_S = 0.3  # a beacon that says nothing (still training's) answers no byte
@@ -76,23 +78,43 @@ BEACON_READ_S = 0.3  # a beacon that says nothing (still training's) answers no 
 
 def probe_master(host: str, port: int) -> tuple[bool, str]:
     """(listening, what the master said on its port: '' unless it stops before training)."""
+    return probe_all([(host, port)])[0]
+
+
+def probe_all(addresses) -> list[tuple[bool, str]]:
+    """For each (host, port): (listening, what the task there said on its port, '' if nothing:
+    a task stopped before the job started says why, say_on_beacon). All are read at once, within
+    BEACON_READ_S: TensorFlow's server and a beacon that says nothing send no byte first."""
+    conns = []
+    for host, port in addresses:
+        try:
+            conns.append(socket.create_connection((host, port), timeout=1.0))
+        except OSError:
+            conns.append(None)
+    words = [""] * len(conns)
+    waiting = {c: i for i, c in enumerate(conns) if c is not None}
+    deadline = time.monotonic() + BEACON_READ_S
     try:
-        with socket.create_connection((host, port), timeout=1.0) as conn:
-            conn.settimeout(BEACON_READ_S)
-            try:
-                data = conn.recv(1024)
-            except OSError:  # a timeout included: TensorFlow's server waits for the client first
-                data = b""
-    except OSError:
-        return False, ""
-    if not data.startswith(BEACON_WORD):
-        return True, ""
-    return True, data[len(BEACON_WORD) :].decode("utf-8", "replace").strip()
+        while waiting and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))
+            for conn in ready:
+                i = waiting.pop(conn)
+                try:
+                    data = conn.recv(4096)
+                except OSError:
+                    data = b""
+                if data.startswith(BEACON_WORD):
+                    words[i] = data[len(BEACON_WORD) :].decode("utf-8", "replace").strip()
+    finally:
+        for conn in conns:
+            if conn is not None:
+                conn.close()
+    return [(conn is not None, word) for conn, word in zip(conns, words)]
 
 
 def say_on_beacon(beacon: socket.socket, word: str, linger_s: float = BEACON_LINGER_S) -> None:
-    """Answers every connection to the master's still-open beacon with `word` (the servers'
-    probe_master) for linger_s seconds; a second Ctrl+C ends it at once."""
+    """Answers every connection to a task's port with `word` (probe_all: the master's servers,
+    or a task's peers while they wait for it) for linger_s seconds; a second Ctrl+C ends it."""
     deadline = time.monotonic() + linger_s
     try:
         beacon.settimeout(POLL_S)
@@ -295,7 +317,7 @@ def _read_marker(path: str) -> str:
     """What the master wrote: why the job ends (send_stop's `why`); "" while not yet written."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(200).strip()
+            return f.read(4096).strip()
     except OSError:
         return ""
 
