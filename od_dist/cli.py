@@ -545,7 +545,8 @@ Examples:
 With --max_restarts N the task runs as a child that is restarted (up to N times, 2 s backoff,
 doubling) when it is lost (a retryable exit: lost peer, signal), so a job whose machines each run
 their generated script heals itself; the default 0 runs a single task in this process, as an
-orchestrator (Kubernetes) that restarts pods itself expects.
+orchestrator (Kubernetes) that restarts pods itself expects (the evaluator always runs under a
+supervisor of its own: its failures are never the job's).
 """,
     lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0), define_slurm_task_flag(fv)),
 )
@@ -561,7 +562,11 @@ def cmd_train(fv) -> int:
     # parameter-server coordinator; every strategy here is built from the validated cluster instead.
     tf_config = os.environ.pop("TF_CONFIG", None)
     cfg = train_config_of(fv, selected)
-    if fv.max_restarts:
+    # The evaluator, a sidecar whose failures never stop the trainers, always runs under a
+    # supervisor of its own (unless it is one's child already): without restarts too, its exit is
+    # what happened to the job, never a permanent failure of its own (FailJobSet on Kubernetes).
+    sidecar = cfg.role == "evaluator" and not os.environ.get(exit_codes.NOTES_ENV)
+    if fv.max_restarts or sidecar:
         from od_dist.cluster.spec import Address, Task
         from od_dist.job import launch
 

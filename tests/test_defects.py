@@ -121,6 +121,81 @@ def test_launch_refuses_a_model_that_cannot_be_built_before_any_task_starts(unbu
     assert not (model_dir / "logs").exists()  # no task was started
 
 
+# Every Python process of the run: building the RetinaNet runs out of memory, as on a small GPU.
+OUT_OF_MEMORY = """
+import importlib.abc, sys
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "official.vision.modeling.factory":
+            return None
+        spec = next(s for f in sys.meta_path if f is not self for s in [f.find_spec(name, path, target)] if s)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+
+            def build_retinanet(*args, **kwargs):
+                import tensorflow as tf
+                raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[2,64,64,256]")
+
+            module.build_retinanet = build_retinanet
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _Hook())
+"""
+
+
+@pytest.mark.slow
+def test_out_of_memory_building_the_model_is_no_invalid_pipeline(data_dir, tmp_path):
+    """Only what a pipeline can get wrong is exit 2 (permanent, FailJobSet on Kubernetes): an
+    out-of-memory, CUDA or library error while building a good pipeline's model is exit 1."""
+    from loopback import site_hook
+
+    pipeline = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+    r = od_dist(
+        "launch",
+        "--cluster=clusters/local.yaml",
+        f"--pipeline={pipeline}",
+        f"--model_dir={tmp_path / 'run'}",
+        f"--params_override={small_override(data_dir)}",
+        env={"PYTHONPATH": os.pathsep.join([site_hook(tmp_path, OUT_OF_MEMORY), ROOT])},
+        timeout=600,
+    )
+    assert r.returncode == 1, r.stdout[-1500:] + r.stderr[-1500:]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("od-dist launch: could not check the pipeline (exit 1): ") and "OOM" in line, line
+    assert "cannot be built" not in line
+    assert not (tmp_path / "run" / "logs").exists()  # no task was started
+
+
+@pytest.mark.slow
+def test_an_evaluator_whose_job_never_started_says_so(data_dir, tmp_path):
+    """`train --role evaluator`, as a Kubernetes pod without a budget runs it (under its own
+    supervisor all the same, as every generated script's `--max_restarts N`: test_supervisor.py
+    has the restarts), and no master ever comes: exit 138 (the job did not start, a later try may
+    find it), once, never "training finished" and never a permanent failure of its own."""
+    from loopback import tiny, write_cluster
+
+    cluster = write_cluster(tmp_path, workers=1, evaluator=True)
+    r = od_dist(
+        "train",
+        f"--cluster={cluster}",
+        "--role=evaluator",
+        f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}",
+        f"--model_dir={tmp_path / 'run'}",
+        tiny(data_dir),
+        "--wait_timeout=3",
+        timeout=300,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 138, out[-3000:]
+    assert "the job did not start" in out and "training finished" not in out, out[-3000:]
+    assert out.count("never came within --wait_timeout (3 s)") == 1, out[-3000:]  # not restarted
+
+
 # ----- 5: a complete checkpoint is never deleted; only leftovers of unfinished saves are ------------
 
 
@@ -739,7 +814,7 @@ def test_a_worker_without_the_records_is_one_line_and_the_servers_stop(data_dir,
         assert "told ps:0, worker:0 to stop" in out, out[-2000:]
         for role in ("ps", "worker"):
             sout, _ = procs[role].communicate(timeout=120)
-            assert procs[role].returncode == 0, sout[-2000:]
+            assert procs[role].returncode == 1, sout[-2000:]  # the master's reason, and its code
             assert f"{role}:0: the master failed (worker:0 at {worker_address} cannot read" in sout
     finally:
         for proc in procs.values():

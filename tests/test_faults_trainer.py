@@ -263,11 +263,117 @@ def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, 
     )
 
 
+def servers_up(tmp_path, procs, cluster, model_dir, data_dir, wait, workers=1):
+    """The ps and the first `workers` workers, started by hand and serving."""
+    started = [Proc(tmp_path, "ps", train_args(cluster, "ps", 0, model_dir, data_dir, wait=wait))]
+    started += [
+        Proc(tmp_path, f"worker{i}", train_args(cluster, "worker", i, model_dir, data_dir, wait=wait))
+        for i in range(workers)
+    ]
+    procs.extend(started)
+    for p in started:
+        p.wait_for(lambda out: "serving on" in out, 400, "serving")
+    return started
+
+
+def test_a_master_stopping_at_its_records_check_tells_its_servers(tmp_path, data_dir, procs):
+    """Every machine's train_data.input_path matches nothing: the master exits 2 at its records
+    check, before it connects to anyone, and says so on its port; the ps and the worker exit 2 with
+    its reason within seconds, not after --wait_timeout with a retryable 138."""
+    wait = 120
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    model_dir = tmp_path / "model"
+    missing = tmp_path / "nowhere"
+    servers = servers_up(tmp_path, procs, cluster, model_dir, missing, wait)
+    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, missing, wait=wait))
+    procs.append(master)
+    assert master.wait(300) == 2, master.out[-3000:]
+    gone = time.monotonic()
+    assert f"{missing}/train.tfrecord" in master.out.strip().splitlines()[-1], master.out[-3000:]
+    for p in servers:
+        assert p.wait(30) == 2, p.out[-3000:]
+        assert re.search(
+            r"the master stopped before training \(pipeline .*nowhere.*; exit 2; stopping$", p.out, re.M
+        ), p.out[-3000:]
+    print(f"\nmaster exit 2 at its records check: servers gone {time.monotonic() - gone:.1f} s after it")
+
+
+def test_ctrl_c_on_a_master_waiting_for_its_peers_ends_the_job_everywhere(tmp_path, data_dir, procs):
+    """Ctrl+C on the master while it waits for a worker that is late (before TensorFlow connects,
+    before the stop handler of training): every machine exits 130, at once."""
+    cluster = write_cluster(tmp_path, ps=1, workers=2)
+    model_dir = tmp_path / "model"
+    servers = servers_up(tmp_path, procs, cluster, model_dir, data_dir, 120)  # worker:1 never comes
+    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, data_dir, wait=120))
+    procs.append(master)
+    master.wait_for(lambda out: "waiting for worker:1" in out, 300, "its wait for worker:1")
+    master.proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    assert master.wait(30) == 130, master.out[-3000:]
+    for p in servers:
+        assert p.wait(30) == 130, p.out[-3000:]
+        assert "the master was stopped (Ctrl+C); stopping; exit 130" in p.out, p.out[-3000:]
+    print(
+        f"\nCtrl+C on a master waiting for its peers: every process gone {time.monotonic() - sent:.1f} s after it"
+    )
+
+
+# The ps's machine is slow to load TensorFlow: the Ctrl+C comes while it still starts. (It says
+# so in a file: od-dist keeps lines that are not its own off the console.)
+SLOW_START = """
+import importlib.abc, os, sys, time
+
+class _Slow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "tensorflow":
+            sys.meta_path.remove(self)
+            open(os.path.join(os.getcwd(), "loading-tensorflow"), "w").close()
+            time.sleep(30)
+        return None
+
+sys.meta_path.insert(0, _Slow())
+"""
+
+
+def test_ctrl_c_on_a_ps_still_starting_ends_the_job_everywhere(tmp_path, data_dir, procs):
+    """Ctrl+C on the ps while it starts (before it serves, so before its stop handler), the master
+    waiting for it: the ps says so on its port, the master ends with 130 and tells the worker,
+    which ends with 130 too; no machine waits --wait_timeout."""
+    cluster = write_cluster(tmp_path, ps=1, workers=1)
+    model_dir = tmp_path / "model"
+    w0 = Proc(tmp_path, "worker0", train_args(cluster, "worker", 0, model_dir, data_dir, wait=120))
+    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, data_dir, wait=120))
+    procs.extend([w0, master])
+    w0.wait_for(lambda out: "serving on" in out, 400, "serving")
+    master.wait_for(lambda out: "waiting for ps:0" in out, 400, "its wait for ps:0")
+    hook = site_hook(tmp_path, SLOW_START)
+    path = os.pathsep.join(p for p in (hook, os.environ.get("PYTHONPATH")) if p)
+    ps = Proc(
+        tmp_path, "ps", train_args(cluster, "ps", 0, model_dir, data_dir, wait=120), {"PYTHONPATH": path}
+    )
+    procs.append(ps)
+    ps.wait_for(lambda out: (tmp_path / "loading-tensorflow").exists(), 300, "its start")
+    ps.proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    assert ps.wait(60) == 130, ps.out[-3000:]
+    assert "ps:0: Ctrl+C before the job started; telling the peers waiting for it" in ps.out, ps.out[-3000:]
+    assert "serving on" not in ps.out, ps.out[-3000:]  # it was still starting
+    assert master.wait(30) == 130, master.out[-3000:]
+    assert "master:0: ps:0 was stopped (Ctrl+C); stopping before training (exit 130)" in master.out, (
+        master.out[-3000:]
+    )
+    assert w0.wait(30) == 130, w0.out[-3000:]
+    assert "worker:0: the master stopped the job: ps:0 was stopped (Ctrl+C); stopping; exit 130" in w0.out, (
+        w0.out[-3000:]
+    )
+    print(f"\nCtrl+C on a ps still starting: every process gone {time.monotonic() - sent:.1f} s after it")
+
+
 def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_path, data_dir, procs):
     """SIGTERM to the master mid-loop saves a checkpoint (exit 143) while the servers wait; the
     master restarted resumes from it; Ctrl+C to the ps stops every process, the master after a
     checkpoint. (A lost worker that rejoins is in test_faults.py's parameter_server job.)"""
-    cluster = write_cluster(tmp_path, ps=1, workers=2)
+    cluster = write_cluster(tmp_path, ps=1, workers=2, evaluator=True)
     model_dir = tmp_path / "model"
 
     def task(role, index, name=None, **kw):
@@ -282,6 +388,9 @@ def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_pat
         return p
 
     ps, w0, w1, master = task("ps", 0), task("worker", 0), task("worker", 1), task("master", 0)
+    # The evaluator's machine as its generated script runs it: a pause of the master is waited
+    # for; a person's stop ends it with 130, not a wait of --wait_timeout and an exit 0.
+    evaluator = task("evaluator", 0, extra=["--max_restarts=2"])
     master.wait_step(5, 400)
 
     master.proc.send_signal(signal.SIGTERM)
@@ -296,7 +405,7 @@ def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_pat
     assert m and m.group(1) == "master:0" and m.group(3) == "SIGTERM", master.out[-3000:]
     stopped = int(m.group(2))
     assert stopped == master.step() and checkpoint_step(str(model_dir)) == stopped
-    assert all(p.proc.poll() is None for p in (ps, w0, w1))  # the servers wait for the master's restart
+    assert all(p.proc.poll() is None for p in (ps, w0, w1, evaluator))  # they wait for the master's restart
 
     # Restarted, it resumes there. Ctrl+C on the ps's machine is a person ending the job: the ps
     # asks the master, which saves, tells the servers, and every process exits 130 (no supervisor
@@ -320,6 +429,14 @@ def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_pat
         assert "the master stopped the job: ps:0 was stopped by Ctrl+C; stopping; exit 130" in p.out, p.out[
             -2000:
         ]
+    assert evaluator.wait(150) == 130, evaluator.out[-3000:]  # its --wait_timeout is 180 s
+    assert (
+        f"evaluator: master:0 was stopped by a person (ps:0 was stopped by Ctrl+C) at step {m.group(2)}; exit 130"
+        in (evaluator.out)
+    ), evaluator.out[-3000:]
+    assert "training finished" not in evaluator.out and "restart 1/" not in evaluator.out, evaluator.out[
+        -3000:
+    ]
     print(f"parameter_server: Ctrl+C to the ps: every process gone {time.monotonic() - sent:.1f} s after it")
 
 

@@ -169,30 +169,62 @@ def test_each_pod_is_its_task_at_its_dns_name(which, tmp_path, capsys, monkeypat
             config.select(None, role, 0, allow_public=True)
 
 
+class Kubernetes:
+    """What Kubernetes and the JobSet controller do with the manifest, pod failure after pod
+    failure, by their documented rules (not by the renderer's intent):
+    - a Job's podFailurePolicy: the first matching rule acts; FailJob fails the Job (reason
+      PodFailurePolicy), Ignore replaces the pod without counting it, Count or no match counts it;
+    - a Job's backoffLimit is the number of counted failures it tolerates in all, shared by every
+      pod and index of the Job (backoffLimitPerIndex would be per index): one more fails the Job
+      (reason BackoffLimitExceeded); a counted failure within it replaces that pod alone;
+    - a failed Job: the JobSet's failurePolicy, its first rule matching the Job's reason and
+      replicated job; with none, RestartJobSet, which past maxRestarts fails the JobSet; a
+      restart recreates every Job, their counts of failures from 0."""
+
+    def __init__(self, doc):
+        self.doc = doc
+        self.jobs = {r["name"]: r["template"]["spec"] for r in doc["spec"]["replicatedJobs"]}
+        self.restarts = 0
+        self.failed = dict.fromkeys(self.jobs, 0)
+
+    def exits(self, role, code):
+        if code == 0:
+            return "done"
+        job = self.jobs[role]
+        action = "Count"
+        for rule in job["podFailurePolicy"]["rules"]:
+            codes = rule["onExitCodes"]
+            if (code in codes["values"]) == (codes["operator"] == "In"):
+                action = rule["action"]
+                break
+        if action == "Ignore":
+            return "pod restarts alone"
+        if action == "FailJob":
+            reason = "PodFailurePolicy"
+        else:
+            self.failed[role] += 1
+            if self.failed[role] <= job["backoffLimit"]:
+                return "pod restarts alone"
+            reason = "BackoffLimitExceeded"
+        policy = self.doc["spec"]["failurePolicy"]
+        action = "RestartJobSet"
+        for rule in policy.get("rules", []):
+            if reason in rule.get("onJobFailureReasons", [reason]) and role in rule.get(
+                "targetReplicatedJobs", [role]
+            ):
+                action = rule["action"]
+                break
+        if action == "FailJobSet" or (action == "RestartJobSet" and self.restarts >= policy["maxRestarts"]):
+            return "fails"
+        if action == "RestartJobSet":
+            self.restarts += 1
+        self.failed = dict.fromkeys(self.jobs, 0)
+        return "restarts all"
+
+
 def outcome(doc, role, code):
-    """What Kubernetes does when a pod of `role` exits with `code`, read from the manifest by the
-    documented rules: the Job's podFailurePolicy (first matching rule; no match counts against
-    backoffLimit), then the JobSet's failurePolicy (first matching rule; none: RestartJobSet)."""
-    if code == 0:
-        return "done"
-    job = rjobs(doc)[role]["template"]["spec"]
-    action = "Count"
-    for rule in job["podFailurePolicy"]["rules"]:
-        codes = rule["onExitCodes"]
-        if (code in codes["values"]) == (codes["operator"] == "In"):
-            action = rule["action"]
-            break
-    if action == "Ignore":
-        return "pod restarts alone"
-    reason = "PodFailurePolicy" if action == "FailJob" else "BackoffLimitExceeded"
-    if action == "Count" and job["backoffLimit"] > 0:
-        return "pod restarts alone"
-    for rule in doc["spec"]["failurePolicy"]["rules"]:
-        if reason in rule.get("onJobFailureReasons", [reason]) and role in rule.get(
-            "targetReplicatedJobs", [role]
-        ):
-            return {"FailJobSet": "fails", "RestartJobSet": "restarts all"}[rule["action"]]
-    return "restarts all"
+    """A first failure: what Kubernetes does when a pod of `role` exits with `code`."""
+    return Kubernetes(doc).exits(role, code)
 
 
 SUPERVISOR = {
@@ -240,13 +272,14 @@ def test_restarts_follow_the_supervisors_rules(which, tmp_path, capsys):
         assert "--max_restarts=5" in args
     for role in set(rjobs(doc)) - {"evaluator"}:
         assert not any(a.startswith("--max_restarts") for a in pod_view(rjobs(doc)[role], 0)[1])
-    # No budget: no supervisor in the evaluator's pod, and the header does not promise one.
+    # No budget: no restart anywhere; the evaluator's pod (`train --role evaluator`) still runs its
+    # own supervisor, so it exits 0, 130 or 138 and never fails the JobSet with its own exit 1.
     text, doc = write(capsys, path, "--max_restarts=0")
     assert doc["spec"]["failurePolicy"]["maxRestarts"] == 0
     assert all(rjob["template"]["spec"]["backoffLimit"] == 0 for rjob in rjobs(doc).values())
     for rjob in rjobs(doc).values():
         assert not any(a.startswith("--max_restarts") for a in pod_view(rjob, 0)[1])
-    assert "its own supervisor" not in text
+    assert ("its own supervisor" in text) == bool(cluster.evaluator)
 
 
 @pytest.mark.parametrize("which", CLUSTERS)
@@ -503,3 +536,19 @@ def test_the_readme_installs_the_jobset_release_the_tests_check_against(capsys):
     }
     assert f'"claimName": "{claim}"' in section and "--model_dir=/mnt/od-dist/runs/lan" in section
     assert "docker build -t registry.example/od-dist:0.1 ." in section
+
+
+@pytest.mark.parametrize("which", ["lan-example", "ps"])
+def test_the_budget_of_workers_restarted_alone_is_shared_as_under_launch(which, tmp_path, capsys):
+    """--max_restarts 2, parameter_server: launch restarts lost workers alone twice in all, then
+    fails the job (supervisor: no restart left). On Kubernetes the worker Job's backoffLimit is
+    shared by its pods: the third lost worker, whichever its index, fails the JobSet too, rather
+    than restarting every pod."""
+    path = cluster_file(tmp_path, which)
+    _, doc = write(capsys, path, "--max_restarts=2")
+    k = Kubernetes(doc)
+    assert [k.exits("worker", 137) for _ in range(3)] == ["pod restarts alone"] * 2 + ["fails"]
+    k = Kubernetes(doc)  # a ps lost restarts every pod, and their counts start over
+    assert k.exits("worker", 137) == "pod restarts alone"
+    assert k.exits("ps", 137) == "restarts all"
+    assert [k.exits("worker", 143) for _ in range(3)] == ["pod restarts alone"] * 2 + ["fails"]

@@ -102,8 +102,10 @@ def test_a_server_told_of_a_persons_stop_exits_130_and_of_the_end_0(capsys):
     assert server._told(ps, server.STOPPED_BY_PERSON) == 130
     assert server._told(ps, server.stopped_the_job("ps:0 was stopped by Ctrl+C")) == 130
     assert server._told(ps, server.DONE) == 0
+    assert server._told(ps, server.with_exit("failed (ResourceExhaustedError)", 1)) == 1  # the master's
     assert capsys.readouterr().out.splitlines() == [
         "ps:0: the master was stopped (Ctrl+C); stopping; exit 130",
         "ps:0: the master stopped the job: ps:0 was stopped by Ctrl+C; stopping; exit 130",
         "ps:0: the master finished training; stopping",
+        "ps:0: the master failed (ResourceExhaustedError); exit 1; stopping",
     ]

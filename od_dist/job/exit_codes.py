@@ -55,7 +55,8 @@ def is_retryable(returncode: int) -> bool:
 
 
 # A task run by od-dist's own supervisor (launch, train --max_restarts) can say more than its exit
-# code, which stays the table's for Kubernetes: a file named <its pid>.<word> in this folder.
+# code, which stays the table's for Kubernetes: a file named <its pid>.<word> in this folder (one
+# folder per start of a task, removed once it exited: a PID is reused).
 NOTES_ENV = "OD_DIST_SUPERVISOR_NOTES"
 WAITED_OUT = "waited-out"  # exit 138 after --wait_timeout without a peer: a restart would wait again
 

@@ -10,8 +10,10 @@ single (no cluster)             train on this machine's --num_clones devices
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
+import time
 from typing import NoReturn
 
 from od_dist.job import exit_codes
@@ -149,6 +151,8 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             # restart): they stay up for the master's return, as after a crash.
             own = e.why in ("SIGINT", "SIGBREAK")
             _stop_servers(cluster, server.STOPPED_BY_PERSON if own else server.stopped_the_job(e.why))
+        if e.code == exit_codes.INTERRUPTED and cluster is not None and task == cluster.lead_task():
+            _tell_evaluators(config.model_dir, f"{who} was stopped by a person ({e.why}) at step {e.step}")
         if cluster is not None:
             # The checkpoint is saved and the line printed. A peer that stopped first leaves
             # TensorFlow's shutdown waiting about a minute for its heartbeats: end here instead.
@@ -167,7 +171,9 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             if config.is_coordinator:
                 # A permanent failure: the servers would otherwise wait --wait_timeout for a master
                 # that will not come back, exit 138 and be restarted by their own supervisors.
-                _stop_servers(cluster, f"failed ({missing or type(e).__name__})")
+                _stop_servers(
+                    cluster, server.with_exit(f"failed ({missing or type(e).__name__})", _code_of(e))
+                )
             if missing:
                 raise RoleError(missing) from None
             raise
@@ -179,6 +185,58 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
     if config.is_coordinator:
         _stop_servers(cluster, server.DONE)
     return 0
+
+
+def _code_of(e: BaseException) -> int:
+    """The exit status `e` ends this process with (cli.py's _run_role and main)."""
+    from od_dist.model.pipeline import PipelineError
+
+    if isinstance(e, KeyboardInterrupt):
+        return exit_codes.INTERRUPTED
+    return exit_codes.INVALID if isinstance(e, PipelineError) else exit_codes.FAILED
+
+
+def _stopped_before_training(config: TrainConfig, beacon, e: BaseException) -> None:
+    """The master stops before it connected to its servers (a pipeline or records check, Ctrl+C
+    while it loads or waits for its peers): it tells them on its port, which it still holds, so
+    they exit at once with its reason rather than wait --wait_timeout and exit 138 (retryable)."""
+    from od_dist.job import server
+    from od_dist.job.strategy import PeerStopped
+
+    code = _code_of(e)
+    if isinstance(e, PeerStopped):
+        word = server.stopped_the_job(str(e))
+    elif code == exit_codes.INTERRUPTED:
+        word = server.STOPPED_BY_PERSON
+    else:
+        word = server.with_exit(f"stopped before training ({str(e).strip() or type(e).__name__})", code)
+    why = f"{e}; " if isinstance(e, PeerStopped) else ""
+    print(
+        f"{config.selected.task.name}: {why}stopping before training (exit {code}); telling the servers "
+        f"(for {server.BEACON_LINGER_S:.0f} s)",
+        flush=True,
+    )
+    server.say_on_beacon(beacon, word.splitlines()[0])
+
+
+def _stopped_before_starting(task, e: KeyboardInterrupt) -> None:
+    """Ctrl+C on a server or a multi_worker_mirrored trainer before it serves or trains (while it
+    loads or waits): it says so on its port, which is free then, to the peers waiting for it
+    (strategy.wait_for_peers), which end with 130 in turn, rather than wait --wait_timeout."""
+    from od_dist.job import server
+
+    try:
+        port = server.bind_port(task)
+    except (server.ServerError, OSError):
+        return  # its TensorFlow server holds it: its peers have connected already
+    word = str(e) or f"{task.name} was stopped (Ctrl+C)"  # its own Ctrl+C, or a peer's passed on
+    print(
+        f"{task.name}: {str(e) or 'Ctrl+C'} before the job started; telling the peers waiting for it "
+        f"(for {server.BEACON_LINGER_S:.0f} s)",
+        flush=True,
+    )
+    with port:
+        server.say_on_beacon(port, word)
 
 
 def _model_built(config: TrainConfig, dist, who: str):
@@ -256,6 +314,36 @@ def _stop_servers(cluster, why: str) -> None:
     )
 
 
+# In model_dir, which the evaluator reads: the lead's word that a person stopped the job. The
+# evaluator cannot tell that from a pause (SIGTERM, a crash) by the master's port alone, and would
+# wait --wait_timeout for a master that will not come back, then exit 0 as if training finished.
+STOPPED_NOTE = ".od-dist-stopped"
+
+
+def _tell_evaluators(model_dir: str, why: str) -> None:
+    import tensorflow as tf
+
+    path = tf.io.gfile.join(model_dir, STOPPED_NOTE)
+    try:
+        # Unique each time (an evaluator acts only on a word written while it runs), and renamed
+        # into place so that it is never read half written.
+        with tf.io.gfile.GFile(f"{path}.tmp", "w") as f:
+            f.write(f"{why}\n{time.time():.3f} {os.getpid()}\n")
+        tf.io.gfile.rename(f"{path}.tmp", path, overwrite=True)
+    except (tf.errors.OpError, OSError) as e:
+        print(f"od-dist: cannot tell the evaluator in {model_dir} that the job was stopped ({e})", flush=True)
+
+
+def _read_stopped_note(model_dir: str) -> str:
+    import tensorflow as tf
+
+    try:
+        with tf.io.gfile.GFile(tf.io.gfile.join(model_dir, STOPPED_NOTE)) as f:
+            return f.read()
+    except (tf.errors.OpError, OSError):
+        return ""
+
+
 def _after_loss(config: TrainConfig) -> str:
     if config.is_coordinator:
         return "restart the job (every task) to resume from the last checkpoint"
@@ -302,9 +390,9 @@ def _is_peer_error(e: Exception) -> bool:
 
 def run_evaluator(config: TrainConfig) -> int:
     """Evaluates each new checkpoint until the final one. Checkpoints may be far apart, so it
-    waits as long as the master is alive (its port open within --wait_timeout), not a fixed time."""
-    import time
-
+    waits as long as the master is alive (its port open within --wait_timeout), not a fixed time.
+    Its exit says what happened to the job: 0 it finished (the final checkpoint evaluated), 130 a
+    person stopped it (the lead's STOPPED_NOTE), 138 it never started (no master ever came)."""
     from od_dist.job import devices, trainer
     from od_dist.job.server import is_listening
     from od_dist.model import pipeline
@@ -315,10 +403,18 @@ def run_evaluator(config: TrainConfig) -> int:
     lead = config.selected.cluster.lead_task() if config.selected.cluster else None
     master = lead.address if lead else None  # the master, or worker 0 when the cluster has none
     last_seen = [time.monotonic()]
+    seen = [False]  # the master was ever up: the job started
+    before = _read_stopped_note(config.model_dir)  # an earlier run's word is none for this one
+    stopped = []
 
     def keep_waiting() -> bool:
         if master is not None and is_listening(master.host, master.port):
-            last_seen[0] = time.monotonic()
+            last_seen[0], seen[0] = time.monotonic(), True
+            return True
+        said = _read_stopped_note(config.model_dir)
+        if said and said != before:
+            stopped.append(said.splitlines()[0])
+            return False
         return time.monotonic() - last_seen[0] < config.wait_timeout
 
     metrics = trainer.continuous_eval(
@@ -328,6 +424,21 @@ def run_evaluator(config: TrainConfig) -> int:
         keep_waiting=keep_waiting,
         pipeline_path=config.pipeline,
     )
+    if stopped:
+        print(f"evaluator: {stopped[0]}; exit {exit_codes.INTERRUPTED}", flush=True)
+        return exit_codes.INTERRUPTED
+    if metrics is None and master is not None and not seen[0]:
+        # The job never started (no master, no checkpoint): retryable, like a trainer's wait for
+        # its peers, and not restarted by its supervisor (it would only wait again).
+        print(
+            f"od-dist: evaluator: the master at {master} never came within --wait_timeout "
+            f"({config.wait_timeout:.0f} s) and {config.model_dir} has no checkpoint: the job did not start; "
+            f"exit {exit_codes.LOST_PEER}",
+            file=sys.stderr,
+            flush=True,
+        )
+        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)
+        return exit_codes.LOST_PEER
     if metrics is None:
         raise RoleError(
             f"evaluator: no checkpoint appeared in {config.model_dir} while the master was reachable "
@@ -359,6 +470,12 @@ def run(config: TrainConfig) -> int:
         if config.role == "evaluator":
             return run_evaluator(config)
         return run_trainer(config, beacon)
+    except BaseException as e:
+        if beacon is not None and beacon.fileno() != -1:  # still ours: TensorFlow never connected
+            _stopped_before_training(config, beacon, e)
+        elif isinstance(e, KeyboardInterrupt) and task is not None and task.address.port is not None:
+            _stopped_before_starting(task, e)
+        raise
     finally:
         if beacon is not None:
             beacon.close()

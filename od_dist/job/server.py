@@ -15,6 +15,8 @@ to reuse, which is TensorFlow's recovery rule.
 from __future__ import annotations
 
 import os
+import re
+import select
 import signal
 import socket
 import sys
@@ -63,6 +65,79 @@ def stopped_the_job(why: str) -> str:
 
 def is_person_stop(why: str) -> bool:
     return "Ctrl+C" in why
+
+
+# A master that stops before training has no TensorFlow connection to write stop markers through;
+# it holds its port (its beacon) from its start, and answers each connection there with this and
+# why it stops, for BEACON_LINGER_S (the servers probe it every MASTER_PROBE_S). A task stopped by
+# Ctrl+C before the job started does the same on its own port, for the peers waiting for it.
+BEACON_WORD = b"od-dist master: "
+BEACON_LINGER_S = MASTER_PROBE_S + 2.0
+BEACON_READ_S = 0.3  # a beacon that says nothing (still training's) answers no byte
+
+
+def probe_master(host: str, port: int) -> tuple[bool, str]:
+    """(listening, what the master said on its port: '' unless it stops before training)."""
+    return probe_all([(host, port)])[0]
+
+
+def probe_all(addresses) -> list[tuple[bool, str]]:
+    """For each (host, port): (listening, what the task there said on its port, '' if nothing:
+    a task stopped before the job started says why, say_on_beacon). All are read at once, within
+    BEACON_READ_S: TensorFlow's server and a beacon that says nothing send no byte first."""
+    conns = []
+    for host, port in addresses:
+        try:
+            conns.append(socket.create_connection((host, port), timeout=1.0))
+        except OSError:
+            conns.append(None)
+    words = [""] * len(conns)
+    waiting = {c: i for i, c in enumerate(conns) if c is not None}
+    deadline = time.monotonic() + BEACON_READ_S
+    try:
+        while waiting and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))
+            for conn in ready:
+                i = waiting.pop(conn)
+                try:
+                    data = conn.recv(4096)
+                except OSError:
+                    data = b""
+                if data.startswith(BEACON_WORD):
+                    words[i] = data[len(BEACON_WORD) :].decode("utf-8", "replace").strip()
+    finally:
+        for conn in conns:
+            if conn is not None:
+                conn.close()
+    return [(conn is not None, word) for conn, word in zip(conns, words)]
+
+
+def say_on_beacon(beacon: socket.socket, word: str, linger_s: float = BEACON_LINGER_S) -> None:
+    """Answers every connection to a task's port with `word` (probe_all: the master's servers,
+    or a task's peers while they wait for it) for linger_s seconds; a second Ctrl+C ends it."""
+    deadline = time.monotonic() + linger_s
+    try:
+        beacon.settimeout(POLL_S)
+        while time.monotonic() < deadline:
+            try:
+                conn, _ = beacon.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                try:
+                    conn.sendall(BEACON_WORD + word.encode("utf-8", "replace") + b"\n")
+                except OSError:  # an earlier probe, queued and closed since
+                    pass
+    except (OSError, KeyboardInterrupt):
+        pass
+
+
+def with_exit(why: str, code: int) -> str:
+    """The master's word with the exit code the servers take from it (_told)."""
+    return f"{why}; exit {code}"
+
+
+_EXIT_IN_WORD = re.compile(r"; exit (\d+)$")
 
 
 def is_listening(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -190,7 +265,10 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_
             now = time.monotonic()
             if master is not None and now >= next_probe:
                 next_probe = now + MASTER_PROBE_S
-                if is_listening(master.host, master.port):
+                listening, word = probe_master(master.host, master.port)
+                if word:  # the master stops before training: no marker will come
+                    return _told(task, word)
+                if listening:
                     last_seen = now
                 elif now - last_seen > wait_timeout:
                     print(
@@ -239,10 +317,14 @@ def _ask_master(cluster: Cluster, task: Task, request: str, received: list) -> b
 
 def _told(task: Task, why: str) -> int:
     """The line for the master's word, and the exit code it means: 0 when training is done, 130
-    when a person stopped the job."""
+    when a person stopped the job, the master's own when it failed (with_exit)."""
     if is_person_stop(why):
         print(f"{task.name}: the master {why}; stopping; exit {exit_codes.INTERRUPTED}", flush=True)
         return exit_codes.INTERRUPTED
+    failed = _EXIT_IN_WORD.search(why)
+    if failed:
+        print(f"{task.name}: the master {why}; stopping", flush=True)
+        return int(failed.group(1))
     print(f"{task.name}: the master {why or DONE}; stopping", flush=True)
     return 0
 
@@ -251,7 +333,7 @@ def _read_marker(path: str) -> str:
     """What the master wrote: why the job ends (send_stop's `why`); "" while not yet written."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(200).strip()
+            return f.read(4096).strip()
     except OSError:
         return ""
 

@@ -17,7 +17,7 @@ import time
 
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
 from od_dist.job import devices, exit_codes, watch
-from od_dist.job.server import bind_port, is_listening
+from od_dist.job.server import bind_port, probe_all
 
 PROGRESS_EVERY_S = 10.0
 TF_NAMES = {
@@ -29,6 +29,11 @@ TF_NAMES = {
 
 class PeerTimeout(RuntimeError):
     """Some peers never came up; the message names each with its address."""
+
+
+class PeerStopped(KeyboardInterrupt):
+    """A peer was stopped by a person (Ctrl+C) before the job started, and said so on its port:
+    for this task, as its own Ctrl+C (exit 130). The message: `ps:0 was stopped (Ctrl+C)`."""
 
 
 def _missing_message(missing, timeout_s: float) -> str:
@@ -45,7 +50,11 @@ def wait_for_peers(peers, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     next_report = time.monotonic() + PROGRESS_EVERY_S
     while True:
-        missing = [t for t in peers if not is_listening(t.address.host, t.address.port)]
+        seen = probe_all([(t.address.host, t.address.port) for t in peers])
+        said = [word for _, word in seen if word]
+        if said:
+            raise PeerStopped(said[0])
+        missing = [t for t, (listening, _) in zip(peers, seen) if not listening]
         if not missing:
             return
         now = time.monotonic()
@@ -85,12 +94,17 @@ def wait_with_beacon(task: Task, peers, timeout_s: float, beacon=None) -> None:
     TensorFlow. Under multi_worker_mirrored a trainer's port opens only once its strategy is being
     built, which blocks until every peer is there, so trainers find each other by these beacons.
     Under parameter_server the servers watch the master's port: the beacon tells them the master
-    is alive while it waits for a late peer. `beacon`: the port, if the caller bound it already."""
+    is alive while it waits for a late peer. `beacon`: the port, if the caller bound it already;
+    the caller keeps it when the wait ends otherwise (Ctrl+C), to tell the servers (roles.run)."""
+    given = beacon is not None
     beacon = beacon or bind_port(task)
     try:
         wait_for_peers(peers, timeout_s)
-    finally:
-        beacon.close()
+    except BaseException:
+        if not given:
+            beacon.close()
+        raise
+    beacon.close()
 
 
 def _resolver(cluster: Cluster, task: Task, num_gpus: int):

@@ -88,10 +88,10 @@ def decide(strategy: str, role: str, returncode: int) -> str:
     code = exit_codes.normalize(returncode)
     if code == exit_codes.OK:
         return DONE
+    if code == exit_codes.INTERRUPTED:  # SIGINT reaches a task only from a person (its own or a peer's)
+        return PERSON  # the evaluator's 130 too: it says a person stopped the job (roles.run_evaluator)
     if role == "evaluator":  # a sidecar: its failure is never the job's
         return RESTART_TASK
-    if code == exit_codes.INTERRUPTED:  # SIGINT reaches a task only from a person (its own or a peer's)
-        return PERSON
     if code not in exit_codes.RETRYABLE:
         return PERMANENT
     if role == "worker" and strategy == PARAMETER_SERVER:
@@ -188,6 +188,7 @@ class Running:
     proc: subprocess.Popen
     log_path: str | None = None  # where its output goes, for the messages
     tmp: str | None = None  # its temporary folder (TMPDIR), removed once it has exited
+    notes: str | None = None  # where it leaves words (exit_codes.tell_supervisor), removed likewise
 
 
 def _work_done(proc: subprocess.Popen) -> tuple[float, int]:
@@ -268,7 +269,7 @@ class Supervisor:
     finished: set[str] = field(default_factory=set)  # tasks done for good (exit 0, or after training)
     first_done: tuple[str, float] | None = None  # the first trainer that finished training, and when
     lead_progress: Progress | None = None
-    notes: str = ""  # the folder where children leave words (exit_codes.tell_supervisor)
+    notes: str = ""  # the folder of the children's words, one folder per start (exit_codes.tell_supervisor)
     scratch: str = ""  # the children's temporary folders, one per start
 
     def on_signal(self, signum, _frame=None) -> None:
@@ -278,10 +279,8 @@ class Supervisor:
 
     def run(self) -> int:
         """Starts every task and supervises them; returns the job's exit status."""
-        previous = os.environ.get(exit_codes.NOTES_ENV)
         self.notes = tempfile.mkdtemp(prefix="od-dist-notes-")
         self.scratch = tempfile.mkdtemp(prefix="od-dist-tasks-")
-        os.environ[exit_codes.NOTES_ENV] = self.notes  # the children inherit it
         try:
             for task in self.tasks:
                 self.running[task.name] = self._start(task)
@@ -289,10 +288,6 @@ class Supervisor:
         finally:
             # Whatever happened (an exception included), no child outlives the supervisor.
             self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
-            if previous is None:
-                os.environ.pop(exit_codes.NOTES_ENV, None)
-            else:
-                os.environ[exit_codes.NOTES_ENV] = previous
             shutil.rmtree(self.notes, ignore_errors=True)
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -301,22 +296,27 @@ class Supervisor:
         killed or lost cannot remove its temporary files (autograph's sources, a
         multi_worker_mirrored worker's checkpoint copy), and each restart would add more."""
         folder = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.scratch)
-        previous = os.environ.get("TMPDIR")
-        os.environ["TMPDIR"] = folder
+        # Its words in a folder of this start alone: a PID is reused once the child is gone, and
+        # a word left by an earlier child must not speak for a later one.
+        notes = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.notes)
+        previous = {name: os.environ.get(name) for name in ("TMPDIR", exit_codes.NOTES_ENV)}
+        os.environ.update({"TMPDIR": folder, exit_codes.NOTES_ENV: notes})
         try:
             running = self.start(task)
         finally:
-            if previous is None:
-                os.environ.pop("TMPDIR", None)
-            else:
-                os.environ["TMPDIR"] = previous
-        running.tmp = folder
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        running.tmp, running.notes = folder, notes
         return running
 
     def _finish(self, r: Running) -> None:
         self.finish(r)
-        if r.tmp:
-            shutil.rmtree(r.tmp, ignore_errors=True)
+        for folder in (r.tmp, r.notes):
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _procs(self, trainers: bool | None = None) -> list[subprocess.Popen]:
         return [
@@ -381,11 +381,7 @@ class Supervisor:
         """The task said it exits 138 after --wait_timeout without its peers (a pause elsewhere
         that did not end, a machine that never came): one wait, not one per restart."""
         r = self.running.get(task.name)
-        return (
-            r is not None
-            and bool(self.notes)
-            and exit_codes.told(self.notes, r.proc.pid, exit_codes.WAITED_OUT)
-        )
+        return r is not None and bool(r.notes) and exit_codes.told(r.notes, r.proc.pid, exit_codes.WAITED_OUT)
 
     def _log_note(self, task: Task) -> str:
         log = self.running[task.name].log_path if task.name in self.running else None
@@ -395,9 +391,13 @@ class Supervisor:
         """The job's end when the lead finished: exit 0, and a last line when evaluation is missing
         (0 all the same, as JobSet's success policy on the master has it: the model is trained)."""
         if self.no_evaluation:
+            # Only a trainer here tells that training finished; an evaluator alone on its machine
+            # knows only that its own evaluation is missing.
             self.say(
-                f"training finished; evaluation is missing ({', '.join(self.no_evaluation)} used up its "
-                f"restarts); evaluate the final checkpoint with: {self.eval_command or 'od-dist eval'}"
+                f"{'training finished; ' if self.first_done else ''}evaluation is missing "
+                f"({', '.join(self.no_evaluation)} used up its restarts)"
+                f"{'' if self.first_done else '; training is not affected'}; evaluate the final "
+                f"checkpoint with: {self.eval_command or 'od-dist eval'}"
             )
         else:
             self.say("every task finished")
@@ -470,10 +470,10 @@ class Supervisor:
         stuck = [r.task for r in self.running.values() if r.task.role != "evaluator"]
         if not stuck or len(stuck) != len(self.running):
             return None
+        # The lead finished (a failed one ended the job in _handle): the job is done whatever
+        # is left, a server that missed the master's stop marker (restarted alone near the end)
+        # included.
         names = ", ".join(t.name for t in stuck)
-        if any(not is_trainer(self.strategy, t.role) for t in stuck):
-            self.say(f"{names} still running {SERVER_GRACE_S:.0f} s after training finished; stopping them")
-            return exit_codes.FAILED
         self.say(
             f"{names} still running {SERVER_GRACE_S:.0f} s after training finished; stopping "
             f"{'them (nothing of theirs' if len(stuck) > 1 else 'it (nothing of it'} is needed)"
@@ -481,12 +481,24 @@ class Supervisor:
         self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
         return self._succeeded()
 
-    def _restart_evaluators(self, evaluators, exits) -> None:
+    def _restart_evaluators(self, evaluators, exits) -> int | None:
         """Restarts each evaluator alone within its own --max_restarts; past them, training goes on
-        without it (and the job's last line says so)."""
+        without it (and the job's last line says so). One whose master never came is not restarted
+        (it would only wait again): alone here, its 138 is this machine's exit."""
         codes = dict((t.name, c) for t, c in exits)
         for t in evaluators:
             cause = f"{t.name} died ({describe(codes[t.name])})"
+            if self._waited_out(t):
+                self.say(
+                    f"{t.name} waited --wait_timeout for its master, which never came "
+                    f"({describe(codes[t.name])}): the job did not start; not restarted"
+                )
+                self._finish(self.running.pop(t.name))
+                if not self.running and not self.pending:
+                    return exit_codes.LOST_PEER
+                self.no_evaluation.append(t.name)
+                self.finished.add(t.name)
+                continue
             n = self.evaluator_restarts.get(t.name, 0)
             if n >= self.max_restarts:
                 self.say(
@@ -505,6 +517,7 @@ class Supervisor:
             )
             self._finish(self.running.pop(t.name))
             self.pending[t.name] = time.monotonic() + wait
+        return None
 
     def _done(self, task: Task) -> None:
         self.finished.add(task.name)
@@ -535,8 +548,7 @@ class Supervisor:
         after = f" after {self.first_done[0]} finished training" if self.first_done else ""
         cause = f"{task.name} died{after} ({describe(code)})"
         if p.action == RESTART_TASK and all(t.role == "evaluator" for t in p.restart):
-            self._restart_evaluators(p.restart, exits)
-            return None
+            return self._restart_evaluators(p.restart, exits)
         if p.action == PERSON:
             return self._interrupt(
                 signal.SIGINT,

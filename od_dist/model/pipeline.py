@@ -566,6 +566,12 @@ def _model_error_line(e: Exception) -> str:
     return line if len(line) <= 240 else line[:237] + "..."
 
 
+# What a pipeline can get wrong in a model build (Keras' and Model Garden's checks, a shape that
+# does not fit). Out of memory, CUDA and a library's own failures are no pipeline's: they are not
+# caught, so they stay exit 1 rather than a permanent "invalid pipeline" (FailJobSet on Kubernetes).
+_PIPELINE_ERRORS = (ValueError, TypeError, KeyError, IndexError, NotImplementedError, AssertionError)
+
+
 def check_model(params, path: str, build=None):
     """Builds the pipeline's model and runs it once on one dummy image at its input size, without
     training: a model that cannot be built (a backbone whose levels the head cannot take, an input
@@ -591,7 +597,7 @@ def check_model(params, path: str, build=None):
             if model.decoder:
                 features = model.decoder(features, training=False)
             model.head(features, training=False)
-    except Exception as e:  # noqa: BLE001 - any build error is this pipeline's, for the user
+    except (*_PIPELINE_ERRORS, tf.errors.InvalidArgumentError) as e:
         text = str(e).lower()
         key = next((k for words, k in _LIKELY_KEYS if any(w in text for w in words)), "task.model")
         raise PipelineError(

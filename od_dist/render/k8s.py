@@ -315,8 +315,9 @@ class Pods:
         flags = [a for a in self.flags if not a.startswith(commandline.NUM_CLONES)]
         flags += [f"{commandline.NUM_CLONES}{clones}"] if clones else []
         if index is not None and role in self.restarts.sidecars and self.restarts.budget:
-            # Its failures are never the job's: its own supervisor restarts it within the budget
-            # and exits 0 past it, as under launch; Kubernetes sees the pod lost only.
+            # Its failures are never the job's: its own supervisor (`train --role evaluator` always
+            # runs one) restarts it within the budget and exits 0 past it, as under launch;
+            # Kubernetes sees the pod lost only.
             flags += [f"--max_restarts={self.restarts.budget}"]
         task = cluster.tasks_of(role)[0]
         args = commandline.train_args([kubernetes_literal(a) for a in flags], cluster, task, index=index)
@@ -463,6 +464,19 @@ def jobset(cluster: Cluster, pods: Pods, name: str, namespace: str | None, queue
             "template": {"spec": pod},
         }
         replicated.append({"name": role, "replicas": 1, "template": {"spec": job}})
+    rules = [{"name": "PermanentError", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]
+    alone = [r["name"] for r in replicated if r["name"] in pods.restarts.alone - pods.restarts.sidecars]
+    if alone:
+        # A Job's backoffLimit is shared by all its pods: a role restarted alone has used up the
+        # budget of --max_restarts, and the job fails as under launch, rather than restarting all.
+        rules.append(
+            {
+                "name": "RestartsUsedUp",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["BackoffLimitExceeded"],
+                "targetReplicatedJobs": alone,
+            }
+        )
     spec = {
         "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
         "successPolicy": {"operator": "All", "targetReplicatedJobs": success_roles(cluster)},
@@ -470,13 +484,7 @@ def jobset(cluster: Cluster, pods: Pods, name: str, namespace: str | None, queue
             "maxRestarts": pods.restarts.budget,
             # The old pods (same names) get their grace period to save before the new ones start.
             "restartStrategy": "BlockingRecreate",
-            "rules": [
-                {
-                    "name": "PermanentError",
-                    "action": "FailJobSet",
-                    "onJobFailureReasons": ["PodFailurePolicy"],
-                }
-            ],
+            "rules": rules,
         },
         "replicatedJobs": replicated,
     }
@@ -580,14 +588,16 @@ def header(kind: str, cluster: Cluster, cluster_path: str, pods: Pods, name: str
             done_verb="are" if len(done) > 1 else "is",
             alone_note=(
                 f"a lost {' or '.join(alone)} restarts alone in a new\n  pod of the same name, up to "
-                f"{pods.restarts.budget} times (backoffLimit); any other lost task "
+                f"{pods.restarts.budget} times in all (backoffLimit, shared by its pods; then the JobSet "
+                "fails);\n  any other lost task "
                 if alone
                 else "it "
             ),
             evaluator_note=(
-                "- The evaluator runs its own supervisor (`train --max_restarts`): any exit restarts it "
-                f"alone, up to {pods.restarts.budget}\n  times; past them training goes on without it.\n"
-                if pods.restarts.budget and any(cluster.tasks_of(r) for r in pods.restarts.sidecars)
+                "- The evaluator runs its own supervisor (`train --role evaluator`): any exit restarts it "
+                f"alone, up to {pods.restarts.budget}\n  times; past them it exits 0 and training goes on "
+                "without it; 138 when no master ever came.\n"
+                if any(cluster.tasks_of(r) for r in pods.restarts.sidecars)
                 else ""
             ),
         )
