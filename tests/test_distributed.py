@@ -448,8 +448,11 @@ def test_evaluator_without_a_master_watches_worker_0(tmp_path, data_dir):
         assert "od-dist device policy" in log.read_text()
         assert proc.poll() is None, proc.stdout.read()
         lead.close()
-        assert proc.wait(timeout=120) == 1
-        assert "no checkpoint appeared" in proc.stdout.read()
+        # Its failure is the evaluation's, never the job's (the evaluator runs under a supervisor of
+        # its own): exit 0, saying evaluation is missing and why.
+        assert proc.wait(timeout=120) == 0
+        out = proc.stdout.read()
+        assert "no checkpoint appeared" in out and "evaluation is missing" in out, out[-3000:]
     finally:
         lead.close()
         if proc.poll() is None:
