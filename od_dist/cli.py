@@ -1641,6 +1641,7 @@ Example:
   sbatch job.sbatch
 """,
     define_slurm_flags,
+    refused=ONE_TASK,
 )
 def cmd_slurm(fv) -> int:
     from od_dist.data import records

@@ -239,7 +239,7 @@ def test_wsl_with_nat_networking_is_a_fix_with_the_wslconfig_lines(tmp_path):
         "its interfaces (172.28.113.5), and other machines cannot reach a port opened here; on Windows 11 "
         "22H2 or later put the lines `[wsl2]` and `networkingMode=mirrored` in %UserProfile%\\.wslconfig on "
         "Windows, run `wsl --shutdown`, start WSL again and allow the ports with New-NetFirewallHyperVRule "
-        "(before 22H2: netsh interface portproxy; README: Windows machines with GPUs)"
+        "(before 22H2: netsh interface portproxy; README: Windows machines, GPU: WSL2)"
     )
     # With --role: that entry's address is named.
     (check,) = wsl_doctor(tmp_path, {"172.28.113.5"}, role="worker", index=0)

@@ -510,7 +510,7 @@ def check_wsl(
             f"({here}), and other machines cannot reach a port opened here; on Windows 11 22H2 or later "
             f"put the lines {wslconfig} in %UserProfile%\\.wslconfig on Windows, run `wsl --shutdown`, start "
             "WSL again and allow the ports with New-NetFirewallHyperVRule (before 22H2: netsh interface "
-            "portproxy; README: Windows machines with GPUs)",
+            "portproxy; README: Windows machines, GPU: WSL2)",
         )
     ]
 
