@@ -15,19 +15,26 @@ sys.path.insert(0, WINDOWS_LIKE)
 if WINDOWS_LIKE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # xdist's workers inherit it
     os.environ["PYTHONPATH"] = python_path(WINDOWS_LIKE)
 
-# The modules that start TensorFlow jobs, longest first (their share of `--durations=0`): xdist
+# The slowest modules, longest first (their share of `--durations=0` on 2 cores): xdist
 # hands a whole module (--dist loadfile) to whichever worker is free, so the long ones start at
 # once and the short ones fill in at the end, and both workers finish together.
 LONGEST_FIRST = (
     "test_faults_trainer.py",
-    "test_distributed.py",
     "test_faults.py",
+    "test_distributed.py",
+    "test_defects.py",
     "test_multihost.py",
     "test_slurm.py",
-    "test_defects.py",
+    "test_odapi.py",
     "test_export.py",
     "test_trainer.py",
-    "test_odapi.py",
+    "test_user_inputs.py",
+    "test_hostile.py",
+    "test_data.py",
+    "test_supervisor.py",
+    "test_scripts.py",
+    "test_launch.py",
+    "test_windows.py",
 )
 
 
