@@ -357,8 +357,8 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             )
         codes = job.wait(["master:0"], timeout=max(1.0, deadline - time.monotonic()))
         ended = watch.now()
-        # The others end by themselves within --wait_timeout of the master's end (the README's
-        # process life); one still running then is reported as such (exit None), and killed below.
+        # The others end by themselves within --wait_timeout of the master's end (a task's life
+        # in docs/roles.md); one still running then is reported as such (exit None), and killed below.
         others = [n for n in job.procs if n != "master:0"]
         codes.update(job.wait(others, timeout=args.wait_timeout + 60))
         watch.done.set()

@@ -751,6 +751,7 @@ def test_readme_and_code_cite_no_file_outside_the_repository():
     paths = [os.path.join(ROOT, "README.md")] + glob.glob(
         os.path.join(ROOT, "od_dist", "**", "*.py"), recursive=True
     )
+    paths += glob.glob(os.path.join(ROOT, "docs", "*.md"))
     for path in paths:
         with open(path, encoding="utf-8") as f:
             text = f.read()

@@ -243,7 +243,7 @@ def test_ps_starts_whatever_num_clones_says_stops_on_sigterm_and_when_master_nev
                 lines.append(proc.stdout.readline())
                 assert lines[-1], "ps exited before serving:\n" + "".join(lines)
             # Its address in the file is 127.0.0.1, yet TensorFlow's server listens on every
-            # interface (the README's Security section and doctor say so).
+            # interface (docs/security.md and doctor say so).
             port = int(lines[-1].rsplit(":", 1)[1])
             bound = {
                 c.laddr.ip for c in psutil.Process(proc.pid).net_connections("tcp") if c.laddr.port == port

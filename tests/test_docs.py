@@ -1,4 +1,4 @@
-"""The README and the pages of docs/: every relative link resolves (its file, and its #anchor to a
+"""The README, the pages of docs/, BENCHMARKS.md and scripts/README.md: every relative link resolves (its file, and its #anchor to a
 heading of that file), and the README stays a ten-minute read."""
 
 import glob
@@ -8,7 +8,10 @@ import re
 from tests.loopback import ROOT
 
 README_MAX_LINES = 420
-PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+PAGES = [
+    os.path.join(ROOT, name) for name in ("README.md", "BENCHMARKS.md", os.path.join("scripts", "README.md"))
+]
+PAGES += sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

@@ -3,7 +3,7 @@ worker, a lost ps, a lost multi_worker_mirrored trainer, a final save that outla
 peer, a permanent error and Ctrl+C. (One machine's `train --max_restarts` is in
 test_faults_trainer.py, with that machine's other faults.) Each job is a few steps long and
 bounded in time; no process of a test outlives it. Recovery times are printed (pytest -s) for the
-README's Faults table."""
+table of docs/faults.md."""
 
 import os
 import re
