@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from od_dist.cli.flags import define_task_flags, require, select_task
+from od_dist.cli.flags import define_model_dir, define_pipeline, define_task_flags, require, select_task
 from od_dist.cli.registry import command
 from od_dist.job import exit_codes
 
@@ -64,19 +64,15 @@ def cmd_tf_config(fv) -> int:
 
 def define_doctor_flags(fv: flags.FlagValues) -> None:
     define_task_flags(fv)
-    flags.DEFINE_string(
-        "pipeline",
-        None,
+    define_pipeline(
+        fv,
         "Also check that the records this pipeline reads (task.train_data / "
         "task.validation_data input_path) exist here, for the tasks of this machine that read them.",
-        flag_values=fv,
     )
-    flags.DEFINE_string(
-        "model_dir",
-        None,
+    define_model_dir(
+        fv,
         "Also check that the tasks of this machine that write the model_dir (all but the servers) "
         "can create and write it here.",
-        flag_values=fv,
     )
     flags.DEFINE_float(
         "connect_timeout",

@@ -8,15 +8,19 @@ import sys
 
 from absl import flags
 
-from od_dist.cli.flags import SEVERAL, require
+from od_dist.cli.flags import SEVERAL, define_out, define_params_override, define_pipeline, require
 from od_dist.cli.registry import UsageError, command
 from od_dist.job import exit_codes
 
+# --out of the commands that write records.
+RECORDS_OUT = (
+    "Output folder: train-*.tfrecord, val-*.tfrecord, label_map.pbtxt. "
+    "Written under a temporary name and renamed when complete."
+)
+
 
 def define_shapes_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string(
-        "out", "data/shapes", "Output directory (the demo pipeline reads data/shapes).", flag_values=fv
-    )
+    define_out(fv, "Output directory (the demo pipeline reads data/shapes).", "data/shapes")
     flags.DEFINE_integer("num_train", 2000, "Training images.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("num_val", 200, "Validation images.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("image_size", 128, "Image side in pixels.", lower_bound=32, flag_values=fv)
@@ -52,13 +56,7 @@ def cmd_data_shapes(fv) -> int:
 
 def define_convert_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("images", None, "The folder of images.", flag_values=fv)
-    flags.DEFINE_string(
-        "out",
-        None,
-        "Output folder: train-*.tfrecord, val-*.tfrecord, label_map.pbtxt. "
-        "Written under a temporary name and renamed when complete.",
-        flag_values=fv,
-    )
+    define_out(fv, RECORDS_OUT)
     flags.DEFINE_float(
         "val_fraction",
         0.1,
@@ -196,13 +194,7 @@ def define_odapi_flags(fv: flags.FlagValues) -> None:
         "Needed when records hold only class/text.",
         flag_values=fv,
     )
-    flags.DEFINE_string(
-        "out",
-        None,
-        "Output folder: train-*.tfrecord, val-*.tfrecord, label_map.pbtxt. "
-        "Written under a temporary name and renamed when complete.",
-        flag_values=fv,
-    )
+    define_out(fv, RECORDS_OUT)
 
 
 @command(
@@ -257,12 +249,10 @@ def cmd_data_odapi(fv) -> int:
 
 
 def define_check_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string(
-        "pipeline",
-        None,
+    define_pipeline(
+        fv,
         "Check the train and validation records of this pipeline "
         "(task.train_data / task.validation_data input_path, task.model.num_classes).",
-        flag_values=fv,
     )
     flags.DEFINE_multi_string("records", None, "Or check these records. " + SEVERAL, flag_values=fv)
     flags.DEFINE_integer(
@@ -272,7 +262,7 @@ def define_check_flags(fv: flags.FlagValues) -> None:
         lower_bound=2,
         flag_values=fv,
     )
-    flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
+    define_params_override(fv)
 
 
 @command(

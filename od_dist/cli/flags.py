@@ -25,6 +25,34 @@ def require(fv: flags.FlagValues, *names: str, fix: str = "") -> None:
             raise UsageError(f"--{name}: '': required; pass {fix or f'--{name}=...'}")
 
 
+# ----- the flags several commands take: name, type and default here, the help each command's own ----
+
+
+def define_pipeline(fv: flags.FlagValues, help: str) -> None:
+    flags.DEFINE_string("pipeline", None, help, flag_values=fv)
+
+
+def define_model_dir(fv: flags.FlagValues, help: str) -> None:
+    flags.DEFINE_string("model_dir", None, help, flag_values=fv)
+
+
+def define_params_override(
+    fv: flags.FlagValues, help: str = "Overrides of pipeline keys, as for train."
+) -> None:
+    flags.DEFINE_string("params_override", None, help, flag_values=fv)
+
+
+def define_out(fv: flags.FlagValues, help: str, default: str | None = None) -> None:
+    flags.DEFINE_string("out", default, help, flag_values=fv)
+
+
+def define_trained_model_flags(fv: flags.FlagValues, model_dir_help: str) -> None:
+    """`eval` and `export`: the pipeline a model was trained with, its model_dir, the overrides."""
+    define_pipeline(fv, "The pipeline the model was trained with.")
+    define_model_dir(fv, model_dir_help)
+    define_params_override(fv)
+
+
 def define_task_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "cluster",
@@ -71,14 +99,9 @@ def define_verbose_flag(fv: flags.FlagValues) -> None:
 def define_train_flags(fv: flags.FlagValues) -> None:
     """The flags of `od-dist train`; launch, scripts and k8s take the same ones and pass them on."""
     define_task_flags(fv)
-    flags.DEFINE_string(
-        "pipeline", None, "The pipeline: a Model Garden experiment YAML (see pipelines/).", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "model_dir",
-        None,
-        "Where checkpoints, summaries and logs go; a run resumes from the latest checkpoint found here.",
-        flag_values=fv,
+    define_pipeline(fv, "The pipeline: a Model Garden experiment YAML (see pipelines/).")
+    define_model_dir(
+        fv, "Where checkpoints, summaries and logs go; a run resumes from the latest checkpoint found here."
     )
     flags.DEFINE_integer(
         "num_clones",
@@ -95,12 +118,10 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         "Make the --num_clones replicas logical CPU devices instead of GPUs.",
         flag_values=fv,
     )
-    flags.DEFINE_string(
-        "params_override",
-        None,
+    define_params_override(
+        fv,
         "A YAML string or file overriding pipeline keys, e.g. "
         "'trainer.train_steps=2000' or 'trainer: {train_steps: 2000}'.",
-        flag_values=fv,
     )
     define_verbose_flag(fv)
     flags.DEFINE_boolean(

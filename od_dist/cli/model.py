@@ -7,7 +7,7 @@ import sys
 
 from absl import flags
 
-from od_dist.cli.flags import SEVERAL, require
+from od_dist.cli.flags import SEVERAL, define_model_dir, define_out, define_trained_model_flags, require
 from od_dist.cli.registry import UsageError, command
 from od_dist.job import exit_codes
 
@@ -16,7 +16,7 @@ def define_pipeline_import_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "config", None, "The Object Detection API pipeline.config (protobuf text format).", flag_values=fv
     )
-    flags.DEFINE_string("out", None, "The od-dist pipeline YAML to write.", flag_values=fv)
+    define_out(fv, "The od-dist pipeline YAML to write.")
     flags.DEFINE_string(
         "data",
         None,
@@ -119,16 +119,8 @@ def _records_layout_note(config: str, text: str, out: str) -> str:
 
 
 def define_export_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("pipeline", None, "The pipeline the model was trained with.", flag_values=fv)
-    flags.DEFINE_string(
-        "model_dir", None, "The run's model_dir; its latest checkpoint is exported.", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "out",
-        None,
-        "The SavedModel folder to write (an earlier export there is replaced; other files stay).",
-        flag_values=fv,
-    )
+    define_trained_model_flags(fv, "The run's model_dir; its latest checkpoint is exported.")
+    define_out(fv, "The SavedModel folder to write (an earlier export there is replaced; other files stay).")
     flags.DEFINE_string(
         "checkpoint",
         None,
@@ -142,7 +134,6 @@ def define_export_flags(fv: flags.FlagValues) -> None:
         "beside the pipeline's training records.",
         flag_values=fv,
     )
-    flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
     flags.DEFINE_float(
         "min_score",
         None,
@@ -196,7 +187,7 @@ def cmd_export(fv) -> int:
 def define_predict_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("model", None, "The SavedModel folder written by `od-dist export`.", flag_values=fv)
     flags.DEFINE_multi_string("images", None, "Image files or folders of images. " + SEVERAL, flag_values=fv)
-    flags.DEFINE_string("out", None, "Folder for the drawn PNGs and detections.json.", flag_values=fv)
+    define_out(fv, "Folder for the drawn PNGs and detections.json.")
     flags.DEFINE_float(
         "min_score",
         0.3,
@@ -246,10 +237,8 @@ def cmd_predict(fv) -> int:
 
 
 def define_report_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string(
-        "model_dir", None, "The run's model_dir (its train/ and validation/ event files).", flag_values=fv
-    )
-    flags.DEFINE_string("out", None, "The PNG to write. Default: <model_dir>/report.png.", flag_values=fv)
+    define_model_dir(fv, "The run's model_dir (its train/ and validation/ event files).")
+    define_out(fv, "The PNG to write. Default: <model_dir>/report.png.")
     flags.DEFINE_string("title", None, "The picture's title. Default: the model_dir.", flag_values=fv)
 
 

@@ -12,6 +12,7 @@ from od_dist.cli.flags import (
     LAUNCH_MAX_RESTARTS,
     ONE_TASK,
     check_task_args,
+    define_out,
     define_restart_flags,
     define_train_flags,
     passed_on_args,
@@ -49,12 +50,15 @@ def _script_input(fv, what: str, out: str):
     return cluster, passed_on + restart_args(fv)
 
 
+def define_job_name(fv: flags.FlagValues) -> None:
+    """`k8s` and `slurm`: the name the job gets on its scheduler."""
+    flags.DEFINE_string("name", None, "The job's name. Default: od-dist-<cluster file name>.", flag_values=fv)
+
+
 def define_scripts_flags(fv: flags.FlagValues) -> None:
     define_train_flags(fv)
     define_restart_flags(fv, LAUNCH_MAX_RESTARTS)  # written into every script: each machine heals itself
-    flags.DEFINE_string(
-        "out", None, "Directory for the scripts and their README.md (created if missing).", flag_values=fv
-    )
+    define_out(fv, "Directory for the scripts and their README.md (created if missing).")
 
 
 @command(
@@ -117,8 +121,8 @@ def define_k8s_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "image", None, "The container image, with od-dist installed (`od-dist` on PATH).", flag_values=fv
     )
-    flags.DEFINE_string("out", None, "Write the manifest here instead of to stdout.", flag_values=fv)
-    flags.DEFINE_string("name", None, "The job's name. Default: od-dist-<cluster file name>.", flag_values=fv)
+    define_out(fv, "Write the manifest here instead of to stdout.")
+    define_job_name(fv)
     flags.DEFINE_string(
         "namespace", None, "The Kubernetes namespace. Default: kubectl's current one.", flag_values=fv
     )
@@ -261,8 +265,8 @@ def define_slurm_flags(fv: flags.FlagValues) -> None:
     # 0: Slurm's requeue (or sending the job again) restarts the whole job; N > 0 gives each task its
     # own supervisor inside the allocation.
     define_restart_flags(fv, 0)
-    flags.DEFINE_string("out", None, "The batch script to write (e.g. job.sbatch).", flag_values=fv)
-    flags.DEFINE_string("name", None, "The job's name. Default: od-dist-<cluster file name>.", flag_values=fv)
+    define_out(fv, "The batch script to write (e.g. job.sbatch).")
+    define_job_name(fv)
     flags.DEFINE_string("partition", None, "#SBATCH --partition.", flag_values=fv)
     flags.DEFINE_string("time", None, "#SBATCH --time: the time limit, e.g. 2-00:00:00.", flag_values=fv)
     flags.DEFINE_integer("cpus_per_task", None, "#SBATCH --cpus-per-task.", lower_bound=1, flag_values=fv)

@@ -13,6 +13,7 @@ from od_dist.cli.flags import (
     check_task_args,
     define_restart_flags,
     define_train_flags,
+    define_trained_model_flags,
     define_verbose_flag,
     passed_on_args,
     require,
@@ -163,9 +164,7 @@ def select_slurm_task(fv: flags.FlagValues):
 
 
 def define_eval_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("pipeline", None, "The pipeline the model was trained with.", flag_values=fv)
-    flags.DEFINE_string("model_dir", None, "The model_dir holding the checkpoints.", flag_values=fv)
-    flags.DEFINE_string("params_override", None, "Overrides of pipeline keys, as for train.", flag_values=fv)
+    define_trained_model_flags(fv, "The model_dir holding the checkpoints.")
     define_verbose_flag(fv)
 
 
