@@ -1,5 +1,6 @@
-"""`od-dist train` and `eval`: run a task of the cluster (or several, under one supervisor, with
-`launch`'s `run_here`), or evaluate a checkpoint. TensorFlow is imported inside the commands."""
+"""`od-dist train` and `eval`: run a task of the cluster (or this machine's several, under one
+supervisor: `run_here`, which `launch` shares), or evaluate a checkpoint. TensorFlow is imported
+inside the commands."""
 
 from __future__ import annotations
 
