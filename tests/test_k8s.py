@@ -10,7 +10,7 @@ import pytest
 import yaml
 from loopback import ROOT, od_dist
 
-from od_dist import cli
+from od_dist.cli.flags import LAUNCH_MAX_RESTARTS
 from od_dist.cluster import spec as cluster_mod
 from od_dist.render import k8s
 
@@ -93,7 +93,7 @@ def test_manifest_structure():
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "TFJob"
     assert job["metadata"]["name"] == "od-dist-lan-example"
     # The evaluator outlives the chief (the final checkpoint): no pod is deleted when the job ends.
-    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": cli.LAUNCH_MAX_RESTARTS}
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": LAUNCH_MAX_RESTARTS}
     specs = job["spec"]["tfReplicaSpecs"]
     assert list(specs) == ["PS", "Chief", "Worker", "Evaluator"]
     assert {rt: s["replicas"] for rt, s in specs.items()} == {

@@ -14,6 +14,8 @@ from absl import flags
 from loopback import ROOT
 
 from od_dist import cli
+from od_dist.cli.data import define_shapes_flags
+from od_dist.cli.flags import define_restart_flags, define_train_flags
 from od_dist.cluster import spec as cluster_mod
 from od_dist.job import config, exit_codes, supervisor
 from od_dist.render import k8s
@@ -156,8 +158,8 @@ def test_each_pod_is_its_task_at_its_dns_name(which, tmp_path, capsys, monkeypat
             # What `od-dist train` in the pod does with both: the same task, no host check.
             monkeypatch.setenv("TF_CONFIG", env["TF_CONFIG"])
             fv = flags.FlagValues()
-            cli.define_train_flags(fv)
-            cli.define_restart_flags(fv, 0)
+            define_train_flags(fv)
+            define_restart_flags(fv, 0)
             fv(["od-dist train", *args[1:]])
             selected = config.select(None, fv.role, fv.index, allow_public=True)
             assert (selected.task.role, selected.task.index) == (role, task.index)
@@ -505,7 +507,7 @@ def test_the_dockerfile_installs_od_dist_as_the_readme_set_up_does(tmp_path):
     # The demo's data: `od-dist data shapes` (its default --out) where the demo pipeline reads it.
     assert ("RUN", "od-dist data shapes") in steps
     fv = flags.FlagValues()
-    cli.define_shapes_flags(fv)
+    define_shapes_flags(fv)
     with open(os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml"), encoding="utf-8") as f:
         pipeline = yaml.safe_load(f)
     for split in ("train_data", "validation_data"):

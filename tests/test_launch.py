@@ -168,12 +168,12 @@ def test_the_tasks_get_every_train_flag_given():
     given reaches it, as `od-dist train` parses it back."""
     from absl import flags
 
-    from od_dist import cli
+    from od_dist.cli.flags import define_train_flags, passed_on_args
     from od_dist.cluster import commandline
     from od_dist.cluster import spec as cluster_mod
 
     fv = flags.FlagValues()
-    cli.define_train_flags(fv)
+    define_train_flags(fv)
     given = {}
     for name in fv:
         if name not in commandline.TASK_FLAGS:  # each flag set to something other than its default
@@ -194,9 +194,9 @@ def test_the_tasks_get_every_train_flag_given():
         ]
     )
     cluster = cluster_mod.from_document({"master": "127.0.0.1:2222", "worker": ["127.0.0.1:2223"]})
-    args = commandline.train_args(cli.passed_on_args(fv), cluster, cluster.task("worker", 0), "c.yaml")
+    args = commandline.train_args(passed_on_args(fv), cluster, cluster.task("worker", 0), "c.yaml")
     child = flags.FlagValues()
-    cli.define_train_flags(child)
+    define_train_flags(child)
     child(["od-dist train", *args[1:]])
     assert (child.cluster, child.role, child.index) == ("c.yaml", "worker", 0)
     assert {name: child[name].value for name in given} == given

@@ -198,7 +198,7 @@ def test_inter_op_one_is_invalid_input_before_anything_starts(tmp_path, capsys):
 def test_launch_passes_the_thread_flags_on(tmp_path):
     from absl import flags
 
-    from od_dist.cli import define_train_flags, passed_on_args
+    from od_dist.cli.flags import define_train_flags, passed_on_args
 
     fv = flags.FlagValues()
     define_train_flags(fv)

@@ -1,0 +1,130 @@
+"""`od-dist validate`, `tf-config` and `doctor`: check a cluster file and this machine's place in it
+without starting anything (no TensorFlow)."""
+
+from __future__ import annotations
+
+from absl import flags
+
+from od_dist.cli.flags import define_model_dir, define_pipeline, define_task_flags, require, select_task
+from od_dist.cli.registry import command
+from od_dist.job import exit_codes
+
+
+def _summary(selected) -> str:
+    c = selected.cluster
+    lines = [f"{selected.source}: valid, strategy {c.strategy}, num_clones {c.num_clones}"]
+    for t in c.tasks():
+        mark = "  <- this machine" if selected.task == t or t in selected.here else ""
+        extra = " (runs no server)" if t.role == "evaluator" else ""
+        lines.append(f"  {t.name:<12} {str(t.address):<28}{extra}{mark}")
+    names = ", ".join(t.name for t in ((selected.task,) if selected.task else selected.here))
+    lines.append(f"this machine: {names + ', ' if names else ''}{selected.machine_note}")
+    return "\n".join(lines)
+
+
+@command(
+    "validate",
+    "Check a cluster file (and this machine's place in it) without starting anything.",
+    """
+Checks the cluster file: YAML, keys, addresses and ports, duplicates, ps/strategy rules, and that
+the entry at --role/--index is an address of this machine. Prints a summary, or every problem with
+its fix (exit 2). Without --role it says which entry is this machine, or that none is (exit 0: a
+file is checked on any machine before it is copied out).
+
+Example:
+  od-dist validate --cluster clusters/lan-example.yaml
+""",
+    define_task_flags,
+)
+def cmd_validate(fv) -> int:
+    print(_summary(select_task(fv, require_task=False, several=True)))
+    return exit_codes.OK
+
+
+@command(
+    "tf-config",
+    "Print the TF_CONFIG JSON for one task of a cluster file.",
+    """
+Prints the TF_CONFIG that TensorFlow's TFConfigClusterResolver reads, for the task at
+--role/--index (inferred from this machine when omitted). `master` becomes TensorFlow's `chief`;
+the evaluator is left out of every other task's cluster (it runs no server).
+
+Example:
+  export TF_CONFIG=$(od-dist tf-config --cluster clusters/local.yaml --role worker --index 1)
+""",
+    define_task_flags,
+)
+def cmd_tf_config(fv) -> int:
+    from od_dist.cluster.spec import tf_config_json
+
+    selected = select_task(fv)
+    print(tf_config_json(selected.cluster, selected.task.role, selected.task.index))
+    return exit_codes.OK
+
+
+def define_doctor_flags(fv: flags.FlagValues) -> None:
+    define_task_flags(fv)
+    define_pipeline(
+        fv,
+        "Also check that the records this pipeline reads (task.train_data / "
+        "task.validation_data input_path) exist here, for the tasks of this machine that read them.",
+    )
+    define_model_dir(
+        fv,
+        "Also check that the tasks of this machine that write the model_dir (all but the servers) "
+        "can create and write it here.",
+    )
+    flags.DEFINE_float(
+        "connect_timeout",
+        3.0,
+        "Seconds to wait for each peer's port to answer.",
+        lower_bound=0.1,
+        flag_values=fv,
+    )
+
+
+@command(
+    "doctor",
+    "Check what would stop a job on this machine: entry, peers, ports, versions, GPUs.",
+    """
+Run it on any machine of the cluster before starting the job. One line per check, each `ok`,
+`warn` or `FIX` with what to do: this machine's entry in the file (--role/--index, or found by
+its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
+refused" = nothing listening yet, fine before the job starts; no answer = a firewall drops it),
+this machine's ports free (they listen on every interface: a public one is a warning), the od-dist /
+TensorFlow / Model Garden versions installed here, and the GPUs here (nvidia-smi) against
+num_clones, with --pipeline the records this machine's tasks read (paths resolve in the working
+directory, as in training), and with --model_dir that they can write it; inside WSL2, NAT networking
+(the machine's address on none of WSL's interfaces: the .wslconfig lines to set). Does not import TensorFlow. Exit 0 when nothing needs
+fixing, 1 otherwise, 2 for an invalid cluster file.
+
+Example:
+  od-dist doctor --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan
+""",
+    define_doctor_flags,
+)
+def cmd_doctor(fv) -> int:
+    from od_dist.job import doctor
+
+    require(fv, "cluster", fix="--cluster clusters/lan.yaml")
+    checks, head = doctor.run(
+        fv.cluster,
+        fv.role,
+        fv.index,
+        fv.allow_public_addresses,
+        fv.connect_timeout,
+        pipeline=fv.pipeline,
+        model_dir=fv.model_dir,
+    )
+    print(f"od-dist doctor: {head}")
+    for check in checks:
+        print(f"  {check}")
+    fixes = sum(c.status == doctor.FIX for c in checks)
+    print(
+        f"od-dist doctor: {fixes} to fix (the FIX lines above)"
+        if fixes
+        else f"od-dist doctor: nothing to fix ({len(checks)} checks)",
+        flush=True,
+    )
+    return exit_codes.FAILED if fixes else exit_codes.OK

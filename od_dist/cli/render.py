@@ -1,0 +1,330 @@
+"""`od-dist scripts`, `k8s` and `slurm`: write what starts the job elsewhere (a script per machine, a
+Kubernetes manifest, a Slurm batch script). Renderers: no TensorFlow."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import flags
+
+from od_dist.cli.flags import (
+    LAUNCH_MAX_RESTARTS,
+    ONE_TASK,
+    check_task_args,
+    define_out,
+    define_restart_flags,
+    define_train_flags,
+    passed_on_args,
+    require,
+    restart_args,
+)
+from od_dist.cli.registry import UsageError, command
+from od_dist.cluster import commandline
+from od_dist.job import exit_codes
+
+
+def _render_input(fv, what: str):
+    """The cluster and the passed-on train flags for a renderer; checks what every task will need."""
+    from od_dist.job import config
+
+    if fv.role is not None or fv.index is not None:
+        raise UsageError(f"--role/--index: {what} covers every task of the cluster; leave them out")
+    require(fv, "cluster", "pipeline", "model_dir")
+    unchecked: list[str] = []
+    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses, unchecked)
+    passed_on = passed_on_args(fv)
+    for task in cluster.tasks():  # as launch checks them; the pipeline is looked for on each machine
+        check_task_args(
+            cluster, task, fv.cluster, commandline.train_args(passed_on, cluster, task), files_here=False
+        )
+    config.warn(unchecked)  # once the input is accepted: refused input gets its one message
+    return cluster, passed_on
+
+
+def _script_input(fv, what: str, out: str):
+    """`scripts` and `slurm`: _render_input, --out required (`out`: what to pass), and the restart
+    flags, which each task's own supervisor takes."""
+    cluster, passed_on = _render_input(fv, what)
+    require(fv, "out", fix=f"--out={out}")
+    return cluster, passed_on + restart_args(fv)
+
+
+def define_job_name(fv: flags.FlagValues) -> None:
+    """`k8s` and `slurm`: the name the job gets on its scheduler."""
+    flags.DEFINE_string("name", None, "The job's name. Default: od-dist-<cluster file name>.", flag_values=fv)
+
+
+def define_scripts_flags(fv: flags.FlagValues) -> None:
+    define_train_flags(fv)
+    define_restart_flags(fv, LAUNCH_MAX_RESTARTS)  # written into every script: each machine heals itself
+    define_out(fv, "Directory for the scripts and their README.md (created if missing).")
+
+
+@command(
+    "scripts",
+    "Write a launch script per machine (bash / cmd / PowerShell) and a README for the machines.",
+    """
+Writes, for every machine of the cluster, one script named after its tasks (<role>-<index>.sh,
+ps-0_worker-0.sh for a machine holding two): .sh when its host is Linux, .cmd and .ps1 when it is
+Windows, all three when its os is not declared (the cluster file's hosts: settings), plus
+<out>/README.md: which machine runs which script and which tasks, the ports each machine opens to
+which peers (firewall lines), that the pipeline's records must be on every trainer machine, the
+`od-dist doctor` line that checks a machine, and that the order does not matter. Each script changes
+to the host's workdir, activates its venv (or runs its python -m od_dist) and runs one
+`od-dist train` with --cluster and the given train flags: with the task's --role/--index, or, on a
+machine of several tasks, without them, so that it starts them all under one supervisor. Values are
+quoted for each shell (spaces, &, %, ^, !, quotes, non-ASCII and Windows paths such as C:\\... and
+\\\\server\\share\\... arrive intact); an absolute Linux path (--cluster, --pipeline, --model_dir)
+for a Windows machine is refused (exit 2). A .cmd started by a double-click keeps its window open
+after a failure.
+
+Example:
+  od-dist scripts --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan --out scripts/lan-example
+""",
+    define_scripts_flags,
+    refused=ONE_TASK,
+)
+def cmd_scripts(fv) -> int:
+    from od_dist.data import records
+    from od_dist.render import quote, scripts
+
+    cluster, passed_on = _script_input(fv, "scripts", "DIR")
+    try:
+        command = " ".join(
+            quote.sh(a)
+            for a in ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"]
+        )
+        written = scripts.write_scripts(
+            cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout, fv.max_restarts
+        )
+    except (scripts.ScriptError, records.DatasetError) as e:
+        raise UsageError(str(e)) from None
+    machines = len({t.address.host for t in cluster.tasks()})
+    print(f"wrote {len(written) - 1} scripts for {machines} machines and README.md to {fv.out}")
+    return exit_codes.OK
+
+
+def define_k8s_flags(fv: flags.FlagValues) -> None:
+    from od_dist.render import k8s
+
+    define_train_flags(fv)
+    flags.DEFINE_enum(
+        "kind",
+        k8s.KINDS[0],
+        k8s.KINDS,
+        "jobset: a JobSet (kubernetes-sigs/jobset), which Kueue can admit; tfjob: a Kubeflow TFJob "
+        "(training-operator v1, no longer maintained).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "image", None, "The container image, with od-dist installed (`od-dist` on PATH).", flag_values=fv
+    )
+    define_out(fv, "Write the manifest here instead of to stdout.")
+    define_job_name(fv)
+    flags.DEFINE_string(
+        "namespace", None, "The Kubernetes namespace. Default: kubectl's current one.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "queue",
+        None,
+        "Kueue's LocalQueue (label kueue.x-k8s.io/queue-name): the JobSet is created suspended and "
+        "starts when Kueue admits it.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "pvc",
+        None,
+        "The PersistentVolumeClaim, which you create (ReadWriteMany), that the pods mount for "
+        "model_dir. Default: <name>-model-dir.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "mount_path",
+        "/mnt/od-dist",
+        "Where the volume is mounted in the pods; a relative --model_dir is placed on it.",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "grace_period",
+        120,
+        "The pods' terminationGracePeriodSeconds: the time between "
+        "SIGTERM and SIGKILL in which a trainer finishes its loop and saves a checkpoint "
+        "(Kubernetes' default, 30 s, is often less than one loop plus a save); make it "
+        "longer than one trainer.steps_per_loop loop plus a save.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "max_restarts",
+        LAUNCH_MAX_RESTARTS,
+        "Restarts after a task is lost (exit 130, 137, 138, 143), by TensorFlow's rules: a "
+        "parameter_server worker (and the evaluator) alone, up to N times each; anything else every "
+        "pod together, up to N times (JobSet failurePolicy.maxRestarts; a TFJob's backoffLimit).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "cpu",
+        None,
+        "CPU each pod requests: 4 (every role) or 2,worker=8 (every role 2, workers 8).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "memory",
+        None,
+        "Memory each pod requests and is limited to: 16Gi, or 4Gi,worker=32Gi (as --cpu).",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "gpus",
+        False,
+        "The trainers run on GPUs: each trainer pod asks for num_clones nvidia.com/gpu (without it, "
+        "only when num_clones > 1 and not --clone_on_cpu).",
+        flag_values=fv,
+    )
+
+
+@command(
+    "k8s",
+    "Write a Kubernetes JobSet (or a Kubeflow TFJob) for the cluster (stdout, or --out).",
+    """
+Writes a JobSet (jobset.x-k8s.io/v1alpha2): one replicated job per role of the cluster file, a pod
+per task running `od-dist train --role R --index I`, the index being the pod's own (its Job's
+completion index), the cluster of the pods' DNS names with the file's ports (TF_CONFIG), success
+when the master (and the evaluator) is done, restarts after TensorFlow's failure rules within
+--max_restarts, a permanent error failing it at once, and --model_dir on the PersistentVolumeClaim
+--pvc, which you create (ReadWriteMany; od-dist does not write one).
+--queue hands it to Kueue. --kind tfjob writes the Kubeflow TFJob (kubeflow.org/v1) instead.
+
+Example:
+  od-dist k8s --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan --image registry.example/od-dist:latest --out jobset.yaml
+""",
+    define_k8s_flags,
+    refused=ONE_TASK,
+)
+def cmd_k8s(fv) -> int:
+    from od_dist.data import records
+    from od_dist.job import supervisor
+    from od_dist.render import k8s
+
+    cluster, passed_on = _render_input(fv, "k8s")
+    require(fv, "image", fix="--image=REGISTRY/IMAGE:TAG (od-dist installed in it)")
+
+    def decides(role: str, code: int, action: str) -> bool:
+        return supervisor.decide(cluster.strategy, role, code) == action
+
+    roles = [r for r in k8s.ROLES if cluster.tasks_of(r)]
+    restarts = k8s.Restarts(
+        fv.max_restarts,
+        tuple(sorted(exit_codes.RETRYABLE)),
+        frozenset(r for r in roles if decides(r, exit_codes.LOST_PEER, supervisor.RESTART_TASK)),
+        frozenset(r for r in roles if not decides(r, exit_codes.FAILED, supervisor.PERMANENT)),
+    )
+    try:
+        resources = k8s.Resources(k8s.per_role("cpu", fv.cpu), k8s.per_role("memory", fv.memory), fv.gpus)
+        text = k8s.render(
+            cluster,
+            fv.cluster,
+            fv.image,
+            passed_on,
+            restarts,
+            kind=fv.kind,
+            name=fv.name,
+            namespace=fv.namespace,
+            pvc=fv.pvc,
+            mount_path=fv.mount_path,
+            grace_period=fv.grace_period,
+            resources=resources,
+            queue=fv.queue,
+        )
+        if fv.out:
+            records.write_file(fv.out, text)
+    except (k8s.K8sError, records.DatasetError) as e:
+        raise UsageError(str(e)) from None
+    missing = [f"--{n}" for n in ("cpu", "memory") if fv.queue and not fv[n].value]
+    if missing:
+        # Kueue charges a workload what its pods request: requesting none, it fits any quota.
+        print(
+            f"od-dist k8s: warning: --queue {fv.queue} without {' and '.join(missing)}: the pods request "
+            "none, so Kueue admits the job against its quota as using none; pass "
+            f"{' and '.join(m + '=...' for m in missing)}",
+            file=sys.stderr,
+        )
+    if fv.out:
+        print(f"wrote {fv.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return exit_codes.OK
+
+
+def define_slurm_flags(fv: flags.FlagValues) -> None:
+    define_train_flags(fv)
+    # 0: Slurm's requeue (or sending the job again) restarts the whole job; N > 0 gives each task its
+    # own supervisor inside the allocation.
+    define_restart_flags(fv, 0)
+    define_out(fv, "The batch script to write (e.g. job.sbatch).")
+    define_job_name(fv)
+    flags.DEFINE_string("partition", None, "#SBATCH --partition.", flag_values=fv)
+    flags.DEFINE_string("time", None, "#SBATCH --time: the time limit, e.g. 2-00:00:00.", flag_values=fv)
+    flags.DEFINE_integer("cpus_per_task", None, "#SBATCH --cpus-per-task.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_string("mem", None, "#SBATCH --mem: memory per node, e.g. 64G.", flag_values=fv)
+    flags.DEFINE_integer(
+        "gpus_per_task",
+        None,
+        "#SBATCH --gpus-per-task; Slurm sets each task's CUDA_VISIBLE_DEVICES to them. Default: the "
+        "trainers' num_clones when above 1 (and not --clone_on_cpu), else none.",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_multi_string(
+        "sbatch", None, "More #SBATCH lines, each an sbatch option: --sbatch=--account=lab.", flag_values=fv
+    )
+
+
+@command(
+    "slurm",
+    "Write a Slurm batch script for the cluster: one srun step, a task per entry.",
+    """
+Writes a batch script for sbatch: the cluster file's roles and counts as one srun step, a task per
+entry (the file's machines become the nodes of the allocation, their entries the tasks per node),
+each running `od-dist train --slurm` with the given train flags, which takes its role and index
+from its rank and the hosts from the step's nodes (the file's ports are kept). The job's exit code
+is the master's; scancel or the time limit (--signal) saves a checkpoint; sent again (or
+requeued) it resumes. Logs: the job's output file, each line prefixed with its rank.
+
+Example:
+  od-dist slurm --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan --partition gpu --time 12:00:00 --out job.sbatch
+  sbatch job.sbatch
+""",
+    define_slurm_flags,
+    refused=ONE_TASK,
+)
+def cmd_slurm(fv) -> int:
+    from od_dist.data import records
+    from od_dist.render import slurm
+
+    cluster, passed_on = _script_input(fv, "slurm", "job.sbatch")
+    try:
+        text = slurm.render(
+            cluster,
+            fv.cluster,
+            passed_on,
+            fv.out,
+            name=fv.name,
+            partition=fv.partition,
+            time=fv.time,
+            cpus_per_task=fv.cpus_per_task,
+            mem=fv.mem,
+            gpus_per_task=fv.gpus_per_task,
+            sbatch_lines=tuple(fv.sbatch or ()),
+        )
+        records.write_file(fv.out, text)
+    except (slurm.SlurmError, records.DatasetError) as e:
+        raise UsageError(str(e)) from None
+    os.chmod(fv.out, 0o755)
+    print(f"wrote {fv.out} ({len(cluster.tasks())} tasks); send it with: sbatch {fv.out}", file=sys.stderr)
+    return exit_codes.OK

@@ -1,0 +1,263 @@
+"""`od-dist train` and `eval`: run a task of the cluster (or this machine's several, under one
+supervisor: `run_here`, which `launch` shares), or evaluate a checkpoint. TensorFlow is imported
+inside the commands."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from absl import flags
+
+from od_dist.cli.flags import (
+    check_task_args,
+    define_restart_flags,
+    define_train_flags,
+    define_trained_model_flags,
+    define_verbose_flag,
+    passed_on_args,
+    require,
+    select_task,
+    train_config_of,
+)
+from od_dist.cli.registry import UsageError, command
+from od_dist.cluster import commandline
+from od_dist.cluster.spec import InvalidCluster
+from od_dist.job import exit_codes
+
+
+def _run_role(run, *args) -> int:
+    """Runs a TensorFlow-side call, turning its user-facing errors into exit 1 with one line."""
+    from od_dist.job.roles import RoleError
+    from od_dist.job.trainer import TrainerError
+    from od_dist.model.pipeline import PipelineError
+
+    try:
+        return run(*args)
+    except PipelineError as e:
+        print(f"od-dist: {e}", file=sys.stderr)
+        return exit_codes.INVALID
+    except (RoleError, TrainerError) as e:
+        print(f"od-dist: {e}", file=sys.stderr)
+        return exit_codes.FAILED
+
+
+@command(
+    "train",
+    "Run this machine's task (or tasks) of the cluster, or train on one machine.",
+    """
+Joins the cluster as --role/--index, or without them as the entry of the cluster file that is this
+machine, and runs that task. The same flags work for every role, so one command line serves every
+machine:
+  ps, and workers under parameter_server: serve until the master finishes, then exit 0;
+  master: wait for its peers (--wait_timeout), train, write checkpoints to --model_dir;
+  workers under multi_worker_mirrored: train alongside the master (all-reduce);
+  evaluator: evaluate each new checkpoint, exit after the final one.
+A machine that holds several entries (a ps with its worker, a worker with the evaluator; every
+task of a loopback cluster) runs them all when --role is left out: each as a child under one
+supervisor, as `od-dist launch` does (prefixed lines, a log per task in <model_dir>/logs/, the
+same restarts; Ctrl+C stops them all, exit 130; exit 0 when the master finished). A machine the
+file does not list is refused. Without --cluster (and TF_CONFIG): train on this machine over
+--num_clones devices.
+
+Examples:
+  od-dist train --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
+      --model_dir runs/lan                                 # this machine's entries, found by its address
+  od-dist train --cluster clusters/lan-example.yaml --role ps --index 0
+  od-dist train --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/one --num_clones 2 --clone_on_cpu
+With --max_restarts N the task runs as a child that is restarted (up to N times, 2 s backoff,
+doubling) when it is lost (a retryable exit: lost peer, signal), so a job whose machines each run
+their generated script heals itself; the default 0 runs a single task in this process, as an
+orchestrator (Kubernetes) that restarts pods itself expects (the evaluator always runs under a
+supervisor of its own: its failures are never the job's).
+""",
+    lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0), define_slurm_task_flag(fv)),
+)
+def cmd_train(fv) -> int:
+    if fv.slurm:
+        selected = select_slurm_task(fv)
+    else:
+        selected = select_task(fv, allow_none=True, several=True)
+        if selected.here:  # several entries are this machine: all of them, as launch starts them
+            return run_here(fv, selected.cluster, selected.here, "train")
+    # From here on the task is known. A TF_CONFIG left in the environment would be read by parts of
+    # TensorFlow on their own, and an orchestrator's lists the evaluator, which hangs a
+    # parameter-server coordinator; every strategy here is built from the validated cluster instead.
+    tf_config = os.environ.pop("TF_CONFIG", None)
+    cfg = train_config_of(fv, selected)
+    # The evaluator, a sidecar whose failures never stop the trainers, always runs under a
+    # supervisor of its own (unless it is one's child already): without restarts too, its exit is
+    # what happened to the job, never a permanent failure of its own (FailJobSet on Kubernetes).
+    sidecar = cfg.role == "evaluator" and not os.environ.get(exit_codes.NOTES_ENV)
+    if fv.max_restarts or sidecar:
+        from od_dist.cluster.spec import Address, Task
+        from od_dist.job import launch
+
+        args = commandline.train_args(
+            passed_on_args(fv) + ["--max_restarts=0"],
+            selected.cluster,
+            selected.task,
+            selected.source if selected.cluster and selected.source != "TF_CONFIG" else None,
+        ) + (["--slurm"] if fv.slurm else [])
+        task = selected.task or Task("single", 0, Address("localhost", None))
+        return launch.run_task(
+            task,
+            cfg.strategy_name,
+            launch.child_argv(args),
+            fv.max_restarts,
+            fv.grace_period,
+            tf_config if selected.source == "TF_CONFIG" else None,
+            lead=selected.cluster is None or selected.task == selected.cluster.lead_task(),
+            eval_command=eval_command(fv),
+        )
+    from od_dist.job import console
+
+    task = cfg.selected.task
+    console.setup(
+        console.task_log_path(cfg.model_dir, f"{task.role}-{task.index}" if task else "train"), fv.verbose
+    )
+    from od_dist.job import roles
+
+    return _run_role(roles.run, cfg)
+
+
+def define_slurm_task_flag(fv: flags.FlagValues) -> None:
+    """train's own: a task's place, never passed on as a job flag (the script `od-dist slurm`
+    writes adds it to its srun line)."""
+    flags.DEFINE_boolean(
+        "slurm",
+        False,
+        "A task of an srun step (the script `od-dist slurm` writes): the role and index come from "
+        "the rank (SLURM_PROCID), the hosts from the step's nodes (SLURM_STEP_NODELIST) with the "
+        "--cluster file's ports.",
+        flag_values=fv,
+    )
+
+
+def select_slurm_task(fv: flags.FlagValues):
+    """This srun task's place (cluster/slurm.py), with the checks select() makes: --role/--index,
+    if given (a supervised child gets them), must be the rank's; the public-address rule."""
+    from od_dist.cluster import slurm
+    from od_dist.cluster.validate import normalize_role, problem
+    from od_dist.job import config
+
+    cluster, task, step = slurm.select(fv.cluster, os.environ)
+    given = (normalize_role(fv.role), fv.index or 0)
+    if fv.role is not None and given != (task.role, task.index):
+        raise InvalidCluster(
+            [
+                problem(
+                    "--role",
+                    f"{given[0]} {given[1]}",
+                    f"rank {step.rank} of the Slurm step is {task.name}",
+                    "leave --role/--index out with --slurm",
+                )
+            ]
+        )
+    unchecked: list[str] = []
+    problems = config.public_problems(cluster, fv.allow_public_addresses, unchecked)
+    if problems:
+        raise InvalidCluster(problems, fv.cluster)
+    config.warn(unchecked)
+    where = f"rank {step.rank} of the Slurm step, on {step.nodename}"
+    return config.TaskConfig(cluster, task, fv.cluster, where, term_to_all=True)
+
+
+def define_eval_flags(fv: flags.FlagValues) -> None:
+    define_trained_model_flags(fv, "The model_dir holding the checkpoints.")
+    define_verbose_flag(fv)
+
+
+@command(
+    "eval",
+    "Evaluate the latest checkpoint once and print COCO AP, AP50 and AP75.",
+    """
+Evaluates the latest checkpoint in --model_dir on the pipeline's validation data, on this
+machine, and prints the COCO metrics (also written to <model_dir>/eval_metrics.json).
+Under parameter_server the master cannot compute COCO metrics in-process: this (or an evaluator
+task) is how a parameter-server run gets them.
+
+Example:
+  od-dist eval --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
+""",
+    define_eval_flags,
+)
+def cmd_eval(fv) -> int:
+    require(fv, "pipeline", "model_dir")
+    if not os.path.isfile(fv.pipeline):
+        raise UsageError(
+            f"--pipeline: '{fv.pipeline}': no such file; pass a pipeline YAML, "
+            "e.g. pipelines/shapes_retinanet.yaml"
+        )
+    from od_dist.job import console, roles
+
+    if os.path.isdir(fv.model_dir):  # no log directory in a mistyped model_dir
+        console.setup(console.task_log_path(fv.model_dir, "eval"), fv.verbose)
+
+    def evaluate():
+        from od_dist.job import devices, trainer
+        from od_dist.model import pipeline
+
+        params = roles.load_params(fv.pipeline, fv.params_override, "mirrored")
+        pipeline.check_inputs(params, fv.pipeline, evaluate=True)
+        devices.apply_policy()
+        # Its result is the trainer's one line: od-dist eval | step N | AP ... | AP50 ... | AP75 ...
+        trainer.evaluate_latest(params, fv.model_dir, fv.pipeline)
+        return exit_codes.OK
+
+    return _run_role(evaluate)
+
+
+def run_here(fv: flags.FlagValues, cluster, tasks, who: str, unchecked: Sequence[str] = ()) -> int:
+    """Runs `tasks` (entries of this machine) as children under one supervisor, each with the train
+    flags given: `launch`, and `train` without --role on a machine that holds several entries.
+    What each task will be started with is checked first (exit 2 before any starts)."""
+    from od_dist.job import config, launch
+
+    # Check what every task will be started with now, rather than have each child fail on its own.
+    args = {task: commandline.train_args(passed_on_args(fv), cluster, task, fv.cluster) for task in tasks}
+    configs = [check_task_args(cluster, task, fv.cluster, args[task]) for task in tasks]
+    if not fv.model_dir:
+        raise UsageError("--model_dir: '': required (logs go to <model_dir>/logs); pass --model_dir=...")
+    config.warn(list(unchecked))
+    if any(not c.is_server for c in configs):
+        # As `train` does, but once and before any task starts: a bad pipeline is exit 2, not a
+        # job whose servers start and whose master then fails.
+        in_sync = [c.replicas for c in configs if c.in_sync and not c.fixed_replica_batch]
+        code, problem = launch.check_pipeline(
+            fv.pipeline,
+            fv.params_override,
+            cluster.strategy,
+            train=any(c.duties.is_trainer for c in configs),
+            evaluate=any(c.role == "evaluator" for c in configs),
+            split=max(in_sync, default=1),
+        )
+        if code == exit_codes.INVALID:
+            raise UsageError(problem)
+        if code:
+            print(f"od-dist {who}: {problem}", file=sys.stderr)
+            return exit_codes.FAILED
+    lead = cluster.lead_task()
+    return launch.run(
+        cluster.strategy,
+        list(tasks),
+        args,
+        fv.model_dir,
+        fv.max_restarts,
+        fv.grace_period,
+        lead=lead.name if lead in tasks else None,
+        eval_command=eval_command(fv),
+        who=who,
+    )
+
+
+def eval_command(fv: flags.FlagValues) -> str:
+    """The `od-dist eval` line that evaluates the job's final checkpoint (said when an evaluator
+    gave up)."""
+    import shlex
+
+    args = ["od-dist", "eval", f"--pipeline={fv.pipeline}", f"--model_dir={fv.model_dir}"]
+    if fv.params_override:
+        args.append(f"--params_override={fv.params_override}")
+    return shlex.join(args)
