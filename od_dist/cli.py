@@ -2,7 +2,7 @@
 FlagValues, so `od-dist train --help` lists only train's flags. Modules that import TensorFlow are
 imported inside the commands that train, so validate, tf-config and --help stay fast.
 
-Exit status: job/exit_codes.py (`od-dist --help` lists it).
+Exit status: protocol/exit_codes.py (`od-dist --help` lists it).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from absl import flags
 from od_dist.cluster import commandline
 from od_dist.cluster.spec import InvalidCluster
 from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
-from od_dist.job import exit_codes
-from od_dist.job.strategy import ALL_REDUCE_DTYPES, ALL_REDUCE_PACKS
-from od_dist.job.watch import LOST_PEER_TIMEOUT_S
+from od_dist.protocol import exit_codes
+from od_dist.task.strategy import ALL_REDUCE_DTYPES, ALL_REDUCE_PACKS
+from od_dist.task.watch import LOST_PEER_TIMEOUT_S
 
 
 class UsageError(Exception):
@@ -228,7 +228,7 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     # Thread budgets: by default a task alone on its machine keeps TensorFlow's (all cores), and
-    # tasks of the cluster that share a machine split its cores (see od_dist/job/threads.py).
+    # tasks of the cluster that share a machine split its cores (see od_dist/host/cpu_budget.py).
     flags.DEFINE_integer(
         "intra_op_threads",
         None,
@@ -324,7 +324,7 @@ def passed_on_args(fv: flags.FlagValues) -> list[str]:
 def train_config_of(fv: flags.FlagValues, selected, files_here: bool = True):
     """The task's TrainConfig from `od-dist train`'s flags: the one place they become one, for
     `train` itself and for the checks `launch`, `scripts` and `k8s` make before any task starts."""
-    from od_dist.job import config
+    from od_dist.host import config
 
     return config.train_config(
         selected,
@@ -348,7 +348,7 @@ def train_config_of(fv: flags.FlagValues, selected, files_here: bool = True):
 def check_task_args(cluster, task, cluster_path: str, args: list[str], files_here: bool = True):
     """What a task started with `args` (cluster/commandline.py's `train ...`) will check first, checked
     here from those very arguments: InvalidCluster (exit 2) before any task starts."""
-    from od_dist.job import config
+    from od_dist.host import config
 
     fv = flags.FlagValues()
     define_train_flags(fv)
@@ -359,7 +359,7 @@ def check_task_args(cluster, task, cluster_path: str, args: list[str], files_her
 def select_task(
     fv: flags.FlagValues, require_task: bool = True, allow_none: bool = False, several: bool = False
 ):
-    from od_dist.job import config
+    from od_dist.host import config
 
     return config.select(
         fv.cluster,
@@ -474,7 +474,7 @@ Example:
     define_doctor_flags,
 )
 def cmd_doctor(fv) -> int:
-    from od_dist.job import doctor
+    from od_dist.host import doctor
 
     if not fv.cluster:
         raise UsageError("--cluster: '': required; pass --cluster clusters/lan.yaml")
@@ -505,9 +505,9 @@ def cmd_doctor(fv) -> int:
 
 def _run_role(run, *args) -> int:
     """Runs a TensorFlow-side call, turning its user-facing errors into exit 1 with one line."""
-    from od_dist.job.roles import RoleError
-    from od_dist.job.trainer import TrainerError
     from od_dist.model.pipeline import PipelineError
+    from od_dist.task.roles import RoleError
+    from od_dist.task.trainer import TrainerError
 
     try:
         return run(*args)
@@ -568,7 +568,7 @@ def cmd_train(fv) -> int:
     sidecar = cfg.role == "evaluator" and not os.environ.get(exit_codes.NOTES_ENV)
     if fv.max_restarts or sidecar:
         from od_dist.cluster.spec import Address, Task
-        from od_dist.job import launch
+        from od_dist.host import launch
 
         args = commandline.train_args(
             passed_on_args(fv) + ["--max_restarts=0"],
@@ -587,13 +587,13 @@ def cmd_train(fv) -> int:
             lead=selected.cluster is None or selected.task == selected.cluster.lead_task(),
             eval_command=eval_command(fv),
         )
-    from od_dist.job import console
+    from od_dist.host import console
 
     task = cfg.selected.task
     console.setup(
         console.task_log_path(cfg.model_dir, f"{task.role}-{task.index}" if task else "train"), fv.verbose
     )
-    from od_dist.job import roles
+    from od_dist.task import roles
 
     return _run_role(roles.run, cfg)
 
@@ -616,7 +616,7 @@ def select_slurm_task(fv: flags.FlagValues):
     if given (a supervised child gets them), must be the rank's; the public-address rule."""
     from od_dist.cluster import slurm
     from od_dist.cluster.validate import normalize_role, problem
-    from od_dist.job import config
+    from od_dist.host import config
 
     cluster, task, step = slurm.select(fv.cluster, os.environ)
     given = (normalize_role(fv.role), fv.index or 0)
@@ -670,14 +670,15 @@ def cmd_eval(fv) -> int:
             f"--pipeline: '{fv.pipeline}': no such file; pass a pipeline YAML, "
             "e.g. pipelines/shapes_retinanet.yaml"
         )
-    from od_dist.job import console, roles
+    from od_dist.host import console
+    from od_dist.task import roles
 
     if os.path.isdir(fv.model_dir):  # no log directory in a mistyped model_dir
         console.setup(console.task_log_path(fv.model_dir, "eval"), fv.verbose)
 
     def evaluate():
-        from od_dist.job import devices, trainer
         from od_dist.model import pipeline
+        from od_dist.task import devices, trainer
 
         params = roles.load_params(fv.pipeline, fv.params_override, "mirrored")
         pipeline.check_inputs(params, fv.pipeline, evaluate=True)
@@ -713,7 +714,7 @@ Example:
 )
 def cmd_launch(fv) -> int:
     from od_dist.cluster import hostinfo
-    from od_dist.job import config
+    from od_dist.host import config
 
     if fv.role is not None or fv.index is not None:
         raise UsageError(
@@ -737,7 +738,7 @@ def run_here(fv: flags.FlagValues, cluster, tasks, who: str, unchecked: Sequence
     """Runs `tasks` (entries of this machine) as children under one supervisor, each with the train
     flags given: `launch`, and `train` without --role on a machine that holds several entries.
     What each task will be started with is checked first (exit 2 before any starts)."""
-    from od_dist.job import config, launch
+    from od_dist.host import config, launch
 
     # Check what every task will be started with now, rather than have each child fail on its own.
     args = {task: commandline.train_args(passed_on_args(fv), cluster, task, fv.cluster) for task in tasks}
@@ -1371,7 +1372,7 @@ def cmd_report(fv) -> int:
 
 def _render_input(fv, what: str):
     """The cluster and the passed-on train flags for a renderer; checks what every task will need."""
-    from od_dist.job import config
+    from od_dist.host import config
 
     if fv.role is not None or fv.index is not None:
         raise UsageError(f"--role/--index: {what} covers every task of the cluster; leave them out")
@@ -1546,7 +1547,7 @@ Example:
 )
 def cmd_k8s(fv) -> int:
     from od_dist.data import records
-    from od_dist.job import supervisor
+    from od_dist.host import supervisor
     from od_dist.render import k8s
 
     cluster, passed_on = _render_input(fv, "k8s")
@@ -1761,7 +1762,7 @@ def main(argv: list[str]) -> int:
         print(f"od-dist {name}: interrupted", file=sys.stderr)
         return 130
     except ModuleNotFoundError as e:  # an install that missed a step, e.g. Windows' second one
-        from od_dist.job.doctor import model_garden_install
+        from od_dist.host.doctor import model_garden_install
 
         fix = model_garden_install() if (e.name or "").split(".")[0] == "official" else "reinstall od-dist"
         print(f"od-dist {name}: {e} in this Python ({sys.executable}); {fix}", file=sys.stderr)

@@ -50,8 +50,8 @@ def small_override(data_dir: str) -> str:
 def test_every_shipped_pipeline_trains_one_step(path, data_dir, tmp_path):
     import tensorflow as tf
 
-    from od_dist.job import trainer
     from od_dist.model.pipeline import load_pipeline
+    from od_dist.task import trainer
 
     params = load_pipeline(path, small_override(data_dir), strategy="mirrored")
     model_dir = str(tmp_path / "run")
@@ -230,7 +230,7 @@ def leftovers(model_dir):
 def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, state):
     import tensorflow as tf
 
-    from od_dist.job import trainer
+    from od_dist.task import trainer
 
     model_dir = tmp_path / "run"
     saved_steps(model_dir, 5, 10)
@@ -268,7 +268,7 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
 
     import tensorflow as tf
 
-    from od_dist.job import trainer
+    from od_dist.task import trainer
 
     model_dir = tmp_path / "run"
     other = tmp_path / "other"
@@ -332,7 +332,7 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
 # The file system fails to read a complete checkpoint's data (a network share's stale handle),
 # injected into `od-dist train`'s own process where TensorFlow's checkpoint reader is called.
 UNAVAILABLE_READ = """
-from od_dist.job import trainer as _trainer
+from od_dist.task import trainer as _trainer
 
 _tidy = _trainer.tidy_checkpoints
 
@@ -405,7 +405,7 @@ def test_a_checkpoint_that_fails_to_read_for_another_reason_stops_the_run_and_no
 
 
 def test_a_folder_where_a_shard_should_be_stops_tidying_before_anything_is_removed(tmp_path):
-    from od_dist.job import trainer
+    from od_dist.task import trainer
 
     model_dir, files = unnamed_beside_named(tmp_path)
     shard = model_dir / "ckpt-20.data-00000-of-00001"
@@ -429,12 +429,12 @@ def test_hang_guard_ends_a_call_stuck_holding_the_gil_with_138():
 
     stuck = (
         "import re\n"
-        "from od_dist.job.strategy import hang_guard\n"
+        "from od_dist.task.strategy import hang_guard\n"
         "with hang_guard(1, 'master:0: every peer is up; joining the all-reduce group'):\n"
         "    re.match(r'(a+)+$', 'a' * 64 + 'b')\n"
     )
     r = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, timeout=120)
-    from od_dist.job import exit_codes
+    from od_dist.protocol import exit_codes
 
     assert exit_codes.normalize(r.returncode) == exit_codes.LOST_PEER == 138, (r.returncode, r.stderr)
     assert exit_codes.is_retryable(r.returncode)
@@ -448,14 +448,14 @@ def test_hang_guard_lets_a_call_that_returns_go_on():
     import subprocess
     import sys
 
-    quick = "from od_dist.job.strategy import hang_guard\nwith hang_guard(5, 'x: joining'):\n    pass\nprint('after')"
+    quick = "from od_dist.task.strategy import hang_guard\nwith hang_guard(5, 'x: joining'):\n    pass\nprint('after')"
     r = subprocess.run([sys.executable, "-c", quick], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.splitlines() == ["x: joining (giving up after 5 s)", "after"], r
 
 
 LOOPS = """
 import sys, time
-from od_dist.job import watch
+from od_dist.task import watch
 with watch.LoopGuard("master:0", 1, "restart the job") as guard:
     for seconds in map(float, sys.argv[1:]):
         guard.loop_starts()
@@ -471,7 +471,7 @@ def test_a_parameter_server_loop_far_slower_than_any_before_ends_the_master_with
     import subprocess
     import sys
 
-    from od_dist.job import exit_codes
+    from od_dist.protocol import exit_codes
 
     start = time.monotonic()
     r = subprocess.run([sys.executable, "-c", LOOPS, "0.4", "30"], capture_output=True, text=True, timeout=60)
@@ -510,7 +510,7 @@ def test_a_failing_evaluator_is_restarted_then_left_out_while_training_goes_on(t
     import threading
 
     from od_dist.cluster.spec import Address, Task
-    from od_dist.job import supervisor
+    from od_dist.host import supervisor
 
     starts = tmp_path / "evaluator-starts"
     starts.write_text("")
@@ -574,7 +574,7 @@ def test_a_heartbeat_missed_over_a_network_outage_is_a_lost_peer():
     a lost peer (exit 138, restarted with the others), not a crash (exit 1, never retried)."""
     import tensorflow as tf
 
-    from od_dist.job import roles
+    from od_dist.task import roles
 
     message = (
         "{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/replica:0/task:0/device:CPU:0}} "
@@ -734,7 +734,7 @@ def test_firewall_lines_insert_before_a_final_reject_rule(tmp_path):
 
 
 def test_launch_with_a_remote_model_dir_logs_locally(tmp_path, monkeypatch):
-    from od_dist.job import launch
+    from od_dist.host import launch
 
     monkeypatch.chdir(tmp_path)
     assert launch.run("parameter_server", [], {}, "gs://bucket/runs/x", 0, 1) == 0

@@ -29,7 +29,7 @@ from loopback import (
     write_cluster,
 )
 
-from od_dist.job import threads
+from od_dist.host import cpu_budget as threads
 
 pytestmark = pytest.mark.slow
 
@@ -331,7 +331,7 @@ STOP_FROM_MASTER = """
 import json, sys
 import tensorflow as tf
 from od_dist.cluster import spec
-from od_dist.job import server
+from od_dist.task import server
 cluster = spec.load(sys.argv[1])
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
     tf.train.ClusterSpec(cluster.cluster_spec()), task_type="chief", task_id=0, rpc_layer="grpc")

@@ -4,7 +4,8 @@ import pytest
 
 from od_dist.cluster import duties, spec
 from od_dist.cluster.validate import ROLES, STRATEGIES
-from od_dist.job import supervisor, threads
+from od_dist.host import cpu_budget as threads
+from od_dist.host import supervisor
 
 PS, MWMS = "parameter_server", "multi_worker_mirrored"
 BOTH, VAL = ("train_data", "validation_data"), ("validation_data",)

@@ -1,7 +1,7 @@
 """`od-dist k8s` (a JobSet by default): every manifest is valid against JobSet's own CRD and the
 creation checks of its webhook; each pod's TF_CONFIG and command line, filled in as Kubernetes fills
 them in, are its task of the cluster file at the pods' DNS names; success, failure and restart
-policies do what job/supervisor.py does; Kueue's label; resources; bad input refused. Pure
+policies do what host/supervisor.py does; Kueue's label; resources; bad input refused. Pure
 Python, in this process (no TensorFlow)."""
 
 import json
@@ -15,7 +15,8 @@ from loopback import ROOT
 
 from od_dist import cli
 from od_dist.cluster import spec as cluster_mod
-from od_dist.job import config, exit_codes, supervisor
+from od_dist.host import config, supervisor
+from od_dist.protocol import exit_codes
 from od_dist.render import k8s
 
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
@@ -239,7 +240,7 @@ SUPERVISOR = {
 def test_restarts_follow_the_supervisors_rules(which, tmp_path, capsys):
     """Exit 2 (and 1) fails the JobSet at once; 130, 137, 138, 143 restart a parameter_server worker
     alone and anything else every pod (a multi_worker_mirrored trainer: every trainer), exactly as
-    job/supervisor.py decides under launch; the budget is --max_restarts; the evaluator's own
+    host/supervisor.py decides under launch; the budget is --max_restarts; the evaluator's own
     supervisor restarts it whatever its exit, so a pod of it fails only when lost."""
     path = cluster_file(tmp_path, which)
     cluster = cluster_mod.load(path)

@@ -11,12 +11,13 @@ import time
 import pytest
 from loopback import ROOT, python_path
 
-from od_dist.job import exit_codes, stop
+from od_dist.protocol import exit_codes
+from od_dist.task import stop
 
 # The main thread blocks in one long C call (as in a TensorFlow loop) until a stop is requested.
 CHILD = """
 import sys, time, select
-from od_dist.job import stop
+from od_dist.task import stop
 with stop.StopRequest("child") as s:
     print("ready", flush=True)
     while not s.requested:
@@ -83,7 +84,7 @@ def test_codes_and_restore():
 def test_a_servers_stop_request_stops_the_master_as_a_ctrl_c_here():
     """Ctrl+C on a parameter_server server's machine: the master reads the server's request at a
     loop boundary and stops as for its own Ctrl+C (a checkpoint, exit 130), naming who asked."""
-    from od_dist.job.stop import StopRequest
+    from od_dist.task.stop import StopRequest
 
     asked = []
     stop = StopRequest("master:0", peer_requests=lambda: list(asked))
@@ -96,7 +97,7 @@ def test_a_servers_stop_request_stops_the_master_as_a_ctrl_c_here():
 
 def test_a_server_told_of_a_persons_stop_exits_130_and_of_the_end_0(capsys):
     from od_dist.cluster.spec import Address, Task
-    from od_dist.job import server
+    from od_dist.task import server
 
     ps = Task("ps", 0, Address("127.0.0.1", 2222))
     assert server._told(ps, server.STOPPED_BY_PERSON) == 130

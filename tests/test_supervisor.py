@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from od_dist.cluster.spec import Address, Task
-from od_dist.job import supervisor
-from od_dist.job.supervisor import DONE, PERMANENT, RESTART_ALL, RESTART_TASK, decide, plan
+from od_dist.host import supervisor
+from od_dist.host.supervisor import DONE, PERMANENT, RESTART_ALL, RESTART_TASK, decide, plan
 
 PS, MWMS = "parameter_server", "multi_worker_mirrored"
 
@@ -468,7 +468,7 @@ def test_a_persons_stop_of_one_task_stops_the_others_trainers_first(tmp_path):
 
 
 WAITED_OUT = (
-    "import os\nfrom od_dist.job import exit_codes\n"
+    "import os\nfrom od_dist.protocol import exit_codes\n"
     "exit_codes.tell_supervisor(exit_codes.WAITED_OUT)\nos._exit(138)"
 )
 
@@ -498,9 +498,7 @@ def test_a_reused_pid_does_not_make_a_restarted_task_look_waited_out():
     to a peer, is restarted, not taken for one that waited --wait_timeout."""
     if not os.path.exists(LAST_PID):
         pytest.skip("no settable PIDs on this system")
-    told = (
-        "import os\nfrom od_dist.job import exit_codes\nexit_codes.tell_supervisor(exit_codes.WAITED_OUT)\n"
-    )
+    told = "import os\nfrom od_dist.protocol import exit_codes\nexit_codes.tell_supervisor(exit_codes.WAITED_OUT)\n"
 
     def scripts(t, n):
         if t.role == "evaluator":

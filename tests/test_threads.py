@@ -7,8 +7,9 @@ from loopback import PIPELINE
 from od_dist.cli import main
 from od_dist.cluster import spec
 from od_dist.cluster.spec import InvalidCluster
-from od_dist.job import config, threads
-from od_dist.job.threads import Threads
+from od_dist.host import config
+from od_dist.host import cpu_budget as threads
+from od_dist.host.cpu_budget import Threads
 
 PS_LOCAL = ["ps", "master", "worker", "worker"]
 
@@ -117,7 +118,7 @@ def test_a_process_in_a_capped_cgroup_takes_the_limits_threads(tmp_path):
 
 
 READ_THE_LIMIT = """
-from od_dist.job import threads
+from od_dist.host import cpu_budget as threads
 print(threads.cpu_limit(), threads.machine_cores(), threads.resolve(None, None, "mirrored"))
 """
 

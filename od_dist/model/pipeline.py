@@ -16,7 +16,7 @@ names a different ``runtime.distribution_strategy`` is refused. Under
 ``parameter_server`` Model Garden needs ``trainer.eval_tf_while_loop: true`` (its
 coordinator can only schedule whole loops on workers), which is set here; COCO metrics
 cannot be computed by the coordinator in-process, so evaluation is the evaluator's job
-(``od_dist.job.trainer.continuous_eval``), which runs eagerly on its own machine.
+(``od_dist.task.trainer.continuous_eval``), which runs eagerly on its own machine.
 
 Every failure is a ``PipelineError`` whose one-line message names the file, the key, the
 value and the fix.

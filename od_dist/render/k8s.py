@@ -1,6 +1,6 @@
 """Kubernetes manifests from a cluster file: a JobSet (the default) or a Kubeflow TFJob, each with
 the cluster's roles and counts, a container per role running `od-dist train` (its command line
-from cluster/commandline.py), the restart rules of job/supervisor.py as far as Kubernetes can
+from cluster/commandline.py), the restart rules of host/supervisor.py as far as Kubernetes can
 express them, resources, and model_dir on a PersistentVolumeClaim the user creates (never written
 here). No TensorFlow here.
 
@@ -112,7 +112,7 @@ class K8sError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Restarts:
-    """job/supervisor.py's rules as the manifest needs them (the caller reads them there: render
+    """host/supervisor.py's rules as the manifest needs them (the caller reads them there: render
     sits below job)."""
 
     budget: int  # --max_restarts

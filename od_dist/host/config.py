@@ -12,9 +12,9 @@ from od_dist.cluster import duties as duties_mod
 from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster import validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
-from od_dist.job import threads as threads_mod
-from od_dist.job.strategy import ALL_REDUCE_PACKS
-from od_dist.job.watch import LOST_PEER_TIMEOUT_S
+from od_dist.host import cpu_budget as threads_mod
+from od_dist.task.strategy import ALL_REDUCE_PACKS
+from od_dist.task.watch import LOST_PEER_TIMEOUT_S
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import sys
 import threading
 import time
 
-from od_dist.job import exit_codes
-from od_dist.job.server import is_listening
+from od_dist.protocol import exit_codes
+from od_dist.task.server import is_listening
 
 PROBE_S = 2.0
 # multi_worker_mirrored cannot go on without any trainer; a port closed this long is a lost peer

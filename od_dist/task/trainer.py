@@ -32,7 +32,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from od_dist.job.stop import request_of
+from od_dist.task.stop import request_of
 
 _PREFIX = "od-dist"
 
@@ -517,7 +517,7 @@ def make_task(params, model_dir: str | None = None, data_threads: int = 0):
     as_written = tf.autograph.experimental.do_not_convert(task.build_inputs)
     converted = task.build_inputs
     if data_threads:
-        from od_dist.job import threads
+        from od_dist.host import cpu_budget as threads
 
         as_written = threads.with_data_threads(as_written, data_threads)
         converted = threads.with_data_threads(converted, data_threads)
@@ -632,7 +632,7 @@ def train(
     checkpoint is already at ``trainer.train_steps``. Saves ``params.yaml`` there as
     Model Garden does (on the chief only). ``data_threads`` > 0 caps the input pipeline's
     tf.data thread pool (--data_threads). SIGTERM/SIGINT/SIGBREAK stop it at the end of the
-    current loop with a checkpoint: raises Stopped (see od_dist.job.stop). ``on_last_loop`` is
+    current loop with a checkpoint: raises Stopped (see od_dist.task.stop). ``on_last_loop`` is
     called once the last loop has run, before the final checkpoint is saved. ``peer_requests``:
     () -> the stop requests of peers, read at each loop boundary (stop.StopRequest.poll_peers).
     ``pipeline_path`` names the pipeline when its model cannot be built (PipelineError).
@@ -642,7 +642,7 @@ def train(
     import tensorflow as tf
     from official.core import train_utils
 
-    from od_dist.job import stop as stop_mod
+    from od_dist.task import stop as stop_mod
 
     strategy = strategy or tf.distribute.get_strategy()
     tf.io.gfile.makedirs(model_dir)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from od_dist.cluster import duties
 from od_dist.cluster.spec import Task
 from od_dist.cluster.validate import PARAMETER_SERVER
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 DONE, PERMANENT, RESTART_TASK, RESTART_ALL = "done", "permanent", "restart the task", "restart all"
 PERSON = "stopped by a person"
@@ -134,7 +134,7 @@ def backoff_s(restart: int) -> float:
 def send(proc: subprocess.Popen, signum: int) -> None:
     """SIGINT/SIGTERM to a child in its own process group; CTRL_BREAK on Windows (the one console
     event a process group can be sent), which a trainer handles as Ctrl+C: checkpoint, exit 130
-    (job/stop.py)."""
+    (task/stop.py)."""
     if proc.poll() is not None:
         return
     try:

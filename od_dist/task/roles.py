@@ -16,8 +16,8 @@ import sys
 import time
 from typing import NoReturn
 
-from od_dist.job import exit_codes
-from od_dist.job.config import TrainConfig
+from od_dist.host.config import TrainConfig
+from od_dist.protocol import exit_codes
 
 EVAL_POLL_S = 30
 
@@ -47,7 +47,7 @@ def _params(config: TrainConfig):
 
 
 def run_server(config: TrainConfig) -> NoReturn:
-    from od_dist.job import devices, server, watch
+    from od_dist.task import devices, server, watch
 
     selected = config.selected
 
@@ -76,8 +76,8 @@ def run_server(config: TrainConfig) -> NoReturn:
 
 def run_trainer(config: TrainConfig, beacon=None) -> int:
     """The master, an all-reduce worker, or a single machine; `beacon`: its port, already bound."""
-    from od_dist.job import devices, server, strategy, trainer, watch
     from od_dist.model import pipeline
+    from od_dist.task import devices, server, strategy, trainer, watch
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
     pipeline.check_inputs(params, config.pipeline, train=True)
@@ -200,8 +200,8 @@ def _stopped_before_training(config: TrainConfig, beacon, e: BaseException) -> N
     """The master stops before it connected to its servers (a pipeline or records check, Ctrl+C
     while it loads or waits for its peers): it tells them on its port, which it still holds, so
     they exit at once with its reason rather than wait --wait_timeout and exit 138 (retryable)."""
-    from od_dist.job import server
-    from od_dist.job.strategy import PeerStopped
+    from od_dist.task import server
+    from od_dist.task.strategy import PeerStopped
 
     code = _code_of(e)
     if isinstance(e, PeerStopped):
@@ -223,7 +223,7 @@ def _stopped_before_starting(task, e: KeyboardInterrupt) -> None:
     """Ctrl+C on a server or a multi_worker_mirrored trainer before it serves or trains (while it
     loads or waits): it says so on its port, which is free then, to the peers waiting for it
     (strategy.wait_for_peers), which end with 130 in turn, rather than wait --wait_timeout."""
-    from od_dist.job import server
+    from od_dist.task import server
 
     try:
         port = server.bind_port(task)
@@ -247,7 +247,7 @@ def _model_built(config: TrainConfig, dist, who: str):
 
     def built(model, optimizer) -> None:
         from od_dist.cluster import traffic
-        from od_dist.job import strategy, trainer
+        from od_dist.task import strategy, trainer
 
         wire = strategy.reduce_gradients_in(dist, optimizer, config.all_reduce_dtype)
         weights, grads = trainer.variable_bytes(model, wire)
@@ -273,7 +273,7 @@ def _missing_data(e: Exception, peers, who: str) -> str | None:
     device in the message, else this trainer), its address, the path and the fix; else None."""
     import tensorflow as tf
 
-    from od_dist.job import watch
+    from od_dist.task import watch
 
     text = str(e)
     path = _NO_SUCH_FILE.search(text)
@@ -294,7 +294,7 @@ def _server_requests(config: TrainConfig, peers):
     machine) at each loop boundary; other trainers have none to read."""
     if not config.is_coordinator:
         return None
-    from od_dist.job import server
+    from od_dist.task import server
 
     servers = [t for t in peers if t.role in ("ps", "worker")]
     return lambda: server.stop_requests(config.selected.cluster, servers)
@@ -302,7 +302,7 @@ def _server_requests(config: TrainConfig, peers):
 
 def _stop_servers(cluster, why: str) -> None:
     """Tells the ps and parameter_server workers to exit 0 (their stop marker says `why`)."""
-    from od_dist.job import server
+    from od_dist.task import server
 
     servers = [t for t in cluster.server_tasks() if t.role in ("ps", "worker")]
     failed = server.send_stop(cluster, servers, why)
@@ -393,9 +393,9 @@ def run_evaluator(config: TrainConfig) -> int:
     waits as long as the master is alive (its port open within --wait_timeout), not a fixed time.
     Its exit says what happened to the job: 0 it finished (the final checkpoint evaluated), 130 a
     person stopped it (the lead's STOPPED_NOTE), 138 it never started (no master ever came)."""
-    from od_dist.job import devices, trainer
-    from od_dist.job.server import is_listening
     from od_dist.model import pipeline
+    from od_dist.task import devices, trainer
+    from od_dist.task.server import is_listening
 
     params = _params(config)
     pipeline.check_inputs(params, config.pipeline, evaluate=True)
@@ -448,7 +448,8 @@ def run_evaluator(config: TrainConfig) -> int:
 
 
 def run(config: TrainConfig) -> int:
-    from od_dist.job import server, threads
+    from od_dist.host import cpu_budget as threads
+    from od_dist.task import server
 
     task = config.selected.task
     # The port before TensorFlow's import (seconds): a taken port fails at once. The coordinator

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGBREAK") if hasattr(signal, name))
 # One Ctrl+C reaches every process of the terminal's process group, and a launcher may forward it

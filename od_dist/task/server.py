@@ -27,7 +27,7 @@ from absl import logging
 
 from od_dist.cluster import hostinfo
 from od_dist.cluster.spec import Cluster, Task
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 POLL_S = 0.5
 MASTER_PROBE_S = 5.0

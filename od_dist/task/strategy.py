@@ -16,8 +16,9 @@ import faulthandler
 import time
 
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
-from od_dist.job import devices, exit_codes, watch
-from od_dist.job.server import bind_port, probe_all
+from od_dist.protocol import exit_codes
+from od_dist.task import devices, watch
+from od_dist.task.server import bind_port, probe_all
 
 PROGRESS_EVERY_S = 10.0
 TF_NAMES = {
