@@ -255,7 +255,7 @@ def unreadable_checkpoints(model_dir: str) -> tuple[list[int], list[str]]:
     as the trainer's own check does)."""
     code = (
         "import glob, json, os, sys\n"
-        "from od_dist.task.trainer import _complete\n"
+        "from od_dist.task.checkpoints import _complete\n"
         "prefixes = sorted(p[:-6] for p in glob.glob(os.path.join(sys.argv[1], 'ckpt-*.index')))\n"
         "print(json.dumps([[p, _complete(p)] for p in prefixes]))\n"
     )

@@ -19,9 +19,9 @@ from absl import flags
 from od_dist.cluster import commandline
 from od_dist.cluster.spec import InvalidCluster
 from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
+from od_dist.host.config import ALL_REDUCE_DTYPES, ALL_REDUCE_PACKS
 from od_dist.protocol import exit_codes
-from od_dist.task.strategy import ALL_REDUCE_DTYPES, ALL_REDUCE_PACKS
-from od_dist.task.watch import LOST_PEER_TIMEOUT_S
+from od_dist.protocol.peers import LOST_PEER_TIMEOUT_S
 
 
 class UsageError(Exception):
@@ -506,8 +506,8 @@ def cmd_doctor(fv) -> int:
 def _run_role(run, *args) -> int:
     """Runs a TensorFlow-side call, turning its user-facing errors into exit 1 with one line."""
     from od_dist.model.pipeline import PipelineError
+    from od_dist.task.errors import TrainerError
     from od_dist.task.roles import RoleError
-    from od_dist.task.trainer import TrainerError
 
     try:
         return run(*args)

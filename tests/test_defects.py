@@ -230,7 +230,7 @@ def leftovers(model_dir):
 def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, state):
     import tensorflow as tf
 
-    from od_dist.task import trainer
+    from od_dist.task import checkpoints
 
     model_dir = tmp_path / "run"
     saved_steps(model_dir, 5, 10)
@@ -239,7 +239,7 @@ def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, sta
         (model_dir / "checkpoint").unlink()
     else:  # a network share's transient error, a torn write
         (model_dir / "checkpoint").write_bytes(b"\xff\x00 not a checkpoint state {")
-    done = trainer.tidy_checkpoints(str(model_dir))
+    done = checkpoints.tidy_checkpoints(str(model_dir))
     assert sorted(os.path.basename(p) for p in done.removed) == ["checkpoint.tempstate2207", "ckpt-15_temp"]
     found = {
         os.path.basename(p): p for p in glob.glob(str(model_dir / "**" / "ckpt-*.index"), recursive=True)
@@ -250,7 +250,7 @@ def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, sta
     if state == "missing":  # the newest is resumed from; the other is set aside, not in the way
         assert done.resumed == str(model_dir / "ckpt-10") and done.named is None
         assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "ckpt-10")
-        (aside,) = glob.glob(str(model_dir / (trainer.SET_ASIDE + "*")))
+        (aside,) = glob.glob(str(model_dir / (checkpoints.SET_ASIDE + "*")))
         assert done.set_aside == [(str(model_dir / "ckpt-5"), aside)]
         assert sorted(os.listdir(aside)) == ["ckpt-5.data-00000-of-00001", "ckpt-5.index"]
     else:  # nothing says where the run was: nothing but the temporaries is touched
@@ -268,7 +268,7 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
 
     import tensorflow as tf
 
-    from od_dist.task import trainer
+    from od_dist.task import checkpoints
 
     model_dir = tmp_path / "run"
     other = tmp_path / "other"
@@ -288,7 +288,7 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
     (model_dir / "ckpt-40.index").write_bytes(index[: len(index) // 2])
     leftovers(model_dir)
 
-    done = trainer.tidy(str(model_dir))
+    done = checkpoints.tidy(str(model_dir))
     out = capsys.readouterr().out
     removed = sorted(os.path.basename(p) for p in done.removed)
     assert removed == [
@@ -317,7 +317,7 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
     assert state != (model_dir / "checkpoint").read_text()
     for step in (5, 10, 20):
         assert restored_step(model_dir / f"ckpt-{step}") == step
-    (aside,) = glob.glob(str(model_dir / (trainer.SET_ASIDE + "*")))
+    (aside,) = glob.glob(str(model_dir / (checkpoints.SET_ASIDE + "*")))
     assert done.set_aside == [(str(model_dir / "ckpt-7"), aside), (str(model_dir / "ckpt-15"), aside)]
     for step in (7, 15):
         assert f"{model_dir / f'ckpt-{step}'} is complete but the checkpoint file does not name it" in out
@@ -325,16 +325,16 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
         assert restored_step(os.path.join(aside, f"ckpt-{step}")) == step
     assert not glob.glob(str(model_dir / "ckpt-7.*")) and not glob.glob(str(model_dir / "ckpt-15.*"))
     # A second start finds everything in order.
-    again = trainer.tidy_checkpoints(str(model_dir))
+    again = checkpoints.tidy_checkpoints(str(model_dir))
     assert not again.removed and not again.set_aside and again.resumed is None
 
 
 # The file system fails to read a complete checkpoint's data (a network share's stale handle),
 # injected into `od-dist train`'s own process where TensorFlow's checkpoint reader is called.
 UNAVAILABLE_READ = """
-from od_dist.task import trainer as _trainer
+from od_dist.task import checkpoints as _checkpoints
 
-_tidy = _trainer.tidy_checkpoints
+_tidy = _checkpoints.tidy_checkpoints
 
 
 def _flaky_tidy(model_dir):
@@ -356,7 +356,7 @@ def _flaky_tidy(model_dir):
     return _tidy(model_dir)
 
 
-_trainer.tidy_checkpoints = _flaky_tidy
+_checkpoints.tidy_checkpoints = _flaky_tidy
 """
 
 
@@ -405,16 +405,16 @@ def test_a_checkpoint_that_fails_to_read_for_another_reason_stops_the_run_and_no
 
 
 def test_a_folder_where_a_shard_should_be_stops_tidying_before_anything_is_removed(tmp_path):
-    from od_dist.task import trainer
+    from od_dist.task import checkpoints, errors
 
     model_dir, files = unnamed_beside_named(tmp_path)
     shard = model_dir / "ckpt-20.data-00000-of-00001"
     shard.rename(tmp_path / "shard")
     shard.mkdir()
     with pytest.raises(
-        trainer.TrainerError, match=r"ckpt-20.*Is a directory.*nothing in the model_dir was removed"
+        errors.TrainerError, match=r"ckpt-20.*Is a directory.*nothing in the model_dir was removed"
     ):
-        trainer.tidy_checkpoints(str(model_dir))
+        checkpoints.tidy_checkpoints(str(model_dir))
     assert shard.is_dir() and (model_dir / "ckpt-20.index").is_file()
     assert (model_dir / "ckpt-15_temp").is_dir() and (model_dir / "checkpoint.tempstate2207").is_file()
 

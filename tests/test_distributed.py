@@ -29,7 +29,7 @@ from loopback import (
     write_cluster,
 )
 
-from od_dist.host import cpu_budget as threads
+from od_dist.host import cpu_budget
 
 pytestmark = pytest.mark.slow
 
@@ -141,10 +141,10 @@ def test_each_launched_task_reports_the_threads_tensorflow_applied(ps_job):
     given to launch (--data_threads 3) reaches every child."""
     out = ps_job.launched.stdout + ps_job.launched.stderr
     assert ps_job.launched.returncode == 0, out[-3000:]
-    cores = threads.machine_cores()
+    cores = cpu_budget.machine_cores()
     roles = ["ps", "master", "worker", "worker", "evaluator"]
     for name in ("ps:0", "master:0", "worker:0", "worker:1", "evaluator:0"):
-        want = threads.budget(cores, name.split(":")[0], "parameter_server", roles)
+        want = cpu_budget.budget(cores, name.split(":")[0], "parameter_server", roles)
         line = rf"\[{name}\] {name}: threads intra-op {want.intra_op}, inter-op {want.inter_op}, tf.data 3 "
         assert re.search(line, out), (line, out[-3000:])
 

@@ -4,8 +4,7 @@ import pytest
 
 from od_dist.cluster import duties, spec
 from od_dist.cluster.validate import ROLES, STRATEGIES
-from od_dist.host import cpu_budget as threads
-from od_dist.host import supervisor
+from od_dist.host import cpu_budget, supervisor
 
 PS, MWMS = "parameter_server", "multi_worker_mirrored"
 BOTH, VAL = ("train_data", "validation_data"), ("validation_data",)
@@ -40,7 +39,7 @@ def test_what_each_role_does(strategy, role, replicas, server, data, coordinator
     assert (d.is_coordinator, d.is_light, d.is_trainer) == (coordinator, light, trainer)
     # The places that used to decide it themselves now read the table.
     assert supervisor.is_trainer(strategy, role) == trainer
-    assert threads.is_light(role, strategy) == light
+    assert cpu_budget.is_light(role, strategy) == light
     if role != "single":
         doc = {"master": "127.0.0.1:2230", "worker": ["127.0.0.1:2231"], "evaluator": "127.0.0.1"}
         if strategy == PS:

@@ -77,7 +77,7 @@ def run_server(config: TrainConfig) -> NoReturn:
 def run_trainer(config: TrainConfig, beacon=None) -> int:
     """The master, an all-reduce worker, or a single machine; `beacon`: its port, already bound."""
     from od_dist.model import pipeline
-    from od_dist.task import devices, server, strategy, trainer, watch
+    from od_dist.task import checkpoints, devices, errors, server, strategy, trainer, watch
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
     pipeline.check_inputs(params, config.pipeline, train=True)
@@ -92,7 +92,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         # The checkpoint writer, before its strategy: a multi_worker_mirrored worker reads the
         # checkpoint file only once every trainer has joined the group, so all restore what the
         # file names after this (reads files only: TensorFlow's runtime stays uninitialised).
-        trainer.tidy(config.model_dir)
+        checkpoints.tidy(config.model_dir)
     try:
         dist = strategy.make(
             cluster,
@@ -141,7 +141,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
                     "--all_reduce_dtype": config.all_reduce_dtype,
                 },
             )
-    except trainer.Stopped as e:
+    except errors.Stopped as e:
         saved = f"saved {e.path}" if e.path else "the master saved it"
         print(f"{who}: stopped at step {e.step} ({e.why}); {saved}; exit {e.code}", flush=True)
         if config.is_coordinator and e.code == exit_codes.INTERRUPTED:
@@ -158,7 +158,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             # TensorFlow's shutdown waiting about a minute for its heartbeats: end here instead.
             watch.exit_now(e.code)
         return e.code
-    except trainer.StartMismatch as e:
+    except errors.StartMismatch as e:
         for line in str(e).splitlines():
             print(f"od-dist: {who}: {line}", file=sys.stderr, flush=True)
         return exit_codes.INVALID
@@ -448,8 +448,7 @@ def run_evaluator(config: TrainConfig) -> int:
 
 
 def run(config: TrainConfig) -> int:
-    from od_dist.host import cpu_budget as threads
-    from od_dist.task import server
+    from od_dist.task import server, threads
 
     task = config.selected.task
     # The port before TensorFlow's import (seconds): a taken port fails at once. The coordinator

@@ -16,8 +16,9 @@ import faulthandler
 import time
 
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
+from od_dist.host.watchdog import Watchdog
 from od_dist.protocol import exit_codes
-from od_dist.task import devices, watch
+from od_dist.task import devices
 from od_dist.task.server import bind_port, probe_all
 
 PROGRESS_EVERY_S = 10.0
@@ -82,7 +83,7 @@ def hang_guard(timeout_s: float, what: str):
         f"{timeout_s:.0f} s: a peer was lost after it answered (or raise --wait_timeout); "
         f"exit {exit_codes.LOST_PEER}"
     )
-    with watch.Watchdog() as watchdog:
+    with Watchdog() as watchdog:
         watchdog.arm(timeout_s + 1, message)
         try:
             yield
@@ -167,13 +168,6 @@ def collective_options(all_reduce_alg: str | None):
     )
 
 
-# multi_worker_mirrored all-reduces the gradients in this many packs by default (--all_reduce_packs):
-# each pack starts as soon as its gradients are computed, so the communication overlaps the rest of
-# the backward pass instead of following it. TensorFlow's default is one pack. Two 0.6-core machines
-# at 100 Mbit/s: 38.8 examples/s with one pack, 45.9 with 4 (benchmarks/scaling.py, BENCHMARKS.md).
-ALL_REDUCE_PACKS = 4
-
-
 def pack_gradients(dist, gradient_bytes: int, packs: int) -> int:
     """multi_worker_mirrored: all-reduce the gradients in `packs` packs of about equal bytes
     (TensorFlow's CommunicationOptions.bytes_per_pack); returns the bytes per pack, 0 for one pack
@@ -190,13 +184,6 @@ def pack_gradients(dist, gradient_bytes: int, packs: int) -> int:
         tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
     )
     return bytes_per_pack
-
-
-# --all_reduce_dtype: what multi_worker_mirrored sends of each gradient. bfloat16 halves the bytes
-# of every all-reduce; it keeps float32's exponent, so no sum overflows or flushes to zero (float16
-# would need loss scaling on this path), and its 8 significant bits round each element by at most
-# 0.4 %, far below the noise of a minibatch's gradient. Variables and the optimizer stay float32.
-ALL_REDUCE_DTYPES = ("float32", "bfloat16")
 
 
 def reduce_gradients_in(dist, optimizer, dtype_name: str):
