@@ -9,6 +9,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from od_dist import patches
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import TrainerError
 
@@ -143,7 +144,7 @@ def tidy_checkpoints(model_dir: str) -> Tidied:
         stamps = list(state.all_model_checkpoint_timestamps) if state else []
         if len(stamps) != len(kept):
             stamps = [time.time()] * len(kept)
-        tf.__internal__.train.update_checkpoint_state(
+        patches.update_checkpoint_state(
             model_dir,
             prefix,
             [*kept, prefix],

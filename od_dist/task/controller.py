@@ -5,7 +5,6 @@ every trainer, and a bounded continuous evaluation."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -13,6 +12,7 @@ import time
 import zlib
 from typing import Any
 
+from od_dist import patches
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import StartMismatch, Stopped
 from od_dist.task.stop import request_of
@@ -48,22 +48,8 @@ def _controller_cls():
     import orbit
     import tensorflow as tf
     from absl import logging
-    from orbit import controller as orbit_controller
 
-    # orbit prints every loop's and every evaluation's whole output dict; the od-dist progress and
-    # eval lines say it in one line, so those go to the absl INFO log only (orbit 2.20's module-level _log; its other messages,
-    # checkpoint saves and restores, still print).
-    printing_log = orbit_controller._log
-    if not getattr(printing_log, "od_dist", False):
-
-        def quiet_train_log(message: str):
-            if "| output:" in message:  # train and eval dicts; the eval one is a screenful
-                logging.info(message)
-            else:
-                printing_log(message)
-
-        quiet_train_log.od_dist = True
-        orbit_controller._log = quiet_train_log
+    patches.quiet_orbit_log(logging.info)
 
     class OdController(orbit.Controller):
         """orbit.Controller plus progress lines, eval JSON, and a bounded continuous eval."""
@@ -98,7 +84,7 @@ def _controller_cls():
                 )
             super().__init__(*args, **kwargs)
             if self.trainer is not None and self.checkpoint_manager is not None:
-                self.checkpoint_manager.save = _reading_batch_norm_once(
+                self.checkpoint_manager.save = patches.reading_batch_norm_once(
                     self.checkpoint_manager.save, self.strategy, self.trainer.model.variables
                 )
             if self.trainer is not None:
@@ -126,7 +112,7 @@ def _controller_cls():
                     # one, restored from another folder, would save at its first loop boundary.
                     # Saving is collective: trainers that disagree fail the job (a collective
                     # "Shape mismatch", exit 1) at the first boundary after a mid-interval resume.
-                    manager._last_checkpoint_step = int(self.global_step.numpy())
+                    patches.count_saves_from(manager, int(self.global_step.numpy()))
                 return restored
             if self.trainer is None and manager is not None:
                 # Evaluation only: the optimizer's slots are not needed; say so, rather
@@ -195,10 +181,9 @@ def _controller_cls():
             step = int(self.global_step.numpy())
             path = None
             if self.checkpoint_manager is not None:
-                path = self.checkpoint_manager.save(
-                    checkpoint_number=step, check_interval=False, options=self._checkpoint_options
-                )
-            self._sync_on_async_checkpointing()
+                path = patches.save_now(self, step)
+            else:
+                patches.sync_saves(self)
             if not self.strategy.extended.should_checkpoint:
                 path = None  # a multi_worker_mirrored worker's copy, in a temporary folder
             why = (
@@ -284,65 +269,12 @@ def _create_optimizer_slots(trainer, strategy) -> None:
     optimizer = getattr(trainer, "optimizer", None)
     variables = trainer.model.trainable_variables
     with strategy.scope():
-        if hasattr(optimizer, "_create_all_weights"):  # Keras 2's optimizers (Model Garden's default)
-            optimizer._create_all_weights(variables)
-        elif hasattr(optimizer, "build"):  # Keras 3's
-            optimizer.build(variables)
-
-
-def _reading_batch_norm_once(save, strategy, variables):
-    """``save`` (a CheckpointManager's), reading the model's batch-norm statistics for the
-    checkpoint in one batched all-reduce under multi_worker_mirrored. TensorFlow saves a
-    SyncOnReadVariable's mean over the replicas, read eagerly one variable at a time: one collective
-    and one new thread pool each, 3.3 s per save for the demo's 256 statistics (about 0.1 s on one
-    machine). The values saved are the same means."""
-    import tensorflow as tf
-    from tensorflow.python.distribute import values
-
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return save
-    means = [
-        v
-        for v in variables
-        if isinstance(v, values.SyncOnReadVariable) and v.aggregation == tf.VariableAggregation.MEAN
-    ]
-    if not means:
-        return save
-
-    ids = {id(v) for v in means}
-
-    @functools.wraps(save)
-    def saving(*args, **kwargs):
-        reduced = {}
-        read_one = values.SyncOnReadVariable._get_cross_replica
-
-        def read(var):
-            if id(var) not in ids or not tf.executing_eagerly():
-                return read_one(var)
-            if not reduced:  # the save's first read; every trainer reads in the same order
-                pairs = [(v, v) for v in means]
-                results = strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.MEAN, pairs)
-                reduced.update(
-                    {id(v): strategy.experimental_local_results(r)[0] for v, r in zip(means, results)}
-                )
-            return reduced[id(var)]
-
-        values.SyncOnReadVariable._get_cross_replica = read
-        try:
-            return save(*args, **kwargs)
-        finally:
-            values.SyncOnReadVariable._get_cross_replica = read_one
-
-    return saving
-
-
-def _resolver(strategy):
-    return getattr(strategy, "_cluster_resolver", None) or getattr(strategy, "cluster_resolver", None)
+        patches.create_optimizer_slots(optimizer, variables)
 
 
 def _trainer_names(strategy) -> list:
     """multi_worker_mirrored trainers by TensorFlow's id in cluster (chief 0, worker i -> i+1)."""
-    resolver = _resolver(strategy)
+    resolver = patches.cluster_resolver(strategy)
     spec = resolver.cluster_spec() if resolver else None
     if not spec or not spec.jobs:
         return ["single"]
@@ -352,7 +284,7 @@ def _trainer_names(strategy) -> list:
 
 
 def _trainer_id(strategy) -> int:
-    resolver = _resolver(strategy)
+    resolver = patches.cluster_resolver(strategy)
     if not resolver or not resolver.cluster_spec().jobs:
         return 0
     return 0 if resolver.task_type == "chief" else int(resolver.task_id) + 1

@@ -193,6 +193,8 @@ def _code_of(e: BaseException) -> int:
 
     if isinstance(e, KeyboardInterrupt):
         return exit_codes.INTERRUPTED
+    if isinstance(e, SystemExit) and isinstance(e.code, int):  # patches.check
+        return e.code
     return exit_codes.INVALID if isinstance(e, PipelineError) else exit_codes.FAILED
 
 
@@ -448,6 +450,7 @@ def run_evaluator(config: TrainConfig) -> int:
 
 
 def run(config: TrainConfig) -> int:
+    from od_dist import patches
     from od_dist.task import server, threads
 
     task = config.selected.task
@@ -465,6 +468,9 @@ def run(config: TrainConfig) -> int:
     try:
         # Before anything initialises TensorFlow's thread pools (devices, servers, strategies).
         threads.apply(config.threads, task.name if task else "single")
+        # A library upgrade that breaks a patch: one line now, before any wait or step. A server
+        # runs none of Model Garden's code: TensorFlow's patches only (no Model Garden import).
+        patches.check([patches.TENSORFLOW[0]] if config.is_server else None)
         if config.is_server:
             return run_server(config)
         if config.role == "evaluator":

@@ -25,6 +25,7 @@ import time
 
 from absl import logging
 
+from od_dist import patches
 from od_dist.cluster import hostinfo
 from od_dist.cluster.spec import Cluster, Task
 from od_dist.protocol import exit_codes
@@ -351,14 +352,12 @@ def stop_requests(cluster: Cluster, tasks) -> list[str]:
     (`ps:0 was stopped (Ctrl+C)`), read through the server itself as its stop marker is written.
     A server that cannot be reached asks nothing here: the master's peer watch deals with it."""
     import tensorflow as tf
-    from tensorflow.python.eager import context
-    from tensorflow.python.eager import executor as executor_lib
 
     asked = []
     for task in tasks:
         try:
             with (
-                context.executor_scope(executor_lib.new_executor(enable_async=False)),
+                patches.own_executor(),
                 tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"),
             ):
                 found = tf.io.matching_files(stop_request(cluster, task)).numpy()
@@ -375,8 +374,6 @@ def send_stop(cluster: Cluster, tasks, why: str = DONE, timeout_s: float = 30.0)
     told, the reason: gone ("could not reach"), or its working directory would not take the
     marker (e.g. read-only)."""
     import tensorflow as tf
-    from tensorflow.python.eager import context
-    from tensorflow.python.eager import executor as executor_lib
 
     told = set()
     problems = {}
@@ -392,7 +389,7 @@ def send_stop(cluster: Cluster, tasks, why: str = DONE, timeout_s: float = 30.0)
             # Its own executor: a failed remote op poisons the executor it ran in, and with the
             # shared one every other task's write would report this task's error.
             with (
-                context.executor_scope(executor_lib.new_executor(enable_async=False)),
+                patches.own_executor(),
                 tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"),
             ):
                 tf.io.write_file(stop_marker(cluster, task), why)

@@ -15,6 +15,7 @@ import contextlib
 import faulthandler
 import time
 
+from od_dist import patches
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
 from od_dist.host.watchdog import Watchdog
 from od_dist.protocol import exit_codes
@@ -161,10 +162,9 @@ def variable_partitioner(num_ps: int):
 def collective_options(all_reduce_alg: str | None):
     """multi_worker_mirrored's CommunicationOptions from runtime.all_reduce_alg (None: AUTO)."""
     import tensorflow as tf
-    from official.common import distribute_utils
 
     return tf.distribute.experimental.CommunicationOptions(
-        implementation=distribute_utils._collective_communication(all_reduce_alg)
+        implementation=patches.collective_communication(all_reduce_alg)
     )
 
 
@@ -179,9 +179,8 @@ def pack_gradients(dist, gradient_bytes: int, packs: int) -> int:
         return 0
     bytes_per_pack = -(-gradient_bytes // packs)
     # The options are fixed when the strategy is built; it merges these into every all-reduce.
-    extended = dist.extended
-    extended._communication_options = extended._communication_options.merge(
-        tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
+    patches.merge_communication_options(
+        dist, tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
     )
     return bytes_per_pack
 
@@ -200,8 +199,8 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str):
     wire = tf.as_dtype(dtype_name)
     while getattr(optimizer, "inner_optimizer", None) is not None:  # a LossScaleOptimizer
         optimizer = optimizer.inner_optimizer
-    while getattr(optimizer, "_optimizer", None) is not None:  # Model Garden's moving average
-        optimizer = optimizer._optimizer
+    while patches.inner_optimizer(optimizer) is not None:  # Model Garden's moving average
+        optimizer = patches.inner_optimizer(optimizer)
     if not hasattr(optimizer, "gradient_aggregator"):
         raise PipelineError(
             f"--all_reduce_dtype {dtype_name}: the pipeline's optimizer {type(optimizer).__name__} "
@@ -226,9 +225,7 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str):
 
 def mirrored_cross_device_ops(all_reduce_alg: str | None, num_packs: int):
     """One machine's cross-device ops from runtime.all_reduce_alg/num_packs (None: TensorFlow's pick)."""
-    from official.common import distribute_utils
-
-    return distribute_utils._mirrored_cross_device_ops(all_reduce_alg, num_packs)
+    return patches.mirrored_cross_device_ops(all_reduce_alg, num_packs)
 
 
 def make(

@@ -20,31 +20,14 @@ evaluator sidecar's job.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import time
 
+from od_dist import patches
 from od_dist.task.controller import _controller_cls
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import TrainerError
-
-
-@contextlib.contextmanager
-def _replica_copies_read():
-    """While the model is built (before any restore or step), a batch-norm statistic (a
-    SyncOnReadVariable) read across replicas gives this replica's copy rather than all-reducing
-    the copies: each replica holds the same initial value then, so the all-reduce gives the same
-    tensor. Keras reads two per batch-norm layer as it builds; under multi_worker_mirrored each
-    one is a collective op, 256 for the demo's model."""
-    from tensorflow.python.distribute import values
-
-    all_reduced = values.SyncOnReadVariable._get_cross_replica
-    values.SyncOnReadVariable._get_cross_replica = lambda self: self._get_on_device_or_primary()
-    try:
-        yield
-    finally:
-        values.SyncOnReadVariable._get_cross_replica = all_reduced
 
 
 def _num_ps_workers(strategy) -> int:
@@ -53,12 +36,9 @@ def _num_ps_workers(strategy) -> int:
 
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return 0
-    resolver = (
-        getattr(strategy, "_cluster_resolver", None)  # set by TF 2.20
-        or strategy.cluster_resolver
-    )
+    resolver = patches.cluster_resolver(strategy)
     if resolver is None:
-        return int(getattr(strategy, "_num_workers", 1))
+        return patches.ps_workers(strategy)
     return resolver.cluster_spec().num_tasks("worker")
 
 
@@ -76,7 +56,7 @@ def _spread_trainer_cls():
 
     class SpreadTrainer(base_trainer.Trainer):
         def create_train_loop_fn(self):
-            if not getattr(self, "_is_async", False):
+            if not patches.is_async(self):
                 return super().create_train_loop_fn()
             loop_fn = orbit.StandardTrainer.create_train_loop_fn(self)
             workers = max(1, _num_ps_workers(self.strategy))
@@ -185,7 +165,7 @@ def _run(
         # Built once and checked (a model that cannot be built is one line naming the pipeline's
         # key, not a traceback at the first step), here rather than in Model Garden's
         # create_trainer, whose gin wrapper would add its own line to that error.
-        with _replica_copies_read():
+        with patches.replica_copies_read():
             model = pipeline.check_model(params, pipeline_path, task.build_model)
         task.build_model = lambda: model
         trainer_obj = None
@@ -309,6 +289,8 @@ def evaluate_latest(params, model_dir: str, pipeline_path: str = "the pipeline")
     ``<model_dir>/validation/metrics-STEP.json`` and TensorBoard (``validation/``).
     """
     import tensorflow as tf
+
+    patches.check()  # `od-dist eval`: a library upgrade that breaks a patch is one line now
 
     latest = tf.train.latest_checkpoint(model_dir)
     if not latest:
