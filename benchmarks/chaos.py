@@ -284,7 +284,7 @@ def evaluate(model_dir: str, override: str) -> tuple[float | None, str]:
         timeout=3600,
     )
     m = COCO_LINE.search(r.stdout)
-    return (float(m.group(2)) if m else None), (m.group(0) if m else (r.stdout + r.stderr).strip()[-300:])
+    return (float(m["AP50"]) if m else None), (m.group(0) if m else (r.stdout + r.stderr).strip()[-300:])
 
 
 def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> dict:

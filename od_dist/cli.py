@@ -20,7 +20,7 @@ from od_dist.cluster import commandline
 from od_dist.cluster.spec import InvalidCluster
 from od_dist.cluster.validate import MAX_CLONES, SHOWN_MAX, shown
 from od_dist.host.config import ALL_REDUCE_DTYPES, ALL_REDUCE_PACKS
-from od_dist.protocol import exit_codes
+from od_dist.protocol import exit_codes, notes
 from od_dist.protocol.peers import LOST_PEER_TIMEOUT_S
 
 
@@ -565,7 +565,7 @@ def cmd_train(fv) -> int:
     # The evaluator, a sidecar whose failures never stop the trainers, always runs under a
     # supervisor of its own (unless it is one's child already): without restarts too, its exit is
     # what happened to the job, never a permanent failure of its own (FailJobSet on Kubernetes).
-    sidecar = cfg.role == "evaluator" and not os.environ.get(exit_codes.NOTES_ENV)
+    sidecar = cfg.role == "evaluator" and not os.environ.get(notes.NOTES_ENV)
     if fv.max_restarts or sidecar:
         from od_dist.cluster.spec import Address, Task
         from od_dist.host import launch
@@ -1547,23 +1547,14 @@ Example:
 )
 def cmd_k8s(fv) -> int:
     from od_dist.data import records
-    from od_dist.host import supervisor
     from od_dist.render import k8s
 
     cluster, passed_on = _render_input(fv, "k8s")
     if not fv.image:
         raise UsageError("--image: '': required; pass --image=REGISTRY/IMAGE:TAG (od-dist installed in it)")
 
-    def decides(role: str, code: int, action: str) -> bool:
-        return supervisor.decide(cluster.strategy, role, code) == action
-
     roles = [r for r in k8s.ROLES if cluster.tasks_of(r)]
-    restarts = k8s.Restarts(
-        fv.max_restarts,
-        tuple(sorted(exit_codes.RETRYABLE)),
-        frozenset(r for r in roles if decides(r, exit_codes.LOST_PEER, supervisor.RESTART_TASK)),
-        frozenset(r for r in roles if not decides(r, exit_codes.FAILED, supervisor.PERMANENT)),
-    )
+    restarts = k8s.Restarts.from_policy(fv.max_restarts, cluster.strategy, roles)
     try:
         resources = k8s.Resources(k8s.per_role("cpu", fv.cpu), k8s.per_role("memory", fv.memory), fv.gpus)
         text = k8s.render(

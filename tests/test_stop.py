@@ -72,8 +72,8 @@ def test_first_signal_asks_second_exits_at_once(signum, code):
 
 
 def test_codes_and_restore():
-    assert stop.code_for(signal.SIGTERM) == exit_codes.TERMINATED == 143
-    assert stop.code_for(signal.SIGINT) == exit_codes.INTERRUPTED == 130
+    assert exit_codes.for_signal(signal.SIGTERM) == exit_codes.TERMINATED == 143
+    assert exit_codes.for_signal(signal.SIGINT) == exit_codes.INTERRUPTED == 130
     before = signal.getsignal(signal.SIGINT)
     with stop.StopRequest() as s:
         assert signal.getsignal(signal.SIGINT) is not before
@@ -97,13 +97,14 @@ def test_a_servers_stop_request_stops_the_master_as_a_ctrl_c_here():
 
 def test_a_server_told_of_a_persons_stop_exits_130_and_of_the_end_0(capsys):
     from od_dist.cluster.spec import Address, Task
+    from od_dist.protocol import notes
     from od_dist.task import server
 
     ps = Task("ps", 0, Address("127.0.0.1", 2222))
-    assert server._told(ps, server.STOPPED_BY_PERSON) == 130
-    assert server._told(ps, server.stopped_the_job("ps:0 was stopped by Ctrl+C")) == 130
-    assert server._told(ps, server.DONE) == 0
-    assert server._told(ps, server.with_exit("failed (ResourceExhaustedError)", 1)) == 1  # the master's
+    assert server._told(ps, notes.by_person()) == 130
+    assert server._told(ps, notes.stopped_the_job("ps:0 was stopped by Ctrl+C")) == 130
+    assert server._told(ps, notes.DONE) == 0
+    assert server._told(ps, notes.word("failed (ResourceExhaustedError)", 1)) == 1  # the master's
     assert capsys.readouterr().out.splitlines() == [
         "ps:0: the master was stopped (Ctrl+C); stopping; exit 130",
         "ps:0: the master stopped the job: ps:0 was stopped by Ctrl+C; stopping; exit 130",

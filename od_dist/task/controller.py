@@ -13,9 +13,9 @@ import zlib
 from typing import Any
 
 from od_dist import patches
+from od_dist.protocol import exit_codes
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import StartMismatch, Stopped
-from od_dist.task.stop import request_of
 
 
 def _format_eta(seconds: float) -> str:
@@ -189,7 +189,7 @@ def _controller_cls():
             why = (
                 self._od_stop.name
                 if self._od_stop.requested
-                else ", ".join(f"{name} was stopped by {request_of(code)}" for name, code in asked)
+                else ", ".join(f"{name} was stopped by {exit_codes.asked_by(code)}" for name, code in asked)
             )
             raise Stopped(max(code for _, code in asked), step, path, why)
 

@@ -17,7 +17,7 @@ import time
 from typing import NoReturn
 
 from od_dist.host.config import TrainConfig
-from od_dist.protocol import exit_codes
+from od_dist.protocol import exit_codes, notes, peers
 
 EVAL_POLL_S = 30
 
@@ -108,7 +108,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         # Retryable, like a peer lost later: a peer that is late (a pod still scheduling, a machine
         # still booting) is there at the next try; the server side exits 138 the same way.
         print(f"od-dist: {e}; exit {exit_codes.LOST_PEER}", file=sys.stderr, flush=True)
-        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)  # its restart would only wait again
+        notes.leave_for_supervisor(notes.WAITED_OUT)  # its restart would only wait again
         return exit_codes.LOST_PEER
     except (devices.DeviceError, server.ServerError) as e:
         raise RoleError(str(e)) from None
@@ -150,7 +150,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             # come back and then restarting. SIGTERM is a pause (a drained node, an orchestrator's
             # restart): they stay up for the master's return, as after a crash.
             own = e.why in ("SIGINT", "SIGBREAK")
-            _stop_servers(cluster, server.STOPPED_BY_PERSON if own else server.stopped_the_job(e.why))
+            _stop_servers(cluster, notes.by_person() if own else notes.stopped_the_job(e.why))
         if e.code == exit_codes.INTERRUPTED and cluster is not None and task == cluster.lead_task():
             _tell_evaluators(config.model_dir, f"{who} was stopped by a person ({e.why}) at step {e.step}")
         if cluster is not None:
@@ -171,9 +171,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             if config.is_coordinator:
                 # A permanent failure: the servers would otherwise wait --wait_timeout for a master
                 # that will not come back, exit 138 and be restarted by their own supervisors.
-                _stop_servers(
-                    cluster, server.with_exit(f"failed ({missing or type(e).__name__})", _code_of(e))
-                )
+                _stop_servers(cluster, notes.word(f"failed ({missing or type(e).__name__})", _code_of(e)))
             if missing:
                 raise RoleError(missing) from None
             raise
@@ -183,7 +181,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             f"({type(e).__name__}); {_after_loss(config)}",
         )
     if config.is_coordinator:
-        _stop_servers(cluster, server.DONE)
+        _stop_servers(cluster, notes.DONE)
     return 0
 
 
@@ -207,11 +205,11 @@ def _stopped_before_training(config: TrainConfig, beacon, e: BaseException) -> N
 
     code = _code_of(e)
     if isinstance(e, PeerStopped):
-        word = server.stopped_the_job(str(e))
+        word = notes.stopped_the_job(str(e))
     elif code == exit_codes.INTERRUPTED:
-        word = server.STOPPED_BY_PERSON
+        word = notes.by_person()
     else:
-        word = server.with_exit(f"stopped before training ({str(e).strip() or type(e).__name__})", code)
+        word = notes.word(f"stopped before training ({str(e).strip() or type(e).__name__})", code)
     why = f"{e}; " if isinstance(e, PeerStopped) else ""
     print(
         f"{config.selected.task.name}: {why}stopping before training (exit {code}); telling the servers "
@@ -404,20 +402,23 @@ def run_evaluator(config: TrainConfig) -> int:
     devices.apply_policy()  # it often shares a GPU machine with a worker
     lead = config.selected.cluster.lead_task() if config.selected.cluster else None
     master = lead.address if lead else None  # the master, or worker 0 when the cluster has none
-    last_seen = [time.monotonic()]
+    absent = peers.Unreachable(never_seen_since=time.monotonic())
     seen = [False]  # the master was ever up: the job started
     before = _read_stopped_note(config.model_dir)  # an earlier run's word is none for this one
     stopped = []
 
     def keep_waiting() -> bool:
-        if master is not None and is_listening(master.host, master.port):
-            last_seen[0], seen[0] = time.monotonic(), True
+        now = time.monotonic()
+        up = master is not None and is_listening(master.host, master.port)
+        absent.look("master", up, now)
+        if up:
+            seen[0] = True
             return True
         said = _read_stopped_note(config.model_dir)
         if said and said != before:
             stopped.append(said.splitlines()[0])
             return False
-        return time.monotonic() - last_seen[0] < config.wait_timeout
+        return not absent.lost("master", now, config.wait_timeout)
 
     metrics = trainer.continuous_eval(
         params,
@@ -439,7 +440,7 @@ def run_evaluator(config: TrainConfig) -> int:
             file=sys.stderr,
             flush=True,
         )
-        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)
+        notes.leave_for_supervisor(notes.WAITED_OUT)
         return exit_codes.LOST_PEER
     if metrics is None:
         raise RoleError(

@@ -18,7 +18,7 @@ import time
 from od_dist import patches
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
 from od_dist.host.watchdog import Watchdog
-from od_dist.protocol import exit_codes
+from od_dist.protocol import exit_codes, notes
 from od_dist.task import devices
 from od_dist.task.server import bind_port, probe_all
 
@@ -56,7 +56,7 @@ def wait_for_peers(peers, timeout_s: float) -> None:
         seen = probe_all([(t.address.host, t.address.port) for t in peers])
         said = [word for _, word in seen if word]
         if said:
-            raise PeerStopped(said[0])
+            raise PeerStopped(notes.shown(said[0]))
         missing = [t for t, (listening, _) in zip(peers, seen) if not listening]
         if not missing:
             return

@@ -17,8 +17,7 @@ import threading
 import time
 
 from od_dist.host.watchdog import Watchdog
-from od_dist.protocol import exit_codes
-from od_dist.protocol.peers import PROBE_S
+from od_dist.protocol import exit_codes, notes, peers
 from od_dist.task.server import is_listening
 
 # parameter_server: TensorFlow's coordinator waits for the steps of a loop with no timeout, and a
@@ -83,7 +82,7 @@ class Watch:
     waited_out): lost when one of its tasks (every=False) or all of them (every=True) stayed
     unreachable for timeout_s; then prints one line and exits the process with LOST_PEER.
     `waited_out`: timeout_s is --wait_timeout, so a supervisor is told a restart would only wait
-    again (exit_codes.WAITED_OUT)."""
+    again (notes.WAITED_OUT)."""
 
     def __init__(self, who: str, groups):
         self.who = who
@@ -104,20 +103,17 @@ class Watch:
         self._stop.set()
 
     def _run(self) -> None:
-        gone_since: dict = {}
-        while not self._stop.wait(PROBE_S):
+        absent = peers.Unreachable()
+        while not self._stop.wait(peers.PROBE_S):
             now = time.monotonic()
             for tasks, every, timeout_s, why, waited_out in self.groups:
                 for t in tasks:
-                    if is_listening(t.address.host, t.address.port):
-                        gone_since.pop(t.name, None)
-                    else:
-                        gone_since.setdefault(t.name, now)
-                lost = [t for t in tasks if now - gone_since.get(t.name, now) >= timeout_s]
+                    absent.look(t.name, is_listening(t.address.host, t.address.port), now)
+                lost = [t for t in tasks if absent.lost(t.name, now, timeout_s)]
                 if lost and (not every or len(lost) == len(tasks)) and not self._stop.is_set():
                     if waited_out:
-                        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)
-                    exit_lost(self.who, f"lost {_names(lost)} (unreachable for {timeout_s:.0f} s); {why}")
+                        notes.leave_for_supervisor(notes.WAITED_OUT)
+                    exit_lost(self.who, f"{peers.lost_line(_names(lost), timeout_s)}; {why}")
 
 
 def exit_now(code: int) -> None:
