@@ -134,9 +134,9 @@ def machine_cores() -> int:
     return cores_within(cpu_limit(), runnable_cores())
 
 
-def is_light(role: str, strategy: str) -> bool:
+def mostly_waits(role: str, strategy: str) -> bool:
     """Tasks that mostly wait while the others compute (cluster/duties.py)."""
-    return duties.of(strategy, role).is_light
+    return duties.of(strategy, role).mostly_waits
 
 
 def budget(cores: int, role: str, strategy: str, roles_here: list[str], limited: bool = False) -> Threads:
@@ -146,9 +146,9 @@ def budget(cores: int, role: str, strategy: str, roles_here: list[str], limited:
     if len(roles_here) <= 1:
         # Alone: all of the machine, as TensorFlow sizes it, unless a CPU limit makes it smaller.
         return Threads(cores, max(MIN_INTER_OP, cores)) if limited else Threads()
-    if is_light(role, strategy):
+    if mostly_waits(role, strategy):
         return Threads(1, MIN_INTER_OP)
-    heavy = sum(1 for r in roles_here if not is_light(r, strategy))
+    heavy = sum(1 for r in roles_here if not mostly_waits(r, strategy))
     share = max(1, cores // max(1, heavy))
     return Threads(share, max(MIN_INTER_OP, share))
 
