@@ -255,7 +255,7 @@ def unreadable_checkpoints(model_dir: str) -> tuple[list[int], list[str]]:
     as the trainer's own check does)."""
     code = (
         "import glob, json, os, sys\n"
-        "from od_dist.job.trainer import _complete\n"
+        "from od_dist.task.checkpoints import _complete\n"
         "prefixes = sorted(p[:-6] for p in glob.glob(os.path.join(sys.argv[1], 'ckpt-*.index')))\n"
         "print(json.dumps([[p, _complete(p)] for p in prefixes]))\n"
     )
@@ -284,7 +284,7 @@ def evaluate(model_dir: str, override: str) -> tuple[float | None, str]:
         timeout=3600,
     )
     m = COCO_LINE.search(r.stdout)
-    return (float(m.group(2)) if m else None), (m.group(0) if m else (r.stdout + r.stderr).strip()[-300:])
+    return (float(m["AP50"]) if m else None), (m.group(0) if m else (r.stdout + r.stderr).strip()[-300:])
 
 
 def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> dict:

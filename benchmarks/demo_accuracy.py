@@ -70,8 +70,8 @@ def main(argv=None) -> int:
 
     import tensorflow as tf
 
-    from od_dist.job import trainer
     from od_dist.model.pipeline import load_pipeline
+    from od_dist.task import trainer
 
     overrides = [
         f"task.train_data.input_path={os.path.join(args.data_dir, shapes.TRAIN_FILE)}",

@@ -325,7 +325,7 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
 EVAL_EACH = """
 import glob, json, os, re, sys, tempfile
 import tensorflow as tf
-from od_dist.job import devices, trainer
+from od_dist.task import devices, trainer
 from od_dist.model import pipeline
 model_dir, override = sys.argv[1], sys.argv[2]
 devices.apply_policy()

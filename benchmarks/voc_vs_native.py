@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -28,8 +27,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 sys.path.insert(0, os.path.join(_REPO, "tests"))
+from loopback import COCO_LINE  # noqa: E402 - the one pattern of the COCO line
+
 PIPELINE = os.path.join(_REPO, "pipelines", "shapes_retinanet.yaml")
-RESULT = re.compile(r"step (\d+)[:|\s]+AP ([\d.]+)[|\s]+AP50 ([\d.]+)[|\s]+AP75 ([\d.]+)")
 
 
 def records_to_labelimg(record_path: str, folder: str) -> int:
@@ -79,10 +79,10 @@ def train_and_eval(name: str, train: str, val: str, steps: int, work: str, fresh
     t0 = time.time()
     od_dist("train", "--pipeline", PIPELINE, "--model_dir", model_dir, "--params_override", override)
     seconds = time.time() - t0
-    m = RESULT.search(
+    m = COCO_LINE.search(
         od_dist("eval", "--pipeline", PIPELINE, "--model_dir", model_dir, "--params_override", override)
     )
-    return (float(m.group(2)), float(m.group(3)), float(m.group(4)), seconds, model_dir)
+    return (float(m["AP"]), float(m["AP50"]), float(m["AP75"]), seconds, model_dir)
 
 
 def main(argv=None) -> int:

@@ -84,7 +84,7 @@ def cell(code: int, seconds: float, out: str, evaluated: bool = False) -> str:
         return f"**exit {code}**, {seconds:.0f} s: {last[0][:160].replace('|', '/')}"
     if evaluated:
         m = COCO_LINE.search(out)
-        return f"step {m.group(1)}, AP50 {m.group(2)}, {seconds:.0f} s" if m else "no COCO line"
+        return f"step {m['step']}, AP50 {m['AP50']}, {seconds:.0f} s" if m else "no COCO line"
     return f"exit 0, {seconds:.0f} s"
 
 

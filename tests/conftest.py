@@ -35,6 +35,7 @@ LONGEST_FIRST = (
     "test_scripts.py",
     "test_launch.py",
     "test_windows.py",
+    "test_patches.py",
 )
 
 

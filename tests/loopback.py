@@ -28,8 +28,11 @@ TINY = (
     "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord,"
     + SMALL
 )
-# The COCO line `eval` prints (the benchmarks read their AP50 from it): step, AP50.
-COCO_LINE = re.compile(r"od-dist eval \| step (\d+) \| AP [\d.]+ \| AP50 ([\d.]+)")
+# The COCO line `eval` prints, the one pattern the tests and benchmarks read it with (by name: step,
+# AP, AP50, AP75).
+COCO_LINE = re.compile(
+    r"od-dist eval \| step (?P<step>\d+) \| AP (?P<AP>[\d.]+) \| AP50 (?P<AP50>[\d.]+)(?: \| AP75 (?P<AP75>[\d.]+))?"
+)
 
 
 def tiny(data_dir, steps=10):

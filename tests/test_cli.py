@@ -125,9 +125,9 @@ def test_help_says_what_and_shows_an_example():
 
 
 def test_help_matches_what_the_commands_do():
-    """Each help says what the command does: every exit code (from job/exit_codes.py), AP75 in
+    """Each help says what the command does: every exit code (from protocol/exit_codes.py), AP75 in
     eval's line, no --role/--index where they are refused, the volume k8s mounts but does not write."""
-    from od_dist.job import exit_codes
+    from od_dist.protocol import exit_codes
 
     r = od_dist("--help")
     assert r.returncode == 0

@@ -1,4 +1,4 @@
-"""What a task shows on its console and what goes to its log (od_dist/job/console.py), in a real
+"""What a task shows on its console and what goes to its log (od_dist/host/console.py), in a real
 child process: TensorFlow's C++ lines (written to file descriptor 2), library prints and log
 records go to the log; od-dist's lines and real warnings, once each, to the console."""
 
@@ -9,9 +9,9 @@ import textwrap
 
 CHILD = textwrap.dedent("""
     import logging, os, sys, warnings
-    from od_dist.job import console
+    from od_dist.host import console
     console.setup(sys.argv[1], sys.argv[2] == "1")
-    exec('print("od-dist progress line")', {"__name__": "od_dist.job.trainer"})
+    exec('print("od-dist progress line")', {"__name__": "od_dist.task.trainer"})
     exec('print("pycocotools table line")', {"__name__": "pycocotools.cocoeval"})
     exec('print("saved checkpoint to ckpt-5.")', {"__name__": "orbit.controller"})
     os.write(2, b"I0000 grpc_server_lib.cc C++ line\\n")

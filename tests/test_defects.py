@@ -50,8 +50,8 @@ def small_override(data_dir: str) -> str:
 def test_every_shipped_pipeline_trains_one_step(path, data_dir, tmp_path):
     import tensorflow as tf
 
-    from od_dist.job import trainer
     from od_dist.model.pipeline import load_pipeline
+    from od_dist.task import trainer
 
     params = load_pipeline(path, small_override(data_dir), strategy="mirrored")
     model_dir = str(tmp_path / "run")
@@ -230,7 +230,7 @@ def leftovers(model_dir):
 def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, state):
     import tensorflow as tf
 
-    from od_dist.job import trainer
+    from od_dist.task import checkpoints
 
     model_dir = tmp_path / "run"
     saved_steps(model_dir, 5, 10)
@@ -239,7 +239,7 @@ def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, sta
         (model_dir / "checkpoint").unlink()
     else:  # a network share's transient error, a torn write
         (model_dir / "checkpoint").write_bytes(b"\xff\x00 not a checkpoint state {")
-    done = trainer.tidy_checkpoints(str(model_dir))
+    done = checkpoints.tidy_checkpoints(str(model_dir))
     assert sorted(os.path.basename(p) for p in done.removed) == ["checkpoint.tempstate2207", "ckpt-15_temp"]
     found = {
         os.path.basename(p): p for p in glob.glob(str(model_dir / "**" / "ckpt-*.index"), recursive=True)
@@ -250,7 +250,7 @@ def test_clean_keeps_complete_checkpoints_without_a_readable_state(tmp_path, sta
     if state == "missing":  # the newest is resumed from; the other is set aside, not in the way
         assert done.resumed == str(model_dir / "ckpt-10") and done.named is None
         assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "ckpt-10")
-        (aside,) = glob.glob(str(model_dir / (trainer.SET_ASIDE + "*")))
+        (aside,) = glob.glob(str(model_dir / (checkpoints.SET_ASIDE + "*")))
         assert done.set_aside == [(str(model_dir / "ckpt-5"), aside)]
         assert sorted(os.listdir(aside)) == ["ckpt-5.data-00000-of-00001", "ckpt-5.index"]
     else:  # nothing says where the run was: nothing but the temporaries is touched
@@ -268,7 +268,7 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
 
     import tensorflow as tf
 
-    from od_dist.job import trainer
+    from od_dist.task import checkpoints
 
     model_dir = tmp_path / "run"
     other = tmp_path / "other"
@@ -288,7 +288,7 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
     (model_dir / "ckpt-40.index").write_bytes(index[: len(index) // 2])
     leftovers(model_dir)
 
-    done = trainer.tidy(str(model_dir))
+    done = checkpoints.tidy(str(model_dir))
     out = capsys.readouterr().out
     removed = sorted(os.path.basename(p) for p in done.removed)
     assert removed == [
@@ -317,7 +317,7 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
     assert state != (model_dir / "checkpoint").read_text()
     for step in (5, 10, 20):
         assert restored_step(model_dir / f"ckpt-{step}") == step
-    (aside,) = glob.glob(str(model_dir / (trainer.SET_ASIDE + "*")))
+    (aside,) = glob.glob(str(model_dir / (checkpoints.SET_ASIDE + "*")))
     assert done.set_aside == [(str(model_dir / "ckpt-7"), aside), (str(model_dir / "ckpt-15"), aside)]
     for step in (7, 15):
         assert f"{model_dir / f'ckpt-{step}'} is complete but the checkpoint file does not name it" in out
@@ -325,16 +325,16 @@ def test_an_unnamed_complete_checkpoint_is_resumed_from_or_set_aside_never_delet
         assert restored_step(os.path.join(aside, f"ckpt-{step}")) == step
     assert not glob.glob(str(model_dir / "ckpt-7.*")) and not glob.glob(str(model_dir / "ckpt-15.*"))
     # A second start finds everything in order.
-    again = trainer.tidy_checkpoints(str(model_dir))
+    again = checkpoints.tidy_checkpoints(str(model_dir))
     assert not again.removed and not again.set_aside and again.resumed is None
 
 
 # The file system fails to read a complete checkpoint's data (a network share's stale handle),
 # injected into `od-dist train`'s own process where TensorFlow's checkpoint reader is called.
 UNAVAILABLE_READ = """
-from od_dist.job import trainer as _trainer
+from od_dist.task import checkpoints as _checkpoints
 
-_tidy = _trainer.tidy_checkpoints
+_tidy = _checkpoints.tidy_checkpoints
 
 
 def _flaky_tidy(model_dir):
@@ -356,7 +356,7 @@ def _flaky_tidy(model_dir):
     return _tidy(model_dir)
 
 
-_trainer.tidy_checkpoints = _flaky_tidy
+_checkpoints.tidy_checkpoints = _flaky_tidy
 """
 
 
@@ -405,16 +405,16 @@ def test_a_checkpoint_that_fails_to_read_for_another_reason_stops_the_run_and_no
 
 
 def test_a_folder_where_a_shard_should_be_stops_tidying_before_anything_is_removed(tmp_path):
-    from od_dist.job import trainer
+    from od_dist.task import checkpoints, errors
 
     model_dir, files = unnamed_beside_named(tmp_path)
     shard = model_dir / "ckpt-20.data-00000-of-00001"
     shard.rename(tmp_path / "shard")
     shard.mkdir()
     with pytest.raises(
-        trainer.TrainerError, match=r"ckpt-20.*Is a directory.*nothing in the model_dir was removed"
+        errors.TrainerError, match=r"ckpt-20.*Is a directory.*nothing in the model_dir was removed"
     ):
-        trainer.tidy_checkpoints(str(model_dir))
+        checkpoints.tidy_checkpoints(str(model_dir))
     assert shard.is_dir() and (model_dir / "ckpt-20.index").is_file()
     assert (model_dir / "ckpt-15_temp").is_dir() and (model_dir / "checkpoint.tempstate2207").is_file()
 
@@ -429,12 +429,12 @@ def test_hang_guard_ends_a_call_stuck_holding_the_gil_with_138():
 
     stuck = (
         "import re\n"
-        "from od_dist.job.strategy import hang_guard\n"
+        "from od_dist.task.strategy import hang_guard\n"
         "with hang_guard(1, 'master:0: every peer is up; joining the all-reduce group'):\n"
         "    re.match(r'(a+)+$', 'a' * 64 + 'b')\n"
     )
     r = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, timeout=120)
-    from od_dist.job import exit_codes
+    from od_dist.protocol import exit_codes
 
     assert exit_codes.normalize(r.returncode) == exit_codes.LOST_PEER == 138, (r.returncode, r.stderr)
     assert exit_codes.is_retryable(r.returncode)
@@ -448,14 +448,14 @@ def test_hang_guard_lets_a_call_that_returns_go_on():
     import subprocess
     import sys
 
-    quick = "from od_dist.job.strategy import hang_guard\nwith hang_guard(5, 'x: joining'):\n    pass\nprint('after')"
+    quick = "from od_dist.task.strategy import hang_guard\nwith hang_guard(5, 'x: joining'):\n    pass\nprint('after')"
     r = subprocess.run([sys.executable, "-c", quick], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.splitlines() == ["x: joining (giving up after 5 s)", "after"], r
 
 
 LOOPS = """
 import sys, time
-from od_dist.job import watch
+from od_dist.task import watch
 with watch.LoopGuard("master:0", 1, "restart the job") as guard:
     for seconds in map(float, sys.argv[1:]):
         guard.loop_starts()
@@ -471,7 +471,7 @@ def test_a_parameter_server_loop_far_slower_than_any_before_ends_the_master_with
     import subprocess
     import sys
 
-    from od_dist.job import exit_codes
+    from od_dist.protocol import exit_codes
 
     start = time.monotonic()
     r = subprocess.run([sys.executable, "-c", LOOPS, "0.4", "30"], capture_output=True, text=True, timeout=60)
@@ -510,7 +510,7 @@ def test_a_failing_evaluator_is_restarted_then_left_out_while_training_goes_on(t
     import threading
 
     from od_dist.cluster.spec import Address, Task
-    from od_dist.job import supervisor
+    from od_dist.host import supervisor
 
     starts = tmp_path / "evaluator-starts"
     starts.write_text("")
@@ -574,7 +574,7 @@ def test_a_heartbeat_missed_over_a_network_outage_is_a_lost_peer():
     a lost peer (exit 138, restarted with the others), not a crash (exit 1, never retried)."""
     import tensorflow as tf
 
-    from od_dist.job import roles
+    from od_dist.task import roles
 
     message = (
         "{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/replica:0/task:0/device:CPU:0}} "
@@ -734,7 +734,7 @@ def test_firewall_lines_insert_before_a_final_reject_rule(tmp_path):
 
 
 def test_launch_with_a_remote_model_dir_logs_locally(tmp_path, monkeypatch):
-    from od_dist.job import launch
+    from od_dist.host import launch
 
     monkeypatch.chdir(tmp_path)
     assert launch.run("parameter_server", [], {}, "gs://bucket/runs/x", 0, 1) == 0

@@ -29,7 +29,7 @@ from loopback import (
     write_cluster,
 )
 
-from od_dist.job import threads
+from od_dist.host import cpu_budget
 
 pytestmark = pytest.mark.slow
 
@@ -141,10 +141,10 @@ def test_each_launched_task_reports_the_threads_tensorflow_applied(ps_job):
     given to launch (--data_threads 3) reaches every child."""
     out = ps_job.launched.stdout + ps_job.launched.stderr
     assert ps_job.launched.returncode == 0, out[-3000:]
-    cores = threads.machine_cores()
+    cores = cpu_budget.machine_cores()
     roles = ["ps", "master", "worker", "worker", "evaluator"]
     for name in ("ps:0", "master:0", "worker:0", "worker:1", "evaluator:0"):
-        want = threads.budget(cores, name.split(":")[0], "parameter_server", roles)
+        want = cpu_budget.budget(cores, name.split(":")[0], "parameter_server", roles)
         line = rf"\[{name}\] {name}: threads intra-op {want.intra_op}, inter-op {want.inter_op}, tf.data 3 "
         assert re.search(line, out), (line, out[-3000:])
 
@@ -331,7 +331,7 @@ STOP_FROM_MASTER = """
 import json, sys
 import tensorflow as tf
 from od_dist.cluster import spec
-from od_dist.job import server
+from od_dist.task import server
 cluster = spec.load(sys.argv[1])
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
     tf.train.ClusterSpec(cluster.cluster_spec()), task_type="chief", task_id=0, rpc_layer="grpc")

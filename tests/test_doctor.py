@@ -9,7 +9,7 @@ import time
 from loopback import ROOT, free_ports, od_dist
 
 from od_dist.cluster import spec as cluster_mod
-from od_dist.job import doctor
+from od_dist.host import doctor
 
 
 def loopback_cluster(tmp_path, ports, extra=""):

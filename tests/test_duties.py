@@ -4,7 +4,7 @@ import pytest
 
 from od_dist.cluster import duties, spec
 from od_dist.cluster.validate import ROLES, STRATEGIES
-from od_dist.job import supervisor, threads
+from od_dist.host import cpu_budget, policy
 
 PS, MWMS = "parameter_server", "multi_worker_mirrored"
 BOTH, VAL = ("train_data", "validation_data"), ("validation_data",)
@@ -36,10 +36,10 @@ def test_every_role_a_cluster_file_can_make_is_in_the_table():
 def test_what_each_role_does(strategy, role, replicas, server, data, coordinator, light, trainer):
     d = duties.of(strategy, role)
     assert (d.runs_replicas, d.is_server, d.reads_records) == (replicas, server, data)
-    assert (d.is_coordinator, d.is_light, d.is_trainer) == (coordinator, light, trainer)
+    assert (d.is_coordinator, d.mostly_waits, d.is_trainer) == (coordinator, light, trainer)
     # The places that used to decide it themselves now read the table.
-    assert supervisor.is_trainer(strategy, role) == trainer
-    assert threads.is_light(role, strategy) == light
+    assert policy.is_trainer(strategy, role) == trainer
+    assert cpu_budget.mostly_waits(role, strategy) == light
     if role != "single":
         doc = {"master": "127.0.0.1:2230", "worker": ["127.0.0.1:2231"], "evaluator": "127.0.0.1"}
         if strategy == PS:

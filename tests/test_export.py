@@ -18,9 +18,9 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(tmp_path
     from PIL import Image
 
     from od_dist.data import voc
-    from od_dist.job import trainer
     from od_dist.model import export, predict
     from od_dist.model.pipeline import load_pipeline
+    from od_dist.task import trainer
 
     images, anns, _ = make_voc(str(tmp_path / "src"), count=24)
     data = str(tmp_path / "data")

@@ -247,7 +247,7 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps_then_ctrl_c(t
 SLOW_FINAL_SAVE = """
 import os
 
-from od_dist.job import trainer as _trainer
+from od_dist.task import trainer as _trainer
 
 _make = _trainer._controller_cls
 
@@ -258,14 +258,14 @@ def _slow_state_write(write):
         if os.path.abspath(save_dir) == os.environ["OD_DIST_TEST_MODEL_DIR"] and final:
             import time
 
-            from od_dist.job import watch
-            from od_dist.job.server import is_listening
+            from od_dist.protocol import peers
+            from od_dist.task.server import is_listening
 
             port = int(os.environ["OD_DIST_TEST_WORKER_PORT"])
             print("test: the final save waits for the worker to exit", flush=True)
             while is_listening("127.0.0.1", port):
                 time.sleep(0.2)
-            time.sleep(2 * (int(os.environ["OD_DIST_TEST_LOST_PEER_S"]) + watch.PROBE_S))
+            time.sleep(2 * (int(os.environ["OD_DIST_TEST_LOST_PEER_S"]) + peers.PROBE_S))
             print("test: the final save goes on", flush=True)
         return write(save_dir, model_checkpoint_path, *args, **kwargs)
 

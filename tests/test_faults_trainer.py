@@ -122,7 +122,7 @@ def train_args(cluster, role, index, model_dir, data, steps=100000, interval=100
 KILL_DURING_SAVE = """
 import os, signal
 
-from od_dist.job import trainer as _trainer
+from od_dist.task import trainer as _trainer
 
 _make = _trainer._controller_cls
 

@@ -1,7 +1,7 @@
 """`od-dist k8s` (a JobSet by default): every manifest is valid against JobSet's own CRD and the
 creation checks of its webhook; each pod's TF_CONFIG and command line, filled in as Kubernetes fills
 them in, are its task of the cluster file at the pods' DNS names; success, failure and restart
-policies do what job/supervisor.py does; Kueue's label; resources; bad input refused. Pure
+policies do what host/policy.py says; Kueue's label; resources; bad input refused. Pure
 Python, in this process (no TensorFlow)."""
 
 import json
@@ -17,7 +17,8 @@ from od_dist import cli
 from od_dist.cli.data import define_shapes_flags
 from od_dist.cli.flags import define_restart_flags, define_train_flags
 from od_dist.cluster import spec as cluster_mod
-from od_dist.job import config, exit_codes, supervisor
+from od_dist.host import config, policy
+from od_dist.protocol import exit_codes
 from od_dist.render import k8s
 
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
@@ -230,10 +231,10 @@ def outcome(doc, role, code):
 
 
 SUPERVISOR = {
-    supervisor.DONE: "done",
-    supervisor.PERMANENT: "fails",
-    supervisor.RESTART_TASK: "pod restarts alone",
-    supervisor.RESTART_ALL: "restarts all",
+    policy.DONE: "done",
+    policy.PERMANENT: "fails",
+    policy.RESTART_TASK: "pod restarts alone",
+    policy.RESTART_ALL: "restarts all",
 }
 
 
@@ -241,13 +242,13 @@ SUPERVISOR = {
 def test_restarts_follow_the_supervisors_rules(which, tmp_path, capsys):
     """Exit 2 (and 1) fails the JobSet at once; 130, 137, 138, 143 restart a parameter_server worker
     alone and anything else every pod (a multi_worker_mirrored trainer: every trainer), exactly as
-    job/supervisor.py decides under launch; the budget is --max_restarts; the evaluator's own
+    host/policy.py decides under launch; the budget is --max_restarts; the evaluator's own
     supervisor restarts it whatever its exit, so a pod of it fails only when lost."""
     path = cluster_file(tmp_path, which)
     cluster = cluster_mod.load(path)
     _, doc = write(capsys, path, "--max_restarts=5")
-    policy = doc["spec"]["failurePolicy"]
-    assert policy["maxRestarts"] == 5 and policy["restartStrategy"] == "BlockingRecreate"
+    failure_policy = doc["spec"]["failurePolicy"]
+    assert failure_policy["maxRestarts"] == 5 and failure_policy["restartStrategy"] == "BlockingRecreate"
     for role, rjob in rjobs(doc).items():
         job = rjob["template"]["spec"]
         assert job["template"]["spec"]["restartPolicy"] == "Never"
@@ -256,11 +257,11 @@ def test_restarts_follow_the_supervisors_rules(which, tmp_path, capsys):
             if role == "evaluator":  # a permanent exit of the pod is its supervisor's own bad input
                 want = "fails" if code not in exit_codes.RETRYABLE else "pod restarts alone"
             else:
-                decided = supervisor.decide(cluster.strategy, role, code)
-                if decided == supervisor.PERSON:
+                decided = policy.decide(cluster.strategy, role, code)
+                if decided == policy.STOPPED_BY_PERSON:
                     # No one presses Ctrl+C at a pod (a JobSet is stopped by deleting it): a 130
                     # there is a task lost to a signal, restarted as a 143 is.
-                    decided = supervisor.decide(cluster.strategy, role, exit_codes.TERMINATED)
+                    decided = policy.decide(cluster.strategy, role, exit_codes.TERMINATED)
                 want = SUPERVISOR[decided]
             assert got == want, (role, code)
         assert job["backoffLimit"] == (5 if outcome(doc, role, 137) == "pod restarts alone" else 0)

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from od_dist.job import launch
+from od_dist.host import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = 20000  # ~1.3 MB: far more than a pipe holds, so a child nobody drains would block

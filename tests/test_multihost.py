@@ -12,7 +12,7 @@ import netns
 import pytest
 from loopback import PIPELINE, ROOT, TINY, checkpoint_step
 
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 PORT = 2222  # every machine has its own address, so every task can use the same port, as on a LAN
 

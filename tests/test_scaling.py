@@ -12,7 +12,7 @@ import pytest
 from loopback import PIPELINE, ROOT
 
 from od_dist.cluster import spec, traffic
-from od_dist.job import config, doctor
+from od_dist.host import config, doctor
 
 MB = 1e6
 
@@ -132,8 +132,8 @@ def test_all_reduce_settings_that_cannot_apply_are_refused(strategy, override, m
 def test_all_reduce_settings_reach_the_strategy():
     import tensorflow as tf
 
-    from od_dist.job import strategy
     from od_dist.model import pipeline
+    from od_dist.task import strategy
 
     params = pipeline.load_pipeline(PIPELINE, "runtime.all_reduce_alg=ring", "multi_worker_mirrored")
     options = strategy.collective_options(params.runtime.all_reduce_alg)
@@ -157,7 +157,7 @@ import os
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import tensorflow as tf
 import tf_keras
-from od_dist.job import strategy, trainer
+from od_dist.task import strategy, trainer
 
 dist = tf.distribute.MultiWorkerMirroredStrategy()
 with dist.scope():

@@ -11,12 +11,13 @@ import time
 import pytest
 from loopback import ROOT, python_path
 
-from od_dist.job import exit_codes, stop
+from od_dist.protocol import exit_codes
+from od_dist.task import stop
 
 # The main thread blocks in one long C call (as in a TensorFlow loop) until a stop is requested.
 CHILD = """
 import sys, time, select
-from od_dist.job import stop
+from od_dist.task import stop
 with stop.StopRequest("child") as s:
     print("ready", flush=True)
     while not s.requested:
@@ -71,8 +72,8 @@ def test_first_signal_asks_second_exits_at_once(signum, code):
 
 
 def test_codes_and_restore():
-    assert stop.code_for(signal.SIGTERM) == exit_codes.TERMINATED == 143
-    assert stop.code_for(signal.SIGINT) == exit_codes.INTERRUPTED == 130
+    assert exit_codes.for_signal(signal.SIGTERM) == exit_codes.TERMINATED == 143
+    assert exit_codes.for_signal(signal.SIGINT) == exit_codes.INTERRUPTED == 130
     before = signal.getsignal(signal.SIGINT)
     with stop.StopRequest() as s:
         assert signal.getsignal(signal.SIGINT) is not before
@@ -83,7 +84,7 @@ def test_codes_and_restore():
 def test_a_servers_stop_request_stops_the_master_as_a_ctrl_c_here():
     """Ctrl+C on a parameter_server server's machine: the master reads the server's request at a
     loop boundary and stops as for its own Ctrl+C (a checkpoint, exit 130), naming who asked."""
-    from od_dist.job.stop import StopRequest
+    from od_dist.task.stop import StopRequest
 
     asked = []
     stop = StopRequest("master:0", peer_requests=lambda: list(asked))
@@ -96,13 +97,14 @@ def test_a_servers_stop_request_stops_the_master_as_a_ctrl_c_here():
 
 def test_a_server_told_of_a_persons_stop_exits_130_and_of_the_end_0(capsys):
     from od_dist.cluster.spec import Address, Task
-    from od_dist.job import server
+    from od_dist.protocol import notes
+    from od_dist.task import server
 
     ps = Task("ps", 0, Address("127.0.0.1", 2222))
-    assert server._told(ps, server.STOPPED_BY_PERSON) == 130
-    assert server._told(ps, server.stopped_the_job("ps:0 was stopped by Ctrl+C")) == 130
-    assert server._told(ps, server.DONE) == 0
-    assert server._told(ps, server.with_exit("failed (ResourceExhaustedError)", 1)) == 1  # the master's
+    assert server._told(ps, notes.by_person()) == 130
+    assert server._told(ps, notes.stopped_the_job("ps:0 was stopped by Ctrl+C")) == 130
+    assert server._told(ps, notes.DONE) == 0
+    assert server._told(ps, notes.word("failed (ResourceExhaustedError)", 1)) == 1  # the master's
     assert capsys.readouterr().out.splitlines() == [
         "ps:0: the master was stopped (Ctrl+C); stopping; exit 130",
         "ps:0: the master stopped the job: ps:0 was stopped by Ctrl+C; stopping; exit 130",

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from od_dist.cluster.spec import Address, Task
-from od_dist.job import supervisor
-from od_dist.job.supervisor import DONE, PERMANENT, RESTART_ALL, RESTART_TASK, decide, plan
+from od_dist.host import policy, supervisor
+from od_dist.host.policy import DONE, PERMANENT, RESTART_ALL, RESTART_TASK, decide, plan
 
 PS, MWMS = "parameter_server", "multi_worker_mirrored"
 
@@ -49,11 +49,11 @@ def test_sigint_is_a_persons_stop_never_restarted(code):
     """SIGINT reaches a task only from a person: Ctrl+C, or a peer's Ctrl+C passed on through the
     job (every multi_worker_mirrored trainer saves and exits 130; the master tells the servers)."""
     for strategy, role in ((PS, "worker"), (PS, "ps"), (PS, "master"), (MWMS, "worker"), (MWMS, "master")):
-        assert decide(strategy, role, code) == supervisor.PERSON
+        assert decide(strategy, role, code) == policy.STOPPED_BY_PERSON
     # The evaluator is stopped by no one else: its 130 says a person stopped the job it evaluates.
-    assert decide(MWMS, "evaluator", code) == supervisor.PERSON
-    assert plan(MWMS, [MASTER, W0], [(W0, 138), (MASTER, 130)]) == supervisor.Plan(
-        supervisor.PERSON, (MASTER, 130)
+    assert decide(MWMS, "evaluator", code) == policy.STOPPED_BY_PERSON
+    assert plan(MWMS, [MASTER, W0], [(W0, 138), (MASTER, 130)]) == policy.Plan(
+        policy.STOPPED_BY_PERSON, (MASTER, 130)
     )
 
 
@@ -68,22 +68,22 @@ def test_exit_0_is_done():
 
 
 def test_plan_names_the_tasks():
-    assert plan(PS, JOB, [(W1, -9)]) == supervisor.Plan(RESTART_TASK, (W1, -9), (W1,))
-    assert plan(PS, JOB, [(PS0, -9)]) == supervisor.Plan(RESTART_ALL, (PS0, -9), tuple(JOB))
+    assert plan(PS, JOB, [(W1, -9)]) == policy.Plan(RESTART_TASK, (W1, -9), (W1,))
+    assert plan(PS, JOB, [(PS0, -9)]) == policy.Plan(RESTART_ALL, (PS0, -9), tuple(JOB))
     assert plan(MWMS, [MASTER, W0], [(W0, 138)]).restart == (MASTER, W0)
     assert plan(PS, JOB, [(W0, -9), (W1, 137)]).restart == (W0, W1)
-    assert plan(PS, JOB, [(MASTER, 2)]) == supervisor.Plan(PERMANENT, (MASTER, 2))
+    assert plan(PS, JOB, [(MASTER, 2)]) == policy.Plan(PERMANENT, (MASTER, 2))
     # One fault seen twice (the ps killed, the master failing on it): restart all, cause the ps.
-    assert plan(PS, JOB, [(MASTER, 1), (PS0, -9)]) == supervisor.Plan(RESTART_ALL, (PS0, -9), tuple(JOB))
+    assert plan(PS, JOB, [(MASTER, 1), (PS0, -9)]) == policy.Plan(RESTART_ALL, (PS0, -9), tuple(JOB))
     assert plan(PS, JOB, [(W0, -9), (EVAL, 1)]).action == RESTART_TASK  # the evaluator: a sidecar
 
 
 def test_describe_and_backoff():
-    assert supervisor.describe(-9) == "exit 137, killed"
-    assert supervisor.describe(138) == "exit 138, lost a peer"
-    assert supervisor.describe(2) == "exit 2, invalid input"
-    assert supervisor.describe(-11) == "exit 139, signal 11"
-    assert [supervisor.backoff_s(n) for n in range(1, 7)] == [2, 4, 8, 16, 30, 30]
+    assert policy.describe(-9) == "exit 137, killed"
+    assert policy.describe(138) == "exit 138, lost a peer"
+    assert policy.describe(2) == "exit 2, invalid input"
+    assert policy.describe(-11) == "exit 139, signal 11"
+    assert [policy.backoff_s(n) for n in range(1, 7)] == [2, 4, 8, 16, 30, 30]
 
 
 # ----- the loop, on stand-in tasks -------------------------------------------------------------
@@ -468,8 +468,8 @@ def test_a_persons_stop_of_one_task_stops_the_others_trainers_first(tmp_path):
 
 
 WAITED_OUT = (
-    "import os\nfrom od_dist.job import exit_codes\n"
-    "exit_codes.tell_supervisor(exit_codes.WAITED_OUT)\nos._exit(138)"
+    "import os\nfrom od_dist.protocol import notes\n"
+    "notes.leave_for_supervisor(notes.WAITED_OUT)\nos._exit(138)"
 )
 
 
@@ -498,9 +498,7 @@ def test_a_reused_pid_does_not_make_a_restarted_task_look_waited_out():
     to a peer, is restarted, not taken for one that waited --wait_timeout."""
     if not os.path.exists(LAST_PID):
         pytest.skip("no settable PIDs on this system")
-    told = (
-        "import os\nfrom od_dist.job import exit_codes\nexit_codes.tell_supervisor(exit_codes.WAITED_OUT)\n"
-    )
+    told = "import os\nfrom od_dist.protocol import notes\nnotes.leave_for_supervisor(notes.WAITED_OUT)\n"
 
     def scripts(t, n):
         if t.role == "evaluator":

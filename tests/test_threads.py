@@ -7,35 +7,35 @@ from loopback import PIPELINE
 from od_dist.cli import main
 from od_dist.cluster import spec
 from od_dist.cluster.spec import InvalidCluster
-from od_dist.job import config, threads
-from od_dist.job.threads import Threads
+from od_dist.host import config, cpu_budget
+from od_dist.host.cpu_budget import Threads
 
 PS_LOCAL = ["ps", "master", "worker", "worker"]
 
 
 def test_a_task_alone_on_its_machine_keeps_tensorflow_defaults():
-    assert threads.budget(2, "single", "mirrored", ["single"]) == Threads(0, 0, 0)
-    assert threads.budget(16, "worker", "parameter_server", ["worker"]) == Threads(0, 0, 0)
-    assert threads.budget(8, "master", "multi_worker_mirrored", ["master"]) == Threads(0, 0, 0)
+    assert cpu_budget.budget(2, "single", "mirrored", ["single"]) == Threads(0, 0, 0)
+    assert cpu_budget.budget(16, "worker", "parameter_server", ["worker"]) == Threads(0, 0, 0)
+    assert cpu_budget.budget(8, "master", "multi_worker_mirrored", ["master"]) == Threads(0, 0, 0)
 
 
 def test_local_parameter_server_cluster_on_two_cores():
     # The two workers compute; the ps and the coordinator mostly wait.
-    assert threads.budget(2, "worker", "parameter_server", PS_LOCAL) == Threads(1, 2, 0)
+    assert cpu_budget.budget(2, "worker", "parameter_server", PS_LOCAL) == Threads(1, 2, 0)
     for role in ("ps", "master"):
-        assert threads.budget(2, role, "parameter_server", PS_LOCAL) == Threads(1, 2, 0)
+        assert cpu_budget.budget(2, role, "parameter_server", PS_LOCAL) == Threads(1, 2, 0)
 
 
 def test_workers_split_the_cores_and_light_tasks_take_one():
-    assert threads.budget(8, "worker", "parameter_server", PS_LOCAL) == Threads(4, 4, 0)
-    assert threads.budget(8, "ps", "parameter_server", PS_LOCAL) == Threads(1, 2, 0)
-    assert threads.budget(8, "master", "parameter_server", PS_LOCAL) == Threads(1, 2, 0)
+    assert cpu_budget.budget(8, "worker", "parameter_server", PS_LOCAL) == Threads(4, 4, 0)
+    assert cpu_budget.budget(8, "ps", "parameter_server", PS_LOCAL) == Threads(1, 2, 0)
+    assert cpu_budget.budget(8, "master", "parameter_server", PS_LOCAL) == Threads(1, 2, 0)
     # Under multi_worker_mirrored the master trains too.
     mwm = ["master", "worker"]
-    assert threads.budget(8, "master", "multi_worker_mirrored", mwm) == Threads(4, 4, 0)
-    assert threads.budget(2, "worker", "multi_worker_mirrored", mwm) == Threads(1, 2, 0)
-    assert threads.budget(2, "evaluator", "multi_worker_mirrored", mwm + ["evaluator"]) == Threads(1, 2, 0)
-    assert threads.budget(2, "master", "multi_worker_mirrored", mwm + ["evaluator"]) == Threads(1, 2, 0)
+    assert cpu_budget.budget(8, "master", "multi_worker_mirrored", mwm) == Threads(4, 4, 0)
+    assert cpu_budget.budget(2, "worker", "multi_worker_mirrored", mwm) == Threads(1, 2, 0)
+    assert cpu_budget.budget(2, "evaluator", "multi_worker_mirrored", mwm + ["evaluator"]) == Threads(1, 2, 0)
+    assert cpu_budget.budget(2, "master", "multi_worker_mirrored", mwm + ["evaluator"]) == Threads(1, 2, 0)
 
 
 def fake_system(tmp_path, cgroup: str, mountinfo: str, files: dict) -> str:
@@ -70,7 +70,7 @@ def test_a_cpu_limit_is_read_from_the_process_cgroup_and_its_parents(tmp_path):
             f"{cpu}/cpu.cfs_period_us": "100000\n",
         },
     )
-    assert threads.cpu_limit(v1) == 1.5
+    assert cpu_budget.cpu_limit(v1) == 1.5
     # cgroup v2: in a container with its own cgroup namespace (its cgroup is "/"), docker --cpus
     # 0.6; then a desktop session's cgroup, which has no limit.
     for name, cgroup, files, limit in (
@@ -78,16 +78,18 @@ def test_a_cpu_limit_is_read_from_the_process_cgroup_and_its_parents(tmp_path):
         ("none", "/user.slice", {"sys/fs/cgroup/user.slice/cpu.max": "max 100000\n"}, None),
     ):
         root = fake_system(tmp_path / name, f"0::{cgroup}\n", V2_MOUNTS, files)
-        assert threads.cpu_limit(root) == limit, name
-    assert threads.cpu_limit(str(tmp_path / "no-such-system")) is None
+        assert cpu_budget.cpu_limit(root) == limit, name
+    assert cpu_budget.cpu_limit(str(tmp_path / "no-such-system")) is None
 
 
 def test_a_task_alone_under_a_cpu_limit_sizes_its_pools_by_the_limit():
     # TensorFlow would size them by the cores it may run on, and its threads would spin waiting
     # for CPU time the limit does not give them.
-    assert threads.budget(1, "single", "mirrored", ["single"], limited=True) == Threads(1, 2, 0)
-    assert threads.budget(4, "master", "multi_worker_mirrored", ["master"], limited=True) == Threads(4, 4, 0)
-    assert threads.budget(4, "master", "multi_worker_mirrored", ["master"]) == Threads(0, 0, 0)
+    assert cpu_budget.budget(1, "single", "mirrored", ["single"], limited=True) == Threads(1, 2, 0)
+    assert cpu_budget.budget(4, "master", "multi_worker_mirrored", ["master"], limited=True) == Threads(
+        4, 4, 0
+    )
+    assert cpu_budget.budget(4, "master", "multi_worker_mirrored", ["master"]) == Threads(0, 0, 0)
 
 
 def test_a_process_in_a_capped_cgroup_takes_the_limits_threads(tmp_path):
@@ -117,8 +119,8 @@ def test_a_process_in_a_capped_cgroup_takes_the_limits_threads(tmp_path):
 
 
 READ_THE_LIMIT = """
-from od_dist.job import threads
-print(threads.cpu_limit(), threads.machine_cores(), threads.resolve(None, None, "mirrored"))
+from od_dist.host import cpu_budget
+print(cpu_budget.cpu_limit(), cpu_budget.machine_cores(), cpu_budget.resolve(None, None, "mirrored"))
 """
 
 
@@ -126,26 +128,26 @@ def test_inter_op_is_never_below_two_and_tf_data_keeps_its_default():
     for cores in (1, 2, 3, 64):
         for role in ("ps", "master", "worker", "evaluator"):
             for n in (2, 3, 9):
-                t = threads.budget(cores, role, "parameter_server", ["worker"] * n + [role])
+                t = cpu_budget.budget(cores, role, "parameter_server", ["worker"] * n + [role])
                 # tf.data capped at 1 thread halved a multi_worker_mirrored pair (BENCHMARKS.md).
-                assert t.inter_op >= threads.MIN_INTER_OP and t.intra_op >= 1 and t.data == 0
+                assert t.inter_op >= cpu_budget.MIN_INTER_OP and t.intra_op >= 1 and t.data == 0
 
 
 def test_tasks_sharing_a_machine_come_from_the_cluster_hosts():
     lan = spec.from_document(
         {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.2:2223"], "ps": ["10.0.0.1:2224"]}
     )
-    assert threads.roles_sharing(lan, lan.task("worker", 1)) == ["worker", "worker"]
-    assert sorted(threads.roles_sharing(lan, lan.task("ps", 0))) == ["master", "ps"]
+    assert cpu_budget.roles_sharing(lan, lan.task("worker", 1)) == ["worker", "worker"]
+    assert sorted(cpu_budget.roles_sharing(lan, lan.task("ps", 0))) == ["master", "ps"]
     local = spec.from_document(
         {"master": "127.0.0.1:2230", "worker": ["localhost:2231", "127.0.0.1:2232"], "ps": ["127.0.0.1:2233"]}
     )
-    assert sorted(threads.roles_sharing(local, local.task("worker", 0))) == sorted(PS_LOCAL)
-    assert threads.roles_sharing(None, None) == ["single"]
+    assert sorted(cpu_budget.roles_sharing(local, local.task("worker", 0))) == sorted(PS_LOCAL)
+    assert cpu_budget.roles_sharing(None, None) == ["single"]
     one_each = spec.from_document(
         {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:1"]}
     )
-    assert threads.resolve(one_each, one_each.task("worker", 0), "parameter_server", cores=8) == Threads()
+    assert cpu_budget.resolve(one_each, one_each.task("worker", 0), "parameter_server", cores=8) == Threads()
 
 
 def test_flags_override_each_setting_of_the_budget():
@@ -153,10 +155,12 @@ def test_flags_override_each_setting_of_the_budget():
         {"master": "127.0.0.1:2230", "worker": ["127.0.0.1:2231"], "ps": ["127.0.0.1:2233"]}
     )
     worker = local.task("worker", 0)
-    assert threads.resolve(local, worker, "parameter_server", cores=2) == Threads(2, 2, 0)
-    assert threads.resolve(local, worker, "parameter_server", intra_op=4, data=2, cores=2) == Threads(4, 2, 2)
-    assert threads.resolve(local, worker, "parameter_server", 0, 0, 0, cores=2) == Threads(0, 0, 0)
-    assert threads.resolve(None, None, "mirrored", data=3, cores=2) == Threads(0, 0, 3)
+    assert cpu_budget.resolve(local, worker, "parameter_server", cores=2) == Threads(2, 2, 0)
+    assert cpu_budget.resolve(local, worker, "parameter_server", intra_op=4, data=2, cores=2) == Threads(
+        4, 2, 2
+    )
+    assert cpu_budget.resolve(local, worker, "parameter_server", 0, 0, 0, cores=2) == Threads(0, 0, 0)
+    assert cpu_budget.resolve(None, None, "mirrored", data=3, cores=2) == Threads(0, 0, 3)
 
 
 def test_train_config_carries_the_budget_and_refuses_inter_op_one_under_ps(tmp_path):

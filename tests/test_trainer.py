@@ -19,8 +19,8 @@ from loopback import PIPELINE as DEMO
 from loopback import ROOT, SMALL
 from loopback import checkpoint_step as step_of
 
-from od_dist.job import trainer
 from od_dist.model.pipeline import load_pipeline
+from od_dist.task import trainer
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def params_for(data_dir, steps, extra=""):
 # The evaluator sidecar: continuous_eval in its own process, following the trainer's checkpoints.
 FOLLOWER = """
 import json, sys
-from od_dist.job import trainer
+from od_dist.task import trainer
 from od_dist.model.pipeline import load_pipeline
 p = load_pipeline(sys.argv[1], sys.argv[2], "mirrored")
 m = trainer.continuous_eval(p, sys.argv[3], timeout_s=240)

@@ -496,7 +496,7 @@ def test_stop_markers_name_the_job():
     marker names the job (from its cluster), the same in the file and in the TF_CONFIG made from it."""
     import json
 
-    from od_dist.job import server
+    from od_dist.task import server
 
     a = load_text(PS_OK)
     b = load_text(PS_OK.replace("10.0.0.1:2222", "10.0.0.9:2222"))  # another master, same ps and port

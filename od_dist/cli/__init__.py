@@ -3,7 +3,7 @@ module of its group, with its own absl FlagValues, so `od-dist train --help` lis
 flags; the flags several commands take are defined once (flags.py). Modules that import TensorFlow
 are imported inside the commands that train, so validate, tf-config and --help stay fast.
 
-Exit status: job/exit_codes.py (`od-dist --help` lists it).
+Exit status: protocol/exit_codes.py (`od-dist --help` lists it).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from od_dist.cli import checks, train, launch, data, model, render  # noqa: F401
 from od_dist.cli.registry import COMMANDS, Command, UsageError
 from od_dist.cluster.spec import InvalidCluster
 from od_dist.cluster.validate import SHOWN_MAX, shown
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 
 def _gather(args: list[str], lists: tuple[str, ...]) -> list[str]:
@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
         print(f"od-dist {name}: interrupted", file=sys.stderr)
         return 130
     except ModuleNotFoundError as e:  # an install that missed a step, e.g. Windows' second one
-        from od_dist.job.doctor import model_garden_install
+        from od_dist.host.doctor import model_garden_install
 
         fix = model_garden_install() if (e.name or "").split(".")[0] == "official" else "reinstall od-dist"
         print(f"od-dist {name}: {e} in this Python ({sys.executable}); {fix}", file=sys.stderr)

@@ -7,7 +7,7 @@ from absl import flags
 
 from od_dist.cli.flags import define_model_dir, define_pipeline, define_task_flags, require, select_task
 from od_dist.cli.registry import command
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 
 def _summary(selected) -> str:
@@ -105,7 +105,7 @@ Example:
     define_doctor_flags,
 )
 def cmd_doctor(fv) -> int:
-    from od_dist.job import doctor
+    from od_dist.host import doctor
 
     require(fv, "cluster", fix="--cluster clusters/lan.yaml")
     checks, head = doctor.run(

@@ -10,7 +10,7 @@ from absl import flags
 
 from od_dist.cli.flags import SEVERAL, define_out, define_params_override, define_pipeline, require
 from od_dist.cli.registry import UsageError, command
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 # --out of the commands that write records.
 RECORDS_OUT = (

@@ -8,8 +8,8 @@ from absl import flags
 from od_dist.cli.registry import UsageError
 from od_dist.cluster import commandline
 from od_dist.cluster.validate import MAX_CLONES
-from od_dist.job.strategy import ALL_REDUCE_DTYPES, ALL_REDUCE_PACKS
-from od_dist.job.watch import LOST_PEER_TIMEOUT_S
+from od_dist.host.config import ALL_REDUCE_DTYPES, ALL_REDUCE_PACKS
+from od_dist.protocol.peers import LOST_PEER_TIMEOUT_S
 
 # The help of every flag that takes several files: one wording, as `records.expand_paths` reads them.
 SEVERAL = (
@@ -168,7 +168,7 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     # Thread budgets: by default a task alone on its machine keeps TensorFlow's (all cores), and
-    # tasks of the cluster that share a machine split its cores (see od_dist/job/threads.py).
+    # tasks of the cluster that share a machine split its cores (see od_dist/host/cpu_budget.py).
     flags.DEFINE_integer(
         "intra_op_threads",
         None,
@@ -264,7 +264,7 @@ def passed_on_args(fv: flags.FlagValues) -> list[str]:
 def train_config_of(fv: flags.FlagValues, selected, files_here: bool = True):
     """The task's TrainConfig from `od-dist train`'s flags: the one place they become one, for
     `train` itself and for the checks `launch`, `scripts` and `k8s` make before any task starts."""
-    from od_dist.job import config
+    from od_dist.host import config
 
     return config.train_config(
         selected,
@@ -288,7 +288,7 @@ def train_config_of(fv: flags.FlagValues, selected, files_here: bool = True):
 def check_task_args(cluster, task, cluster_path: str, args: list[str], files_here: bool = True):
     """What a task started with `args` (cluster/commandline.py's `train ...`) will check first, checked
     here from those very arguments: InvalidCluster (exit 2) before any task starts."""
-    from od_dist.job import config
+    from od_dist.host import config
 
     fv = flags.FlagValues()
     define_train_flags(fv)
@@ -299,7 +299,7 @@ def check_task_args(cluster, task, cluster_path: str, args: list[str], files_her
 def select_task(
     fv: flags.FlagValues, require_task: bool = True, allow_none: bool = False, several: bool = False
 ):
-    from od_dist.job import config
+    from od_dist.host import config
 
     return config.select(
         fv.cluster,

@@ -31,7 +31,7 @@ Example:
 )
 def cmd_launch(fv) -> int:
     from od_dist.cluster import hostinfo
-    from od_dist.job import config
+    from od_dist.host import config
 
     if fv.role is not None or fv.index is not None:
         raise UsageError(

@@ -9,7 +9,7 @@ from absl import flags
 
 from od_dist.cli.flags import SEVERAL, define_model_dir, define_out, define_trained_model_flags, require
 from od_dist.cli.registry import UsageError, command
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 
 def define_pipeline_import_flags(fv: flags.FlagValues) -> None:

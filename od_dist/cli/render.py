@@ -21,12 +21,12 @@ from od_dist.cli.flags import (
 )
 from od_dist.cli.registry import UsageError, command
 from od_dist.cluster import commandline
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 
 def _render_input(fv, what: str):
     """The cluster and the passed-on train flags for a renderer; checks what every task will need."""
-    from od_dist.job import config
+    from od_dist.host import config
 
     if fv.role is not None or fv.index is not None:
         raise UsageError(f"--role/--index: {what} covers every task of the cluster; leave them out")
@@ -207,22 +207,13 @@ Example:
 )
 def cmd_k8s(fv) -> int:
     from od_dist.data import records
-    from od_dist.job import supervisor
     from od_dist.render import k8s
 
     cluster, passed_on = _render_input(fv, "k8s")
     require(fv, "image", fix="--image=REGISTRY/IMAGE:TAG (od-dist installed in it)")
 
-    def decides(role: str, code: int, action: str) -> bool:
-        return supervisor.decide(cluster.strategy, role, code) == action
-
     roles = [r for r in k8s.ROLES if cluster.tasks_of(r)]
-    restarts = k8s.Restarts(
-        fv.max_restarts,
-        tuple(sorted(exit_codes.RETRYABLE)),
-        frozenset(r for r in roles if decides(r, exit_codes.LOST_PEER, supervisor.RESTART_TASK)),
-        frozenset(r for r in roles if not decides(r, exit_codes.FAILED, supervisor.PERMANENT)),
-    )
+    restarts = k8s.Restarts.from_policy(fv.max_restarts, cluster.strategy, roles)
     try:
         resources = k8s.Resources(k8s.per_role("cpu", fv.cpu), k8s.per_role("memory", fv.memory), fv.gpus)
         text = k8s.render(

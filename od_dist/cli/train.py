@@ -24,14 +24,14 @@ from od_dist.cli.flags import (
 from od_dist.cli.registry import UsageError, command
 from od_dist.cluster import commandline
 from od_dist.cluster.spec import InvalidCluster
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes, notes
 
 
 def _run_role(run, *args) -> int:
     """Runs a TensorFlow-side call, turning its user-facing errors into exit 1 with one line."""
-    from od_dist.job.roles import RoleError
-    from od_dist.job.trainer import TrainerError
     from od_dist.model.pipeline import PipelineError
+    from od_dist.task.errors import TrainerError
+    from od_dist.task.roles import RoleError
 
     try:
         return run(*args)
@@ -89,10 +89,10 @@ def cmd_train(fv) -> int:
     # The evaluator, a sidecar whose failures never stop the trainers, always runs under a
     # supervisor of its own (unless it is one's child already): without restarts too, its exit is
     # what happened to the job, never a permanent failure of its own (FailJobSet on Kubernetes).
-    sidecar = cfg.role == "evaluator" and not os.environ.get(exit_codes.NOTES_ENV)
+    sidecar = cfg.role == "evaluator" and not os.environ.get(notes.NOTES_ENV)
     if fv.max_restarts or sidecar:
         from od_dist.cluster.spec import Address, Task
-        from od_dist.job import launch
+        from od_dist.host import launch
 
         args = commandline.train_args(
             passed_on_args(fv) + ["--max_restarts=0"],
@@ -111,13 +111,13 @@ def cmd_train(fv) -> int:
             lead=selected.cluster is None or selected.task == selected.cluster.lead_task(),
             eval_command=eval_command(fv),
         )
-    from od_dist.job import console
+    from od_dist.host import console
 
     task = cfg.selected.task
     console.setup(
         console.task_log_path(cfg.model_dir, f"{task.role}-{task.index}" if task else "train"), fv.verbose
     )
-    from od_dist.job import roles
+    from od_dist.task import roles
 
     return _run_role(roles.run, cfg)
 
@@ -140,7 +140,7 @@ def select_slurm_task(fv: flags.FlagValues):
     if given (a supervised child gets them), must be the rank's; the public-address rule."""
     from od_dist.cluster import slurm
     from od_dist.cluster.validate import normalize_role, problem
-    from od_dist.job import config
+    from od_dist.host import config
 
     cluster, task, step = slurm.select(fv.cluster, os.environ)
     given = (normalize_role(fv.role), fv.index or 0)
@@ -190,14 +190,15 @@ def cmd_eval(fv) -> int:
             f"--pipeline: '{fv.pipeline}': no such file; pass a pipeline YAML, "
             "e.g. pipelines/shapes_retinanet.yaml"
         )
-    from od_dist.job import console, roles
+    from od_dist.host import console
+    from od_dist.task import roles
 
     if os.path.isdir(fv.model_dir):  # no log directory in a mistyped model_dir
         console.setup(console.task_log_path(fv.model_dir, "eval"), fv.verbose)
 
     def evaluate():
-        from od_dist.job import devices, trainer
         from od_dist.model import pipeline
+        from od_dist.task import devices, trainer
 
         params = roles.load_params(fv.pipeline, fv.params_override, "mirrored")
         pipeline.check_inputs(params, fv.pipeline, evaluate=True)
@@ -213,7 +214,7 @@ def run_here(fv: flags.FlagValues, cluster, tasks, who: str, unchecked: Sequence
     """Runs `tasks` (entries of this machine) as children under one supervisor, each with the train
     flags given: `launch`, and `train` without --role on a machine that holds several entries.
     What each task will be started with is checked first (exit 2 before any starts)."""
-    from od_dist.job import config, launch
+    from od_dist.host import config, launch
 
     # Check what every task will be started with now, rather than have each child fail on its own.
     args = {task: commandline.train_args(passed_on_args(fv), cluster, task, fv.cluster) for task in tasks}

@@ -20,7 +20,7 @@ class Duties:
     is_server: bool  # a TensorFlow server that runs what the master schedules, until told to stop
     reads_records: tuple[str, ...]  # the pipeline's record splits it opens (or lists) on its machine
     is_coordinator: bool  # drives the steps from outside the replicas (the parameter_server client)
-    is_light: bool  # mostly waits while the others compute: a small thread budget
+    mostly_waits: bool  # mostly waits while the others compute: a small thread budget
     is_trainer: bool  # trains and saves checkpoints: stopped first, given time to save
 
 

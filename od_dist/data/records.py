@@ -336,7 +336,7 @@ def staging_dir(out_dir: str) -> str:
     return staging
 
 
-def text_beside(out: str, text: str, suffix: str = "") -> str:
+def partial_file_beside(out: str, text: str, suffix: str = "") -> str:
     """A new temporary file beside `out` (the same file system, so a rename moves it in at once)
     holding `text`, with the mode a new file gets; the caller moves it in or removes it."""
     folder = os.path.dirname(os.path.abspath(out))
@@ -360,7 +360,7 @@ def write_file(out: str, text: str) -> None:
     replaced, never written through. DatasetError (nothing changed) for a directory at `out`."""
     if os.path.isdir(out) and not os.path.islink(out):
         raise DatasetError(f"--out: '{out}': a directory; name the file to write, e.g. {out}/jobset.yaml")
-    tmp = text_beside(out, text)
+    tmp = partial_file_beside(out, text)
     try:
         os.replace(tmp, out)
     finally:

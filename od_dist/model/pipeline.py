@@ -16,7 +16,7 @@ names a different ``runtime.distribution_strategy`` is refused. Under
 ``parameter_server`` Model Garden needs ``trainer.eval_tf_while_loop: true`` (its
 coordinator can only schedule whole loops on workers), which is set here; COCO metrics
 cannot be computed by the coordinator in-process, so evaluation is the evaluator's job
-(``od_dist.job.trainer.continuous_eval``), which runs eagerly on its own machine.
+(``od_dist.task.trainer.continuous_eval``), which runs eagerly on its own machine.
 
 Every failure is a ``PipelineError`` whose one-line message names the file, the key, the
 value and the fix.
@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from od_dist import patches
 from od_dist.cluster import safe_yaml
 from od_dist.cluster.validate import did_you_mean
 
@@ -121,9 +122,7 @@ def _parse_override(text: str) -> dict:
 def known_experiments() -> list[str]:
     """Registered Model Garden detection experiments."""
     import_model_garden()
-    from official.core import exp_factory
-
-    return sorted(n for n in exp_factory._REGISTERED_CONFIGS if n.startswith(_DETECTION_PREFIXES))
+    return sorted(n for n in patches.registered_experiments() if n.startswith(_DETECTION_PREFIXES))
 
 
 def import_model_garden() -> None:
@@ -131,11 +130,8 @@ def import_model_garden() -> None:
     and its CenterNet project's (which `pipeline import` maps CenterNet configs to)."""
     import official.projects.centernet.common.registry_imports  # noqa: F401
     import official.vision  # noqa: F401
-    from official.projects.centernet.ops import loss_ops
 
-    if not hasattr(loss_ops, "od_dist_gather"):
-        loss_ops.od_dist_gather = loss_ops.get_batch_predictions_from_indices
-        loss_ops.get_batch_predictions_from_indices = _gather_inside
+    patches.gather_centernet_inside(_gather_inside)
 
 
 def _gather_inside(batch_predictions, indices):

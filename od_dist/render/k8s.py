@@ -1,6 +1,6 @@
 """Kubernetes manifests from a cluster file: a JobSet (the default) or a Kubeflow TFJob, each with
 the cluster's roles and counts, a container per role running `od-dist train` (its command line
-from cluster/commandline.py), the restart rules of job/supervisor.py as far as Kubernetes can
+from cluster/commandline.py), the restart rules of host/policy.py as far as Kubernetes can
 express them, resources, and model_dir on a PersistentVolumeClaim the user creates (never written
 here). No TensorFlow here.
 
@@ -29,6 +29,8 @@ from types import MappingProxyType
 from od_dist.cluster import commandline
 from od_dist.cluster.spec import TF_JOB, Address, Cluster
 from od_dist.cluster.validate import PARAMETER_SERVER
+from od_dist.host import policy
+from od_dist.protocol import exit_codes
 from od_dist.render import quote
 
 JOBSET, TFJOB = "jobset", "tfjob"
@@ -112,13 +114,18 @@ class K8sError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Restarts:
-    """job/supervisor.py's rules as the manifest needs them (the caller reads them there: render
-    sits below job)."""
+    """host/policy.py's restart rules as the manifest needs them (from_policy)."""
 
     budget: int  # --max_restarts
     retryable: tuple[int, ...]  # the exit codes a restart may cure
     alone: frozenset[str] = frozenset()  # roles whose lost task restarts alone
     sidecars: frozenset[str] = frozenset()  # roles whose failure is never the job's (the evaluator)
+
+    @classmethod
+    def from_policy(cls, budget: int, strategy: str, roles) -> Restarts:
+        """The supervisor's own rules (host/policy.py) for `roles`, within `budget` restarts."""
+        alone, sidecars = policy.k8s_rules(strategy, roles)
+        return cls(budget, tuple(sorted(exit_codes.RETRYABLE)), alone, sidecars)
 
 
 @dataclasses.dataclass(frozen=True)

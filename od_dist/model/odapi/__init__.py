@@ -91,7 +91,7 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
     cfg.why.update(family.WHY)
     notes: list[str] = []
     path = f"model.{family.MODEL}"
-    num_classes = cfg.take(body, path, "num_classes")
+    num_classes = cfg.carry_field(body, path, "num_classes")
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ImportProblem(
             f"{path}.num_classes: '{num_classes}': must be a whole number >= 1; fix the config"
@@ -103,8 +103,8 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
     losses = parts.losses
 
     train = root.message("train_config")
-    batch = int(walk.num(cfg.take(train, "train_config", "batch_size", 32), "train_config.batch_size"))
-    steps = int(cfg.take(train, "train_config", "num_steps", 0) or 0)
+    batch = int(walk.num(cfg.carry_field(train, "train_config", "batch_size", 32), "train_config.batch_size"))
+    steps = int(cfg.carry_field(train, "train_config", "num_steps", 0) or 0)
     optimizer = walk.optimizer(cfg, train, notes)
     if steps <= 0:  # 0: "train forever" in the Object Detection API; the schedule's end instead
         cosine = optimizer.get("learning_rate", {}).get("cosine")
@@ -113,14 +113,14 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
             f"train_config.num_steps (0 or missing): training forever is not a Model Garden setting; "
             f"trainer.train_steps is {steps}"
         )
-    max_boxes = cfg.take(train, "train_config", "max_number_of_boxes")
+    max_boxes = cfg.carry_field(train, "train_config", "max_number_of_boxes")
     if max_boxes:
         (model if parts.max_boxes == "model" else parser)["max_num_instances"] = int(max_boxes)
     walk.augmentations(cfg, train, parts, parser, notes)
     if train is not None and train.get("fine_tune_checkpoint"):
-        cfg.take(train, "train_config", "fine_tune_checkpoint_type")
-        cfg.take(train, "train_config", "fine_tune_checkpoint_version")
-        cfg.take(train, "train_config", "from_detection_checkpoint")  # TF1's fine_tune_checkpoint_type
+        cfg.carry_field(train, "train_config", "fine_tune_checkpoint_type")
+        cfg.carry_field(train, "train_config", "fine_tune_checkpoint_version")
+        cfg.carry_field(train, "train_config", "from_detection_checkpoint")  # TF1's fine_tune_checkpoint_type
 
     train_input, train_labels = walk.inputs(cfg, "train_input_reader")
     val_input, val_labels = walk.inputs(cfg, "eval_input_reader")
@@ -136,7 +136,7 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
                 f"set task.{'train_data' if what.startswith('train') else 'validation_data'}.input_path"
             )
     eval_config = root.message("eval_config")
-    eval_batch = int(cfg.take(eval_config, "eval_config", "batch_size", 0) or 0) or min(batch, 8)
+    eval_batch = int(cfg.carry_field(eval_config, "eval_config", "batch_size", 0) or 0) or min(batch, 8)
 
     steps_per_loop = min(100, steps)
     checkpoint = max(steps_per_loop, min(1000, steps) // steps_per_loop * steps_per_loop)
@@ -227,7 +227,7 @@ def write(text: str, out: str, force: bool, check) -> None:
         raise ImportProblem(f"--out: '{out}': exists; choose another --out or pass --force to replace it")
     from od_dist.data import records
 
-    tmp = records.text_beside(out, text, ".yaml")  # the loader that checks it reads .yaml files
+    tmp = records.partial_file_beside(out, text, ".yaml")  # the loader that checks it reads .yaml files
     try:
         check(tmp)
         if force:

@@ -62,8 +62,8 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
                 f"{PATH}.{name}: {why}; Model Garden's CenterNet detects boxes only and od-dist maps no "
                 "mask model from a CenterNet config: remove the block to train its box detection"
             )
-    fe = cfg.sub(body, PATH, "feature_extractor")
-    cfg.take(fe, FPATH, "type")
+    fe = cfg.nested_block(body, PATH, "feature_extractor")
+    cfg.carry_field(fe, FPATH, "type")
     inputs: dict = {}  # how images are normalised: the same for training and validation
     m = _HOURGLASS.match(kind)
     if m:
@@ -88,37 +88,37 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
         # Model Garden's ResNet is trained on images scaled to [-1, 1], in RGB.
         inputs.update(bgr_ordering=False, channel_means=[127.5] * 3, channel_stds=[127.5] * 3)
     if fe is not None and fe.get("bgr_ordering") is not None:
-        inputs["bgr_ordering"] = bool(cfg.take(fe, FPATH, "bgr_ordering"))
+        inputs["bgr_ordering"] = bool(cfg.carry_field(fe, FPATH, "bgr_ordering"))
     for name in ("channel_means", "channel_stds"):
         if fe is not None and fe.all(name):
-            cfg.take(fe, FPATH, name)
+            cfg.carry_field(fe, FPATH, name)
             inputs[name] = [float(v) for v in fe.all(name)]
     size, _ = walk.image_size(cfg, body, PATH, step, notes, stretches=False)
     model: dict = {"input_size": size, "backbone": backbone, "head": {"input_levels": levels}}
 
     losses: dict = {"detection": {}}
-    task = cfg.sub(body, PATH, "object_detection_task")
+    task = cfg.nested_block(body, PATH, "object_detection_task")
     tpath = f"{PATH}.object_detection_task"
     if task is not None:
-        cfg.take(task, tpath, "task_loss_weight") if task.get("task_loss_weight") == 1 else None
+        cfg.carry_field(task, tpath, "task_loss_weight") if task.get("task_loss_weight") == 1 else None
         if task.get("offset_loss_weight") is not None:
-            losses["detection"]["offset_weight"] = float(cfg.take(task, tpath, "offset_loss_weight"))
+            losses["detection"]["offset_weight"] = float(cfg.carry_field(task, tpath, "offset_loss_weight"))
         if task.get("scale_loss_weight") is not None:
-            losses["detection"]["scale_weight"] = float(cfg.take(task, tpath, "scale_loss_weight"))
-        loc = cfg.sub(task, tpath, "localization_loss")
+            losses["detection"]["scale_weight"] = float(cfg.carry_field(task, tpath, "scale_loss_weight"))
+        loc = cfg.nested_block(task, tpath, "localization_loss")
         if loc is not None and loc.message("l1_localization_loss") is not None:
             cfg.used.add(f"{tpath}.localization_loss")  # L1, as the project's
-    center = cfg.sub(body, PATH, "object_center_params")
+    center = cfg.nested_block(body, PATH, "object_center_params")
     cpath = f"{PATH}.object_center_params"
     if center is not None:
         if center.get("object_center_loss_weight") is not None:
-            weight = float(cfg.take(center, cpath, "object_center_loss_weight"))
+            weight = float(cfg.carry_field(center, cpath, "object_center_loss_weight"))
             losses["detection"]["object_center_weight"] = weight
         if center.get("min_box_overlap_iou") is not None:
-            losses["gaussian_iou"] = float(cfg.take(center, cpath, "min_box_overlap_iou"))
+            losses["gaussian_iou"] = float(cfg.carry_field(center, cpath, "min_box_overlap_iou"))
         if center.get("max_box_predictions") is not None:
             model["detection_generator"] = {
-                "max_detections": int(cfg.take(center, cpath, "max_box_predictions"))
+                "max_detections": int(cfg.carry_field(center, cpath, "max_box_predictions"))
             }
         cls = center.message("classification_loss")
         focal = cls.message("penalty_reduced_logistic_focal_loss") if cls else None
@@ -147,7 +147,7 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
         notes.append(f"{PATH}.keypoint_estimation_task: {_KEYPOINTS_WHY}")
 
     train = cfg.root.message("train_config")
-    clip = cfg.take(train, "train_config", "gradient_clipping_by_norm", 0.0)
+    clip = cfg.carry_field(train, "train_config", "gradient_clipping_by_norm", 0.0)
     switches = {
         "random_horizontal_flip": "aug_rand_hflip",
         "random_adjust_hue": "aug_rand_hue",

@@ -25,17 +25,17 @@ def claims(kind: str) -> bool:
 
 def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
     fpath = ssd.FPATH
-    fe = cfg.sub(body, ssd.PATH, "feature_extractor")
-    cfg.take(fe, fpath, "type")
+    fe = cfg.nested_block(body, ssd.PATH, "feature_extractor")
+    cfg.carry_field(fe, fpath, "type")
     backbone = {"type": "efficientnet", "efficientnet": {"model_id": _EFFICIENTNET.match(kind).group(1)}}
-    bifpn = cfg.sub(fe, fpath, "bifpn")
+    bifpn = cfg.nested_block(fe, fpath, "bifpn")
     bpath = f"{fpath}.bifpn"
     # EfficientDet's BiFPN convolutions are depthwise separable.
     decoder = {"type": "fpn", "fpn": {"use_separable_conv": True}}
-    filters = cfg.take(bifpn, bpath, "num_filters")
+    filters = cfg.carry_field(bifpn, bpath, "num_filters")
     if filters:
         decoder["fpn"]["num_filters"] = int(filters)
-    passes = int(cfg.take(bifpn, bpath, "num_iterations", 1) or 1)
+    passes = int(cfg.carry_field(bifpn, bpath, "num_iterations", 1) or 1)
     notes.append(
         f"{bpath} (num_iterations: {passes}): written as an FPN (task.model.decoder.fpn, same width, "
         f"separable): Model Garden has no BiFPN; one top-down pass instead of {passes} weighted "

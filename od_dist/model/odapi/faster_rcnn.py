@@ -21,8 +21,8 @@ def claims(kind: str) -> bool:
 
 
 def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
-    fe = cfg.sub(body, PATH, "feature_extractor")
-    cfg.take(fe, f"{PATH}.feature_extractor", "type")
+    fe = cfg.nested_block(body, PATH, "feature_extractor")
+    cfg.carry_field(fe, f"{PATH}.feature_extractor", "type")
     notes.append(
         f"{PATH}.feature_extractor ({kind}): Model Garden's Faster R-CNN "
         "always has an FPN (levels 2-6) where the Object Detection API's has one feature map"
@@ -34,13 +34,13 @@ def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
         "min_level": 2,
         "max_level": 6,
     }
-    post = cfg.sub(body, PATH, "second_stage_post_processing")
+    post = cfg.nested_block(body, PATH, "second_stage_post_processing")
     nms = post.message("batch_non_max_suppression") if post else None
     model["detection_generator"] = walk.nms(
         cfg, nms, f"{PATH}.second_stage_post_processing.batch_non_max_suppression"
     )
     if post is not None:
-        cfg.take(post, f"{PATH}.second_stage_post_processing", "score_converter")  # softmax in both
+        cfg.carry_field(post, f"{PATH}.second_stage_post_processing", "score_converter")  # softmax in both
     l2 = walk.l2_weight(body)
     losses = {"l2_weight_decay": l2} if l2 is not None else {}
     switches = {"random_horizontal_flip": "aug_rand_hflip", "random_vertical_flip": "aug_rand_vflip"}

@@ -36,23 +36,23 @@ def claims(kind: str) -> bool:
 
 
 def build(cfg: walk.Config, body, kind: str, notes: list[str]) -> walk.Parts:
-    fe = cfg.sub(body, PATH, "feature_extractor")
-    cfg.take(fe, FPATH, "type")
+    fe = cfg.nested_block(body, PATH, "feature_extractor")
+    cfg.carry_field(fe, FPATH, "type")
     m = _MOBILENET.match(kind)
     if m:
         experiment = "retinanet_mobile_coco"
         backbone = {"type": "mobilenet", "mobilenet": {"model_id": _MOBILENET_IDS[m.group(1)]}}
-        scale = float(cfg.take(fe, FPATH, "depth_multiplier", 1.0))
+        scale = float(cfg.carry_field(fe, FPATH, "depth_multiplier", 1.0))
         if scale != 1.0:
             backbone["mobilenet"]["filter_size_scale"] = scale
     else:
         experiment = "retinanet_resnetfpn_coco"
         backbone = {"type": "resnet", "resnet": {"model_id": int(_RESNET.match(kind).group(1))}}
-        cfg.take(fe, FPATH, "depth_multiplier")
-    fpn = cfg.sub(fe, FPATH, "fpn")
-    separable = bool(cfg.take(fe, FPATH, "use_depthwise", False))
+        cfg.carry_field(fe, FPATH, "depth_multiplier")
+    fpn = cfg.nested_block(fe, FPATH, "fpn")
+    separable = bool(cfg.carry_field(fe, FPATH, "use_depthwise", False))
     decoder = {"type": "fpn", "fpn": {"use_separable_conv": separable}}
-    depth = cfg.take(fpn, f"{FPATH}.fpn", "additional_layer_depth")
+    depth = cfg.carry_field(fpn, f"{FPATH}.fpn", "additional_layer_depth")
     if depth:
         decoder["fpn"]["num_filters"] = int(depth)
     if fpn is None:
@@ -69,15 +69,15 @@ def retinanet(
     """An SSD config's levels, anchors, head, NMS, focal loss, matcher, image size and L2 weight on
     Model Garden's RetinaNet. ``levels``: (the decoder's block naming min/max_level, its path)."""
     model: dict = {}
-    anchors = cfg.sub(body, PATH, "anchor_generator")
+    anchors = cfg.nested_block(body, PATH, "anchor_generator")
     multi = anchors.message("multiscale_anchor_generator") if anchors else None
     apath = f"{PATH}.anchor_generator.multiscale_anchor_generator"
     block, bpath = levels
-    min_level = cfg.take(block, bpath, "min_level") or cfg.take(multi, apath, "min_level") or 3
-    max_level = cfg.take(block, bpath, "max_level") or cfg.take(multi, apath, "max_level") or 7
+    min_level = cfg.carry_field(block, bpath, "min_level") or cfg.carry_field(multi, apath, "min_level") or 3
+    max_level = cfg.carry_field(block, bpath, "max_level") or cfg.carry_field(multi, apath, "max_level") or 7
     if multi is not None:  # both name the levels; they agree in every Zoo config
-        cfg.take(multi, apath, "min_level")
-        cfg.take(multi, apath, "max_level")
+        cfg.carry_field(multi, apath, "min_level")
+        cfg.carry_field(multi, apath, "max_level")
     size, keep_aspect = walk.image_size(cfg, body, PATH, 2 ** int(max_level), notes)
     model["input_size"], model["backbone"] = size, backbone
     model["min_level"], model["max_level"] = int(min_level), int(max_level)
@@ -85,34 +85,36 @@ def retinanet(
     if multi is not None:
         anchor = {}
         if multi.get("anchor_scale") is not None:
-            anchor["anchor_size"] = float(cfg.take(multi, apath, "anchor_scale"))
+            anchor["anchor_size"] = float(cfg.carry_field(multi, apath, "anchor_scale"))
         if multi.get("scales_per_octave") is not None:
-            anchor["num_scales"] = int(cfg.take(multi, apath, "scales_per_octave"))
+            anchor["num_scales"] = int(cfg.carry_field(multi, apath, "scales_per_octave"))
         if multi.all("aspect_ratios"):
-            cfg.take(multi, apath, "aspect_ratios")
+            cfg.carry_field(multi, apath, "aspect_ratios")
             anchor["aspect_ratios"] = [float(a) for a in multi.all("aspect_ratios")]
         model["anchor"] = anchor
-    predictor = cfg.sub(body, PATH, "box_predictor")
+    predictor = cfg.nested_block(body, PATH, "box_predictor")
     shared = predictor.message("weight_shared_convolutional_box_predictor") if predictor else None
     if shared is not None:
         ppath = f"{PATH}.box_predictor.weight_shared_convolutional_box_predictor"
         head = {}
         if shared.get("depth") is not None:
-            head["num_filters"] = int(cfg.take(shared, ppath, "depth"))
+            head["num_filters"] = int(cfg.carry_field(shared, ppath, "depth"))
         if shared.get("num_layers_before_predictor") is not None:
-            head["num_convs"] = int(cfg.take(shared, ppath, "num_layers_before_predictor"))
-        head["use_separable_conv"] = bool(cfg.take(shared, ppath, "use_depthwise", False))
+            head["num_convs"] = int(cfg.carry_field(shared, ppath, "num_layers_before_predictor"))
+        head["use_separable_conv"] = bool(cfg.carry_field(shared, ppath, "use_depthwise", False))
         model["head"] = head
-    post = cfg.sub(body, PATH, "post_processing")
+    post = cfg.nested_block(body, PATH, "post_processing")
     nms = post.message("batch_non_max_suppression") if post else None
     model["detection_generator"] = walk.nms(cfg, nms, f"{PATH}.post_processing.batch_non_max_suppression")
     if post is not None:
-        cfg.take(post, f"{PATH}.post_processing", "score_converter")  # sigmoid, as Model Garden's RetinaNet
+        cfg.carry_field(
+            post, f"{PATH}.post_processing", "score_converter"
+        )  # sigmoid, as Model Garden's RetinaNet
     # Sigmoid scores without a background class, as Model Garden's RetinaNet (EfficientDet says so).
     if body.get("add_background_class") is False:
-        cfg.take(body, PATH, "add_background_class")
+        cfg.carry_field(body, PATH, "add_background_class")
     losses: dict = {}
-    loss = cfg.sub(body, PATH, "loss")
+    loss = cfg.nested_block(body, PATH, "loss")
     cls = loss.message("classification_loss") if loss else None
     focal = cls.message("weighted_sigmoid_focal") if cls else None
     lpath = f"{PATH}.loss.classification_loss.weighted_sigmoid_focal"
@@ -121,7 +123,7 @@ def retinanet(
     if l2 is not None:
         losses["l2_weight_decay"] = l2  # both add weight * sum(w^2) / 2
     parser: dict = {}
-    matcher = cfg.sub(body, PATH, "matcher")
+    matcher = cfg.nested_block(body, PATH, "matcher")
     argmax = matcher.message("argmax_matcher") if matcher else None
     mpath = f"{PATH}.matcher.argmax_matcher"
     names = {"matched_threshold": "match_threshold", "unmatched_threshold": "unmatched_threshold"}
@@ -136,4 +138,4 @@ def _floats(cfg: walk.Config, msg, path: str, names: dict, out: dict) -> None:
     """out[key] = the float of each field of ``msg`` named in ``names`` (field -> key) that is set."""
     for name, key in names.items():
         if msg is not None and msg.get(name) is not None:
-            out[key] = float(cfg.take(msg, path, name))
+            out[key] = float(cfg.carry_field(msg, path, name))

@@ -112,7 +112,8 @@ class Config:
         self.used: set[str] = set()
         self.last: tuple[str, object] = ("", None)  # the field read last: named when its value is unusable
 
-    def take(self, msg: textproto.Message | None, path: str, name: str, default=None):
+    def carry_field(self, msg: textproto.Message | None, path: str, name: str, default=None):
+        """The field `name` of `msg` (`default` without it), marked as carried over."""
         if msg is None or name not in msg.fields:
             return default
         dotted = f"{path}.{name}" if path else name
@@ -120,7 +121,8 @@ class Config:
         self.last = (dotted, msg.get(name))
         return msg.get(name)
 
-    def sub(self, msg: textproto.Message | None, path: str, name: str) -> textproto.Message | None:
+    def nested_block(self, msg: textproto.Message | None, path: str, name: str) -> textproto.Message | None:
+        """The block `name` of `msg` (None without it); an empty one counts as carried over."""
         value = msg.message(name) if msg is not None else None
         if value is not None and not value.fields:
             self.used.add(f"{path}.{name}" if path else name)  # an empty block: nothing to report
@@ -177,15 +179,15 @@ def image_size(
     """([h, w, 3], keep_aspect_ratio); h and w rounded up to a multiple of ``step`` (the model's
     largest stride, which Model Garden pads to). ``stretches``: whether the family's parsers and
     export can stretch to a fixed shape (else a fixed_shape_resizer is said to become a letterbox)."""
-    resizer = cfg.sub(body, path, "image_resizer")
+    resizer = cfg.nested_block(body, path, "image_resizer")
     rpath = f"{path}.image_resizer"
     keep = True
     fixed = resizer.message("fixed_shape_resizer") if resizer else None
     aspect = resizer.message("keep_aspect_ratio_resizer") if resizer else None
     if fixed is not None:
         p = f"{rpath}.fixed_shape_resizer"
-        h = int(num(cfg.take(fixed, p, "height", 300), p + ".height"))
-        w = int(num(cfg.take(fixed, p, "width", 300), p + ".width"))
+        h = int(num(cfg.carry_field(fixed, p, "height", 300), p + ".height"))
+        w = int(num(cfg.carry_field(fixed, p, "width", 300), p + ".width"))
         keep = False  # the Object Detection API stretches to the fixed shape
         if not stretches:
             notes.append(
@@ -194,9 +196,9 @@ def image_size(
             )
     elif aspect is not None:
         p = f"{rpath}.keep_aspect_ratio_resizer"
-        side = int(num(cfg.take(aspect, p, "max_dimension", 1024), p + ".max_dimension"))
-        cfg.take(aspect, p, "min_dimension")
-        cfg.take(aspect, p, "pad_to_max_dimension")  # Model Garden always pads to input_size
+        side = int(num(cfg.carry_field(aspect, p, "max_dimension", 1024), p + ".max_dimension"))
+        cfg.carry_field(aspect, p, "min_dimension")
+        cfg.carry_field(aspect, p, "pad_to_max_dimension")  # Model Garden always pads to input_size
         h = w = side
     else:
         raise ImportProblem(
@@ -226,26 +228,26 @@ def nms(cfg: Config, msg, path: str) -> dict:
     if msg is None:
         return out
     if msg.get("iou_threshold") is not None:
-        out["nms_iou_threshold"] = float(cfg.take(msg, path, "iou_threshold"))
+        out["nms_iou_threshold"] = float(cfg.carry_field(msg, path, "iou_threshold"))
     if msg.get("score_threshold") is not None:
-        out["pre_nms_score_threshold"] = float(cfg.take(msg, path, "score_threshold"))
+        out["pre_nms_score_threshold"] = float(cfg.carry_field(msg, path, "score_threshold"))
     if msg.get("max_total_detections") is not None:
-        out["max_num_detections"] = int(cfg.take(msg, path, "max_total_detections"))
+        out["max_num_detections"] = int(cfg.carry_field(msg, path, "max_total_detections"))
     return out
 
 
 def schedule(cfg: Config, optimizer_msg, opath: str, notes: list[str]) -> dict:
     """learning_rate + warmup of trainer.optimizer_config."""
-    lr = cfg.sub(optimizer_msg, opath, "learning_rate")
+    lr = cfg.nested_block(optimizer_msg, opath, "learning_rate")
     lpath = f"{opath}.learning_rate"
     name, sched = lr.only() if lr is not None else (None, None)
     p = f"{lpath}.{name}"
     out: dict = {}
     if name == "cosine_decay_learning_rate":
-        base = float(num(cfg.take(sched, p, "learning_rate_base", 0.002), p + ".learning_rate_base"))
-        total = int(cfg.take(sched, p, "total_steps", 4000000))
-        warm = int(cfg.take(sched, p, "warmup_steps", 0))
-        warm_lr = float(cfg.take(sched, p, "warmup_learning_rate", 0.0))
+        base = float(num(cfg.carry_field(sched, p, "learning_rate_base", 0.002), p + ".learning_rate_base"))
+        total = int(cfg.carry_field(sched, p, "total_steps", 4000000))
+        warm = int(cfg.carry_field(sched, p, "warmup_steps", 0))
+        warm_lr = float(cfg.carry_field(sched, p, "warmup_learning_rate", 0.0))
         hold = int(sched.get("hold_base_rate_steps", 0) or 0)
         if hold:
             notes.append(
@@ -264,12 +266,12 @@ def schedule(cfg: Config, optimizer_msg, opath: str, notes: list[str]) -> dict:
                 "linear": {"warmup_steps": warm, "warmup_learning_rate": warm_lr},
             }
     elif name == "manual_step_learning_rate":
-        values = [float(cfg.take(sched, p, "initial_learning_rate", 0.002))]
+        values = [float(cfg.carry_field(sched, p, "initial_learning_rate", 0.002))]
         boundaries = []
         for step in sched.all("schedule"):
             boundaries.append(int(step.get("step", 0)))
             values.append(float(step.get("learning_rate", 0.002)))
-        cfg.take(sched, p, "schedule")
+        cfg.carry_field(sched, p, "schedule")
         out["learning_rate"] = {"type": "stepwise", "stepwise": {"boundaries": boundaries, "values": values}}
         if sched.get("warmup"):
             notes.append(
@@ -281,15 +283,15 @@ def schedule(cfg: Config, optimizer_msg, opath: str, notes: list[str]) -> dict:
         out["learning_rate"] = {
             "type": "exponential",
             "exponential": {
-                "initial_learning_rate": float(cfg.take(sched, p, "initial_learning_rate", 0.002)),
-                "decay_steps": int(cfg.take(sched, p, "decay_steps", 4000000)),
-                "decay_rate": float(cfg.take(sched, p, "decay_factor", 0.95)),
-                "staircase": bool(cfg.take(sched, p, "staircase", True)),
+                "initial_learning_rate": float(cfg.carry_field(sched, p, "initial_learning_rate", 0.002)),
+                "decay_steps": int(cfg.carry_field(sched, p, "decay_steps", 4000000)),
+                "decay_rate": float(cfg.carry_field(sched, p, "decay_factor", 0.95)),
+                "staircase": bool(cfg.carry_field(sched, p, "staircase", True)),
             },
         }
-        burnin = int(cfg.take(sched, p, "burnin_steps", 0) or 0)
+        burnin = int(cfg.carry_field(sched, p, "burnin_steps", 0) or 0)
         if burnin:
-            burnin_lr = float(cfg.take(sched, p, "burnin_learning_rate", 0.0) or 0.0)
+            burnin_lr = float(cfg.carry_field(sched, p, "burnin_learning_rate", 0.0) or 0.0)
             out["warmup"] = {
                 "type": "linear",
                 "linear": {"warmup_steps": burnin, "warmup_learning_rate": burnin_lr},
@@ -301,7 +303,7 @@ def schedule(cfg: Config, optimizer_msg, opath: str, notes: list[str]) -> dict:
     elif name == "constant_learning_rate":
         out["learning_rate"] = {
             "type": "constant",
-            "constant": {"learning_rate": float(cfg.take(sched, p, "learning_rate", 0.002))},
+            "constant": {"learning_rate": float(cfg.carry_field(sched, p, "learning_rate", 0.002))},
         }
     elif name is not None:
         raise ImportProblem(
@@ -312,7 +314,7 @@ def schedule(cfg: Config, optimizer_msg, opath: str, notes: list[str]) -> dict:
 
 
 def optimizer(cfg: Config, train, notes: list[str]) -> dict:
-    opt = cfg.sub(train, "train_config", "optimizer")
+    opt = cfg.nested_block(train, "train_config", "optimizer")
     if opt is None:
         return {}
     path = "train_config.optimizer"
@@ -330,25 +332,25 @@ def optimizer(cfg: Config, train, notes: list[str]) -> dict:
     if name == "momentum_optimizer":
         optimizer = {
             "type": "sgd",
-            "sgd": {"momentum": float(cfg.take(body, p, "momentum_optimizer_value", 0.9))},
+            "sgd": {"momentum": float(cfg.carry_field(body, p, "momentum_optimizer_value", 0.9))},
         }
     elif name == "adam_optimizer":
-        optimizer = {"type": "adam", "adam": {"epsilon": float(cfg.take(body, p, "epsilon", 1e-8))}}
+        optimizer = {"type": "adam", "adam": {"epsilon": float(cfg.carry_field(body, p, "epsilon", 1e-8))}}
     else:
         optimizer = {
             "type": "rmsprop",
             "rmsprop": {
-                "rho": float(cfg.take(body, p, "decay", 0.9)),
-                "momentum": float(cfg.take(body, p, "momentum_optimizer_value", 0.9)),
-                "epsilon": float(cfg.take(body, p, "epsilon", 1.0)),
+                "rho": float(cfg.carry_field(body, p, "decay", 0.9)),
+                "momentum": float(cfg.carry_field(body, p, "momentum_optimizer_value", 0.9)),
+                "epsilon": float(cfg.carry_field(body, p, "epsilon", 1.0)),
             },
         }
     out = {"optimizer": optimizer, **schedule(cfg, body, p, notes)}
     if opt.get("use_moving_average") is False:
-        cfg.take(opt, path, "use_moving_average")
+        cfg.carry_field(opt, path, "use_moving_average")
     elif opt.get("use_moving_average"):
-        decay = float(cfg.take(opt, path, "moving_average_decay", 0.9999))
-        cfg.take(opt, path, "use_moving_average")
+        decay = float(cfg.carry_field(opt, path, "moving_average_decay", 0.9999))
+        cfg.carry_field(opt, path, "use_moving_average")
         out["ema"] = {"average_decay": decay}
     return out
 
@@ -431,6 +433,6 @@ def inputs(cfg: Config, name: str) -> tuple[str, str | None]:
     records = reader.message("tf_record_input_reader") if reader else None
     paths = [str(p) for p in records.all("input_path")] if records else []
     if records is not None:
-        cfg.take(records, f"{name}.tf_record_input_reader", "input_path")
-    label_map = cfg.take(reader, name, "label_map_path")
+        cfg.carry_field(records, f"{name}.tf_record_input_reader", "input_path")
+    label_map = cfg.carry_field(reader, name, "label_map_path")
     return ",".join(paths), (str(label_map) if label_map else None)

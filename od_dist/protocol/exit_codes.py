@@ -8,7 +8,7 @@ TFJob restarts exactly the pods od-dist would restart itself.
 
 from __future__ import annotations
 
-import os
+import signal
 
 OK = 0
 FAILED = 1  # permanent: a bug or an unrecoverable runtime failure (no checkpoint to evaluate, ...)
@@ -54,24 +54,12 @@ def is_retryable(returncode: int) -> bool:
     return normalize(returncode) in RETRYABLE
 
 
-# A task run by od-dist's own supervisor (launch, train --max_restarts) can say more than its exit
-# code, which stays the table's for Kubernetes: a file named <its pid>.<word> in this folder (one
-# folder per start of a task, removed once it exited: a PID is reused).
-NOTES_ENV = "OD_DIST_SUPERVISOR_NOTES"
-WAITED_OUT = "waited-out"  # exit 138 after --wait_timeout without a peer: a restart would wait again
+def for_signal(signum: int) -> int:
+    """The exit code of a process stopped by signal `signum`: SIGTERM (the system's: a drained node,
+    scancel, a launcher) 143; any other (SIGINT, SIGBREAK: a person's Ctrl+C or Ctrl+Break) 130."""
+    return TERMINATED if signum == signal.SIGTERM else INTERRUPTED
 
 
-def tell_supervisor(word: str) -> None:
-    """Leaves `word` for this process's supervisor, if it has one."""
-    folder = os.environ.get(NOTES_ENV)
-    if folder:
-        try:
-            with open(os.path.join(folder, f"{os.getpid()}.{word}"), "w"):
-                pass
-        except OSError:
-            pass  # the supervisor then restarts it, as for any 138
-
-
-def told(folder: str, pid: int, word: str) -> bool:
-    """Whether the child `pid` left `word` in `folder` (tell_supervisor)."""
-    return os.path.exists(os.path.join(folder, f"{pid}.{word}"))
+def asked_by(code: int) -> str:
+    """Who a stop's exit code says asked for it: the system (SIGTERM) or a person (Ctrl+C)."""
+    return "SIGTERM" if code == TERMINATED else "Ctrl+C"

@@ -16,8 +16,8 @@ import sys
 import time
 from typing import NoReturn
 
-from od_dist.job import exit_codes
-from od_dist.job.config import TrainConfig
+from od_dist.host.config import TrainConfig
+from od_dist.protocol import exit_codes, notes, peers
 
 EVAL_POLL_S = 30
 
@@ -47,7 +47,7 @@ def _params(config: TrainConfig):
 
 
 def run_server(config: TrainConfig) -> NoReturn:
-    from od_dist.job import devices, server, watch
+    from od_dist.task import devices, server, watch
 
     selected = config.selected
 
@@ -76,8 +76,8 @@ def run_server(config: TrainConfig) -> NoReturn:
 
 def run_trainer(config: TrainConfig, beacon=None) -> int:
     """The master, an all-reduce worker, or a single machine; `beacon`: its port, already bound."""
-    from od_dist.job import devices, server, strategy, trainer, watch
     from od_dist.model import pipeline
+    from od_dist.task import checkpoints, devices, errors, server, strategy, trainer, watch
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
     pipeline.check_inputs(params, config.pipeline, train=True)
@@ -92,7 +92,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         # The checkpoint writer, before its strategy: a multi_worker_mirrored worker reads the
         # checkpoint file only once every trainer has joined the group, so all restore what the
         # file names after this (reads files only: TensorFlow's runtime stays uninitialised).
-        trainer.tidy(config.model_dir)
+        checkpoints.tidy(config.model_dir)
     try:
         dist = strategy.make(
             cluster,
@@ -108,7 +108,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         # Retryable, like a peer lost later: a peer that is late (a pod still scheduling, a machine
         # still booting) is there at the next try; the server side exits 138 the same way.
         print(f"od-dist: {e}; exit {exit_codes.LOST_PEER}", file=sys.stderr, flush=True)
-        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)  # its restart would only wait again
+        notes.leave_for_supervisor(notes.WAITED_OUT)  # its restart would only wait again
         return exit_codes.LOST_PEER
     except (devices.DeviceError, server.ServerError) as e:
         raise RoleError(str(e)) from None
@@ -141,7 +141,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
                     "--all_reduce_dtype": config.all_reduce_dtype,
                 },
             )
-    except trainer.Stopped as e:
+    except errors.Stopped as e:
         saved = f"saved {e.path}" if e.path else "the master saved it"
         print(f"{who}: stopped at step {e.step} ({e.why}); {saved}; exit {e.code}", flush=True)
         if config.is_coordinator and e.code == exit_codes.INTERRUPTED:
@@ -150,7 +150,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             # come back and then restarting. SIGTERM is a pause (a drained node, an orchestrator's
             # restart): they stay up for the master's return, as after a crash.
             own = e.why in ("SIGINT", "SIGBREAK")
-            _stop_servers(cluster, server.STOPPED_BY_PERSON if own else server.stopped_the_job(e.why))
+            _stop_servers(cluster, notes.by_person() if own else notes.stopped_the_job(e.why))
         if e.code == exit_codes.INTERRUPTED and cluster is not None and task == cluster.lead_task():
             _tell_evaluators(config.model_dir, f"{who} was stopped by a person ({e.why}) at step {e.step}")
         if cluster is not None:
@@ -158,7 +158,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             # TensorFlow's shutdown waiting about a minute for its heartbeats: end here instead.
             watch.exit_now(e.code)
         return e.code
-    except trainer.StartMismatch as e:
+    except errors.StartMismatch as e:
         for line in str(e).splitlines():
             print(f"od-dist: {who}: {line}", file=sys.stderr, flush=True)
         return exit_codes.INVALID
@@ -171,9 +171,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             if config.is_coordinator:
                 # A permanent failure: the servers would otherwise wait --wait_timeout for a master
                 # that will not come back, exit 138 and be restarted by their own supervisors.
-                _stop_servers(
-                    cluster, server.with_exit(f"failed ({missing or type(e).__name__})", _code_of(e))
-                )
+                _stop_servers(cluster, notes.word(f"failed ({missing or type(e).__name__})", _code_of(e)))
             if missing:
                 raise RoleError(missing) from None
             raise
@@ -183,7 +181,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             f"({type(e).__name__}); {_after_loss(config)}",
         )
     if config.is_coordinator:
-        _stop_servers(cluster, server.DONE)
+        _stop_servers(cluster, notes.DONE)
     return 0
 
 
@@ -193,6 +191,8 @@ def _code_of(e: BaseException) -> int:
 
     if isinstance(e, KeyboardInterrupt):
         return exit_codes.INTERRUPTED
+    if isinstance(e, SystemExit) and isinstance(e.code, int):  # patches.check
+        return e.code
     return exit_codes.INVALID if isinstance(e, PipelineError) else exit_codes.FAILED
 
 
@@ -200,16 +200,16 @@ def _stopped_before_training(config: TrainConfig, beacon, e: BaseException) -> N
     """The master stops before it connected to its servers (a pipeline or records check, Ctrl+C
     while it loads or waits for its peers): it tells them on its port, which it still holds, so
     they exit at once with its reason rather than wait --wait_timeout and exit 138 (retryable)."""
-    from od_dist.job import server
-    from od_dist.job.strategy import PeerStopped
+    from od_dist.task import server
+    from od_dist.task.strategy import PeerStopped
 
     code = _code_of(e)
     if isinstance(e, PeerStopped):
-        word = server.stopped_the_job(str(e))
+        word = notes.stopped_the_job(str(e))
     elif code == exit_codes.INTERRUPTED:
-        word = server.STOPPED_BY_PERSON
+        word = notes.by_person()
     else:
-        word = server.with_exit(f"stopped before training ({str(e).strip() or type(e).__name__})", code)
+        word = notes.word(f"stopped before training ({str(e).strip() or type(e).__name__})", code)
     why = f"{e}; " if isinstance(e, PeerStopped) else ""
     print(
         f"{config.selected.task.name}: {why}stopping before training (exit {code}); telling the servers "
@@ -223,7 +223,7 @@ def _stopped_before_starting(task, e: KeyboardInterrupt) -> None:
     """Ctrl+C on a server or a multi_worker_mirrored trainer before it serves or trains (while it
     loads or waits): it says so on its port, which is free then, to the peers waiting for it
     (strategy.wait_for_peers), which end with 130 in turn, rather than wait --wait_timeout."""
-    from od_dist.job import server
+    from od_dist.task import server
 
     try:
         port = server.bind_port(task)
@@ -247,7 +247,7 @@ def _model_built(config: TrainConfig, dist, who: str):
 
     def built(model, optimizer) -> None:
         from od_dist.cluster import traffic
-        from od_dist.job import strategy, trainer
+        from od_dist.task import strategy, trainer
 
         wire = strategy.reduce_gradients_in(dist, optimizer, config.all_reduce_dtype)
         weights, grads = trainer.variable_bytes(model, wire)
@@ -273,7 +273,7 @@ def _missing_data(e: Exception, peers, who: str) -> str | None:
     device in the message, else this trainer), its address, the path and the fix; else None."""
     import tensorflow as tf
 
-    from od_dist.job import watch
+    from od_dist.task import watch
 
     text = str(e)
     path = _NO_SUCH_FILE.search(text)
@@ -294,7 +294,7 @@ def _server_requests(config: TrainConfig, peers):
     machine) at each loop boundary; other trainers have none to read."""
     if not config.is_coordinator:
         return None
-    from od_dist.job import server
+    from od_dist.task import server
 
     servers = [t for t in peers if t.role in ("ps", "worker")]
     return lambda: server.stop_requests(config.selected.cluster, servers)
@@ -302,7 +302,7 @@ def _server_requests(config: TrainConfig, peers):
 
 def _stop_servers(cluster, why: str) -> None:
     """Tells the ps and parameter_server workers to exit 0 (their stop marker says `why`)."""
-    from od_dist.job import server
+    from od_dist.task import server
 
     servers = [t for t in cluster.server_tasks() if t.role in ("ps", "worker")]
     failed = server.send_stop(cluster, servers, why)
@@ -393,29 +393,32 @@ def run_evaluator(config: TrainConfig) -> int:
     waits as long as the master is alive (its port open within --wait_timeout), not a fixed time.
     Its exit says what happened to the job: 0 it finished (the final checkpoint evaluated), 130 a
     person stopped it (the lead's STOPPED_NOTE), 138 it never started (no master ever came)."""
-    from od_dist.job import devices, trainer
-    from od_dist.job.server import is_listening
     from od_dist.model import pipeline
+    from od_dist.task import devices, trainer
+    from od_dist.task.server import is_listening
 
     params = _params(config)
     pipeline.check_inputs(params, config.pipeline, evaluate=True)
     devices.apply_policy()  # it often shares a GPU machine with a worker
     lead = config.selected.cluster.lead_task() if config.selected.cluster else None
     master = lead.address if lead else None  # the master, or worker 0 when the cluster has none
-    last_seen = [time.monotonic()]
+    absent = peers.Unreachable(never_seen_since=time.monotonic())
     seen = [False]  # the master was ever up: the job started
     before = _read_stopped_note(config.model_dir)  # an earlier run's word is none for this one
     stopped = []
 
     def keep_waiting() -> bool:
-        if master is not None and is_listening(master.host, master.port):
-            last_seen[0], seen[0] = time.monotonic(), True
+        now = time.monotonic()
+        up = master is not None and is_listening(master.host, master.port)
+        absent.look("master", up, now)
+        if up:
+            seen[0] = True
             return True
         said = _read_stopped_note(config.model_dir)
         if said and said != before:
             stopped.append(said.splitlines()[0])
             return False
-        return time.monotonic() - last_seen[0] < config.wait_timeout
+        return not absent.lost("master", now, config.wait_timeout)
 
     metrics = trainer.continuous_eval(
         params,
@@ -437,7 +440,7 @@ def run_evaluator(config: TrainConfig) -> int:
             file=sys.stderr,
             flush=True,
         )
-        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)
+        notes.leave_for_supervisor(notes.WAITED_OUT)
         return exit_codes.LOST_PEER
     if metrics is None:
         raise RoleError(
@@ -448,7 +451,8 @@ def run_evaluator(config: TrainConfig) -> int:
 
 
 def run(config: TrainConfig) -> int:
-    from od_dist.job import server, threads
+    from od_dist import patches
+    from od_dist.task import server, threads
 
     task = config.selected.task
     # The port before TensorFlow's import (seconds): a taken port fails at once. The coordinator
@@ -465,6 +469,9 @@ def run(config: TrainConfig) -> int:
     try:
         # Before anything initialises TensorFlow's thread pools (devices, servers, strategies).
         threads.apply(config.threads, task.name if task else "single")
+        # A library upgrade that breaks a patch: one line now, before any wait or step. A server
+        # runs none of Model Garden's code: TensorFlow's patches only (no Model Garden import).
+        patches.check([patches.TENSORFLOW[0]] if config.is_server else None)
         if config.is_server:
             return run_server(config)
         if config.role == "evaluator":

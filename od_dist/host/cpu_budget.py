@@ -24,7 +24,8 @@ never set below 2: with 1, the parameter_server coordinator deadlocks (its closu
 other; measured here). 0 means TensorFlow's own default everywhere.
 
 Which tasks share a machine comes from the cluster: tasks whose hosts are the same string, or all
-loopback. No TensorFlow import at module level: the budget is decided with the other flags.
+loopback. No TensorFlow: the budget is decided with the other flags, before TensorFlow starts;
+od_dist/task/threads.py applies it inside the task.
 """
 
 from __future__ import annotations
@@ -133,9 +134,9 @@ def machine_cores() -> int:
     return cores_within(cpu_limit(), runnable_cores())
 
 
-def is_light(role: str, strategy: str) -> bool:
+def mostly_waits(role: str, strategy: str) -> bool:
     """Tasks that mostly wait while the others compute (cluster/duties.py)."""
-    return duties.of(strategy, role).is_light
+    return duties.of(strategy, role).mostly_waits
 
 
 def budget(cores: int, role: str, strategy: str, roles_here: list[str], limited: bool = False) -> Threads:
@@ -145,9 +146,9 @@ def budget(cores: int, role: str, strategy: str, roles_here: list[str], limited:
     if len(roles_here) <= 1:
         # Alone: all of the machine, as TensorFlow sizes it, unless a CPU limit makes it smaller.
         return Threads(cores, max(MIN_INTER_OP, cores)) if limited else Threads()
-    if is_light(role, strategy):
+    if mostly_waits(role, strategy):
         return Threads(1, MIN_INTER_OP)
-    heavy = sum(1 for r in roles_here if not is_light(r, strategy))
+    heavy = sum(1 for r in roles_here if not mostly_waits(r, strategy))
     share = max(1, cores // max(1, heavy))
     return Threads(share, max(MIN_INTER_OP, share))
 
@@ -181,49 +182,3 @@ def resolve(
         auto.inter_op if inter_op is None else inter_op,
         auto.data if data is None else data,
     )
-
-
-def apply(threads: Threads, label: str) -> Threads:
-    """Sets TensorFlow's pools before it initialises and prints what TensorFlow now reports.
-
-    The environment variables reach every pool this process creates, the in-process servers'
-    too; tf.config.threading sets the eager context's. Must run before any op or device query.
-    """
-    if threads.intra_op:
-        os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads.intra_op)
-    if threads.inter_op:
-        os.environ["TF_NUM_INTEROP_THREADS"] = str(threads.inter_op)
-    import tensorflow as tf
-
-    if threads.intra_op:
-        tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
-    if threads.inter_op:
-        tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
-    applied = Threads(
-        tf.config.threading.get_intra_op_parallelism_threads(),
-        tf.config.threading.get_inter_op_parallelism_threads(),
-        threads.data,
-    )
-    limit, runnable = cpu_limit(), runnable_cores()
-    shown = f", a CPU limit of {limit:g} on {runnable}" if limit is not None and limit < runnable else ""
-    cores = cores_within(limit, runnable)
-    print(f"{label}: threads {applied.describe()} ({cores} core{'s' * (cores != 1)}{shown})", flush=True)
-    return applied
-
-
-def with_data_threads(build_inputs, data_threads: int):
-    """Wraps a Model Garden task's build_inputs so its datasets use `data_threads` threads
-    (Model Garden's DataConfig has no such setting). 0 returns it unchanged."""
-    if not data_threads:
-        return build_inputs
-
-    def build(*args, **kwargs):
-        import tensorflow as tf
-
-        dataset = build_inputs(*args, **kwargs)
-        options = tf.data.Options()
-        options.threading.private_threadpool_size = data_threads
-        options.threading.max_intra_op_parallelism = 1
-        return dataset.with_options(options)
-
-    return build

@@ -17,21 +17,12 @@ import sys
 import threading
 import time
 
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGBREAK") if hasattr(signal, name))
 # One Ctrl+C reaches every process of the terminal's process group, and a launcher may forward it
 # as well: signals this close together are the same request, not "press again to exit at once".
 SAME_REQUEST_S = 1.0
-
-
-def code_for(signum: int) -> int:
-    return exit_codes.TERMINATED if signum == signal.SIGTERM else exit_codes.INTERRUPTED
-
-
-def request_of(code: int) -> str:
-    """What a stop's exit code says about who asked: a person (Ctrl+C) or the system (SIGTERM)."""
-    return "SIGTERM" if code == exit_codes.TERMINATED else "Ctrl+C"
 
 
 class StopRequest:
@@ -55,7 +46,7 @@ class StopRequest:
     @property
     def code(self) -> int:
         """The exit status for the signal received, 0 if none."""
-        return code_for(self.signum) if self.signum is not None else 0
+        return exit_codes.for_signal(self.signum) if self.signum is not None else 0
 
     @property
     def name(self) -> str:
@@ -94,7 +85,7 @@ class StopRequest:
             file=sys.stderr,
             flush=True,
         )
-        os._exit(code_for(signum))
+        os._exit(exit_codes.for_signal(signum))
 
     def install(self) -> StopRequest:
         """Installs the handlers (from the main thread)."""

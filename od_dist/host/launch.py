@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from od_dist.cluster.spec import Task
-from od_dist.job import supervisor
+from od_dist.host import supervisor
 
 
 @dataclass
@@ -114,7 +114,7 @@ def start_child(
     if tf_config:
         env["TF_CONFIG"] = tf_config  # ...or from the TF_CONFIG its supervisor was given
     if task_log:
-        env["OD_DIST_TASK_LOG"] = task_log  # the task appends its own detail there: job/console.py
+        env["OD_DIST_TASK_LOG"] = task_log  # the task appends its own detail there: host/console.py
     kwargs = {}
     if os.name == "nt":
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP

@@ -432,7 +432,7 @@ def check_data(cluster: Cluster, mine, pipeline_path: str) -> list[Check]:
 def check_model_dir(cluster: Cluster, mine, model_dir: str) -> list[Check]:
     """The model_dir, for this machine's tasks that write it (every task but the servers), by the
     same probe `train` makes before it starts."""
-    from od_dist.job import config
+    from od_dist.host import config
 
     writers = [t for t in mine if not duties.of(cluster.strategy, t.role).is_server]
     if not writers:
@@ -539,7 +539,7 @@ def run(
 ) -> tuple[list[Check], str]:
     """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2).
     `machine` (its interfaces) and `kernel` (the kernel's description) default to this machine's."""
-    from od_dist.job import config
+    from od_dist.host import config
 
     unchecked: list[str] = []
     cluster = config.load_cluster(cluster_path, allow_public, unchecked)

@@ -1,22 +1,7 @@
 """Restarts after TensorFlow's recovery rules, for `od-dist launch` (every task of this machine) and
 `od-dist train --max_restarts` (this machine's one task). No TensorFlow here.
 
-The rules (TensorFlow's fault tolerance for parameter-server and multi-worker training):
-  - a lost parameter_server worker: restarted alone on its own port; the coordinator re-queues
-    its steps meanwhile and takes it back when it returns.
-  - a lost ps or master, or any lost multi_worker_mirrored trainer: every task is stopped and all
-    are restarted together; the trainers resume from the last checkpoint.
-  - "lost" means a retryable exit (exit_codes.RETRYABLE: a lost peer, a signal). A permanent exit
-    (1: a bug, 2: invalid input, anything else) is never retried: it would only fail again.
-  - the evaluator is a sidecar: whatever its exit (a pycocotools error, no checkpoint yet), it is
-    restarted alone, up to --max_restarts times of its own; past them training goes on without
-    it. It never stops the trainers.
-  - a person's stop (a trainer or server that exits 130, SIGINT: Ctrl+C on this machine or, passed
-    on through the job, on another) is never restarted: every task here is stopped, trainers
-    first, and the job exits 130.
-Each restart waits a backoff (2 s, doubling while restarts follow each other within a minute) and
-counts against --max_restarts; past it the job stops and exits 1 naming the first failure (the
-root cause, as torchrun reports it).
+The rules: host/policy.py.
 
 The job succeeded only if the lead (the task that writes the final checkpoint: the master, or
 worker 0 without one) exited 0. Once it has, a task that exits otherwise is a line, not a failure;
@@ -35,19 +20,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from od_dist.cluster import duties
 from od_dist.cluster.spec import Task
-from od_dist.cluster.validate import PARAMETER_SERVER
-from od_dist.job import exit_codes
+from od_dist.host.policy import (
+    BACKOFF_RESET_S,
+    PERMANENT,
+    RESTART_ALL,
+    RESTART_TASK,
+    STOPPED_BY_PERSON,
+    backoff_s,
+    describe,
+    is_trainer,
+    plan,
+)
+from od_dist.protocol import exit_codes, notes
 
-DONE, PERMANENT, RESTART_TASK, RESTART_ALL = "done", "permanent", "restart the task", "restart all"
-PERSON = "stopped by a person"
-BACKOFF_S = 2.0  # before the first restart; doubles each time, up to BACKOFF_MAX_S
-BACKOFF_MAX_S = 30.0
-# The backoff spaces restarts that come in quick succession (a peer not back yet). Tasks that ran
-# this long since their last restart are not in such a loop: the next restart waits BACKOFF_S
-# again, rather than BACKOFF_MAX_S for every fault of a long job.
-BACKOFF_RESET_S = 2 * BACKOFF_MAX_S
 # Stopping every task for a restart: the lost task held the variables (ps), was the one that saves
 # (master) or blocks every all-reduce, so the survivors have nothing consistent to save; they get
 # this long to exit on SIGTERM before SIGKILL.
@@ -61,80 +47,13 @@ STALLED_S = 180.0
 MIN_CPU_SHARE = 0.02  # less CPU than this (and no byte written) is no progress: an idle process
 POLL_S = 0.2
 
-MEANINGS = {
-    exit_codes.FAILED: "a permanent failure",
-    exit_codes.INVALID: "invalid input",
-    exit_codes.LOST_PEER: "lost a peer",
-    exit_codes.INTERRUPTED: "interrupted",
-    exit_codes.KILLED: "killed",
-    exit_codes.TERMINATED: "terminated",
-}
-
-
-def describe(returncode: int) -> str:
-    """'exit 137, killed': the code as a shell reports it, and what it means here."""
-    code = exit_codes.normalize(returncode)
-    meaning = MEANINGS.get(code) or (f"signal {code - 128}" if code > 128 else "a permanent failure")
-    return f"exit {code}, {meaning}"
-
-
-def is_trainer(strategy: str, role: str) -> bool:
-    """The tasks that train and save (cluster/duties.py)."""
-    return duties.of(strategy, role).is_trainer
-
-
-def decide(strategy: str, role: str, returncode: int) -> str:
-    """What to do when a task of `role` exits with `returncode` (Popen's, or a shell's)."""
-    code = exit_codes.normalize(returncode)
-    if code == exit_codes.OK:
-        return DONE
-    if code == exit_codes.INTERRUPTED:  # SIGINT reaches a task only from a person (its own or a peer's)
-        return PERSON  # the evaluator's 130 too: it says a person stopped the job (roles.run_evaluator)
-    if role == "evaluator":  # a sidecar: its failure is never the job's
-        return RESTART_TASK
-    if code not in exit_codes.RETRYABLE:
-        return PERMANENT
-    if role == "worker" and strategy == PARAMETER_SERVER:
-        return RESTART_TASK
-    return RESTART_ALL
-
-
-@dataclass(frozen=True)
-class Plan:
-    action: str  # DONE, PERSON, PERMANENT, RESTART_TASK or RESTART_ALL
-    cause: tuple[Task, int] | None  # the exit that decided it
-    restart: tuple[Task, ...] = ()
-
-
-def plan(strategy: str, tasks: list[Task], exits: list[tuple[Task, int]]) -> Plan:
-    """Which tasks to restart, given the tasks that exited since the last look (in the order seen).
-
-    Several exits at once are usually one fault seen twice (a ps killed, the master failing on it),
-    so a restart of every task wins over a permanent failure seen at the same moment: if the
-    permanent one was real it happens again and stops the job then."""
-    decided = [(decide(strategy, task.role, code), task, code) for task, code in exits]
-    for wanted in (PERSON, RESTART_ALL, PERMANENT):
-        for action, task, code in decided:
-            if action == wanted:
-                return Plan(action, (task, code), tuple(tasks) if action == RESTART_ALL else ())
-    alone = [(task, code) for action, task, code in decided if action == RESTART_TASK]
-    if alone:
-        return Plan(RESTART_TASK, alone[0], tuple(task for task, _ in alone))
-    return Plan(DONE, None)
-
-
-def backoff_s(restart: int) -> float:
-    """Seconds to wait before restart number `restart` (1-based): 2, 4, 8, 16, 30, 30, ..."""
-    return min(BACKOFF_S * 2 ** (restart - 1), BACKOFF_MAX_S)
-
-
 # ----- processes --------------------------------------------------------------------------------
 
 
 def send(proc: subprocess.Popen, signum: int) -> None:
     """SIGINT/SIGTERM to a child in its own process group; CTRL_BREAK on Windows (the one console
     event a process group can be sent), which a trainer handles as Ctrl+C: checkpoint, exit 130
-    (job/stop.py)."""
+    (task/stop.py)."""
     if proc.poll() is not None:
         return
     try:
@@ -187,8 +106,8 @@ class Running:
     task: Task
     proc: subprocess.Popen
     log_path: str | None = None  # where its output goes, for the messages
-    tmp: str | None = None  # its temporary folder (TMPDIR), removed once it has exited
-    notes: str | None = None  # where it leaves words (exit_codes.tell_supervisor), removed likewise
+    tmpdir: str | None = None  # its temporary folder (TMPDIR), removed once it has exited
+    notes_dir: str | None = None  # where it leaves notes (notes.leave_for_supervisor), removed likewise
 
 
 def _work_done(proc: subprocess.Popen) -> tuple[float, int]:
@@ -269,7 +188,7 @@ class Supervisor:
     finished: set[str] = field(default_factory=set)  # tasks done for good (exit 0, or after training)
     first_done: tuple[str, float] | None = None  # the first trainer that finished training, and when
     lead_progress: Progress | None = None
-    notes: str = ""  # the folder of the children's words, one folder per start (exit_codes.tell_supervisor)
+    notes_root: str = ""  # the folders of the children's notes, one per start (notes.leave_for_supervisor)
     scratch: str = ""  # the children's temporary folders, one per start
 
     def on_signal(self, signum, _frame=None) -> None:
@@ -279,7 +198,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Starts every task and supervises them; returns the job's exit status."""
-        self.notes = tempfile.mkdtemp(prefix="od-dist-notes-")
+        self.notes_root = tempfile.mkdtemp(prefix="od-dist-notes-")
         self.scratch = tempfile.mkdtemp(prefix="od-dist-tasks-")
         try:
             for task in self.tasks:
@@ -288,7 +207,7 @@ class Supervisor:
         finally:
             # Whatever happened (an exception included), no child outlives the supervisor.
             self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
-            shutil.rmtree(self.notes, ignore_errors=True)
+            shutil.rmtree(self.notes_root, ignore_errors=True)
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _start(self, task: Task) -> Running:
@@ -298,9 +217,9 @@ class Supervisor:
         folder = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.scratch)
         # Its words in a folder of this start alone: a PID is reused once the child is gone, and
         # a word left by an earlier child must not speak for a later one.
-        notes = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.notes)
-        previous = {name: os.environ.get(name) for name in ("TMPDIR", exit_codes.NOTES_ENV)}
-        os.environ.update({"TMPDIR": folder, exit_codes.NOTES_ENV: notes})
+        notes_dir = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.notes_root)
+        previous = {name: os.environ.get(name) for name in ("TMPDIR", notes.NOTES_ENV)}
+        os.environ.update({"TMPDIR": folder, notes.NOTES_ENV: notes_dir})
         try:
             running = self.start(task)
         finally:
@@ -309,12 +228,12 @@ class Supervisor:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-        running.tmp, running.notes = folder, notes
+        running.tmpdir, running.notes_dir = folder, notes_dir
         return running
 
     def _finish(self, r: Running) -> None:
         self.finish(r)
-        for folder in (r.tmp, r.notes):
+        for folder in (r.tmpdir, r.notes_dir):
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
 
@@ -375,13 +294,13 @@ class Supervisor:
         else:
             self.say(f"{why}: stopping every task")
         self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
-        return exit_codes.INTERRUPTED if signum == signal.SIGINT else exit_codes.TERMINATED
+        return exit_codes.for_signal(signum)
 
     def _waited_out(self, task: Task) -> bool:
         """The task said it exits 138 after --wait_timeout without its peers (a pause elsewhere
         that did not end, a machine that never came): one wait, not one per restart."""
         r = self.running.get(task.name)
-        return r is not None and bool(r.notes) and exit_codes.told(r.notes, r.proc.pid, exit_codes.WAITED_OUT)
+        return r is not None and bool(r.notes_dir) and notes.left(r.notes_dir, r.proc.pid, notes.WAITED_OUT)
 
     def _log_note(self, task: Task) -> str:
         log = self.running[task.name].log_path if task.name in self.running else None
@@ -549,7 +468,7 @@ class Supervisor:
         cause = f"{task.name} died{after} ({describe(code)})"
         if p.action == RESTART_TASK and all(t.role == "evaluator" for t in p.restart):
             return self._restart_evaluators(p.restart, exits)
-        if p.action == PERSON:
+        if p.action == STOPPED_BY_PERSON:
             return self._interrupt(
                 signal.SIGINT,
                 f"{task.name} was stopped by a person ({describe(code)}: Ctrl+C, on this machine or "

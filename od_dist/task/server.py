@@ -15,7 +15,6 @@ to reuse, which is TensorFlow's recovery rule.
 from __future__ import annotations
 
 import os
-import re
 import select
 import signal
 import socket
@@ -25,21 +24,18 @@ import time
 
 from absl import logging
 
+from od_dist import patches
 from od_dist.cluster import hostinfo
 from od_dist.cluster.spec import Cluster, Task
-from od_dist.job import exit_codes
+from od_dist.protocol import exit_codes, notes, peers
 
 POLL_S = 0.5
 MASTER_PROBE_S = 5.0
 MASTER_EXIT_WAIT_S = 30.0
-DONE = "finished training"  # the stop marker's text when the master is done
-# ...and when a person stopped it (Ctrl+C), or a server (stopped_the_job): the servers then exit 130
-# as the master does, so that no supervisor restarts them (supervisor.PERSON).
-STOPPED_BY_PERSON = "was stopped (Ctrl+C)"
 # A server stopped with Ctrl+C asks the master to save and end the job (stop_request), and waits
 # this long for its word (--grace_period's default: a loop plus a save).
 PERSON_STOP_WAIT_S = 120.0
-MARKER_WRITE_POLLS = 4  # polls a stop marker may stay empty (being written) before it counts as DONE
+MARKER_WRITE_POLLS = 4  # polls a stop marker may stay empty (being written) before it counts as notes.DONE
 
 
 class ServerError(RuntimeError):
@@ -56,15 +52,6 @@ def stop_request(cluster: Cluster, task: Task) -> str:
     """What a server stopped by a person leaves in its working directory for the master to read
     through it (stop_requests): relative, named like its stop marker."""
     return stop_marker(cluster, task).replace("-stop-", "-stop-request-", 1)
-
-
-def stopped_the_job(why: str) -> str:
-    """The master's word to the servers when it stopped for a server's request."""
-    return f"stopped the job: {why}"
-
-
-def is_person_stop(why: str) -> bool:
-    return "Ctrl+C" in why
 
 
 # A master that stops before training has no TensorFlow connection to write stop markers through;
@@ -130,14 +117,6 @@ def say_on_beacon(beacon: socket.socket, word: str, linger_s: float = BEACON_LIN
                     pass
     except (OSError, KeyboardInterrupt):
         pass
-
-
-def with_exit(why: str, code: int) -> str:
-    """The master's word with the exit code the servers take from it (_told)."""
-    return f"{why}; exit {code}"
-
-
-_EXIT_IN_WORD = re.compile(r"; exit (\d+)$")
 
 
 def is_listening(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -220,7 +199,7 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_
     print(f"{task.name} serving on {task.address}", flush=True)
 
     master = cluster.master
-    last_seen = time.monotonic()
+    absent = peers.Unreachable(never_seen_since=time.monotonic())
     next_probe = 0.0
     unwritten = 0
     asked_at = None  # when a Ctrl+C here asked the master to end the job
@@ -268,23 +247,22 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_
                 listening, word = probe_master(master.host, master.port)
                 if word:  # the master stops before training: no marker will come
                     return _told(task, word)
-                if listening:
-                    last_seen = now
-                elif now - last_seen > wait_timeout:
+                absent.look("master", listening, now)
+                if absent.lost("master", now, wait_timeout):
                     print(
-                        f"{task.name}: lost the master at {master} (unreachable for {wait_timeout:.0f} s); "
+                        f"{task.name}: {peers.lost_line(f'the master at {master}', wait_timeout)}; "
                         f"stopping, exit {exit_codes.LOST_PEER} (restart the job to resume from the last "
                         "checkpoint, or raise --wait_timeout to wait longer)",
                         file=sys.stderr,
                         flush=True,
                     )
-                    exit_codes.tell_supervisor(exit_codes.WAITED_OUT)  # its restart would wait again
+                    notes.leave_for_supervisor(notes.WAITED_OUT)  # its restart would wait again
                     return exit_codes.LOST_PEER
         if os.path.exists(marker):  # the master said done (or stopped), then the signal came
             return _told(task, _read_marker(marker))
         # Without the master's word this is a stop, not the end of the job: a supervisor restarts
         # a server stopped this way (SIGTERM: a drained node), as it would after a crash.
-        code = exit_codes.TERMINATED if received[0] == signal.SIGTERM else exit_codes.INTERRUPTED
+        code = exit_codes.for_signal(received[0])
         print(f"{task.name}: stopped by signal {received[0]}; exit {code}", flush=True)
         return code
     finally:
@@ -317,16 +295,13 @@ def _ask_master(cluster: Cluster, task: Task, request: str, received: list) -> b
 
 def _told(task: Task, why: str) -> int:
     """The line for the master's word, and the exit code it means: 0 when training is done, 130
-    when a person stopped the job, the master's own when it failed (with_exit)."""
-    if is_person_stop(why):
-        print(f"{task.name}: the master {why}; stopping; exit {exit_codes.INTERRUPTED}", flush=True)
-        return exit_codes.INTERRUPTED
-    failed = _EXIT_IN_WORD.search(why)
-    if failed:
-        print(f"{task.name}: the master {why}; stopping", flush=True)
-        return int(failed.group(1))
-    print(f"{task.name}: the master {why or DONE}; stopping", flush=True)
-    return 0
+    when a person stopped the job, the master's own when it failed (protocol/notes.py)."""
+    said, code = notes.read(why)
+    if code == exit_codes.INTERRUPTED:
+        print(f"{task.name}: the master {said}; stopping; exit {code}", flush=True)
+    else:
+        print(f"{task.name}: the master {why or notes.DONE}; stopping", flush=True)
+    return code
 
 
 def _read_marker(path: str) -> str:
@@ -351,14 +326,12 @@ def stop_requests(cluster: Cluster, tasks) -> list[str]:
     (`ps:0 was stopped (Ctrl+C)`), read through the server itself as its stop marker is written.
     A server that cannot be reached asks nothing here: the master's peer watch deals with it."""
     import tensorflow as tf
-    from tensorflow.python.eager import context
-    from tensorflow.python.eager import executor as executor_lib
 
     asked = []
     for task in tasks:
         try:
             with (
-                context.executor_scope(executor_lib.new_executor(enable_async=False)),
+                patches.own_executor(),
                 tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"),
             ):
                 found = tf.io.matching_files(stop_request(cluster, task)).numpy()
@@ -369,14 +342,12 @@ def stop_requests(cluster: Cluster, tasks) -> list[str]:
     return [a for a in asked if a]
 
 
-def send_stop(cluster: Cluster, tasks, why: str = DONE, timeout_s: float = 30.0) -> dict[str, str]:
+def send_stop(cluster: Cluster, tasks, why: str = notes.DONE, timeout_s: float = 30.0) -> dict[str, str]:
     """From the connected master: write each server's stop marker (`why` the job ends, which the
     server prints) through that server, all at once. Returns, for each task that could not be
     told, the reason: gone ("could not reach"), or its working directory would not take the
     marker (e.g. read-only)."""
     import tensorflow as tf
-    from tensorflow.python.eager import context
-    from tensorflow.python.eager import executor as executor_lib
 
     told = set()
     problems = {}
@@ -392,7 +363,7 @@ def send_stop(cluster: Cluster, tasks, why: str = DONE, timeout_s: float = 30.0)
             # Its own executor: a failed remote op poisons the executor it ran in, and with the
             # shared one every other task's write would report this task's error.
             with (
-                context.executor_scope(executor_lib.new_executor(enable_async=False)),
+                patches.own_executor(),
                 tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"),
             ):
                 tf.io.write_file(stop_marker(cluster, task), why)

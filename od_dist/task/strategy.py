@@ -15,9 +15,12 @@ import contextlib
 import faulthandler
 import time
 
+from od_dist import patches
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
-from od_dist.job import devices, exit_codes, watch
-from od_dist.job.server import bind_port, probe_all
+from od_dist.host.watchdog import Watchdog
+from od_dist.protocol import exit_codes, notes
+from od_dist.task import devices
+from od_dist.task.server import bind_port, probe_all
 
 PROGRESS_EVERY_S = 10.0
 TF_NAMES = {
@@ -53,7 +56,7 @@ def wait_for_peers(peers, timeout_s: float) -> None:
         seen = probe_all([(t.address.host, t.address.port) for t in peers])
         said = [word for _, word in seen if word]
         if said:
-            raise PeerStopped(said[0])
+            raise PeerStopped(notes.shown(said[0]))
         missing = [t for t, (listening, _) in zip(peers, seen) if not listening]
         if not missing:
             return
@@ -81,7 +84,7 @@ def hang_guard(timeout_s: float, what: str):
         f"{timeout_s:.0f} s: a peer was lost after it answered (or raise --wait_timeout); "
         f"exit {exit_codes.LOST_PEER}"
     )
-    with watch.Watchdog() as watchdog:
+    with Watchdog() as watchdog:
         watchdog.arm(timeout_s + 1, message)
         try:
             yield
@@ -159,18 +162,10 @@ def variable_partitioner(num_ps: int):
 def collective_options(all_reduce_alg: str | None):
     """multi_worker_mirrored's CommunicationOptions from runtime.all_reduce_alg (None: AUTO)."""
     import tensorflow as tf
-    from official.common import distribute_utils
 
     return tf.distribute.experimental.CommunicationOptions(
-        implementation=distribute_utils._collective_communication(all_reduce_alg)
+        implementation=patches.collective_communication(all_reduce_alg)
     )
-
-
-# multi_worker_mirrored all-reduces the gradients in this many packs by default (--all_reduce_packs):
-# each pack starts as soon as its gradients are computed, so the communication overlaps the rest of
-# the backward pass instead of following it. TensorFlow's default is one pack. Two 0.6-core machines
-# at 100 Mbit/s: 38.8 examples/s with one pack, 45.9 with 4 (benchmarks/scaling.py, BENCHMARKS.md).
-ALL_REDUCE_PACKS = 4
 
 
 def pack_gradients(dist, gradient_bytes: int, packs: int) -> int:
@@ -184,18 +179,10 @@ def pack_gradients(dist, gradient_bytes: int, packs: int) -> int:
         return 0
     bytes_per_pack = -(-gradient_bytes // packs)
     # The options are fixed when the strategy is built; it merges these into every all-reduce.
-    extended = dist.extended
-    extended._communication_options = extended._communication_options.merge(
-        tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
+    patches.merge_communication_options(
+        dist, tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
     )
     return bytes_per_pack
-
-
-# --all_reduce_dtype: what multi_worker_mirrored sends of each gradient. bfloat16 halves the bytes
-# of every all-reduce; it keeps float32's exponent, so no sum overflows or flushes to zero (float16
-# would need loss scaling on this path), and its 8 significant bits round each element by at most
-# 0.4 %, far below the noise of a minibatch's gradient. Variables and the optimizer stay float32.
-ALL_REDUCE_DTYPES = ("float32", "bfloat16")
 
 
 def reduce_gradients_in(dist, optimizer, dtype_name: str):
@@ -212,8 +199,8 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str):
     wire = tf.as_dtype(dtype_name)
     while getattr(optimizer, "inner_optimizer", None) is not None:  # a LossScaleOptimizer
         optimizer = optimizer.inner_optimizer
-    while getattr(optimizer, "_optimizer", None) is not None:  # Model Garden's moving average
-        optimizer = optimizer._optimizer
+    while patches.inner_optimizer(optimizer) is not None:  # Model Garden's moving average
+        optimizer = patches.inner_optimizer(optimizer)
     if not hasattr(optimizer, "gradient_aggregator"):
         raise PipelineError(
             f"--all_reduce_dtype {dtype_name}: the pipeline's optimizer {type(optimizer).__name__} "
@@ -238,9 +225,7 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str):
 
 def mirrored_cross_device_ops(all_reduce_alg: str | None, num_packs: int):
     """One machine's cross-device ops from runtime.all_reduce_alg/num_packs (None: TensorFlow's pick)."""
-    from official.common import distribute_utils
-
-    return distribute_utils._mirrored_cross_device_ops(all_reduce_alg, num_packs)
+    return patches.mirrored_cross_device_ops(all_reduce_alg, num_packs)
 
 
 def make(

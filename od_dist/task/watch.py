@@ -12,22 +12,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
 
-from od_dist.job import exit_codes
-from od_dist.job.server import is_listening
-
-PROBE_S = 2.0
-# multi_worker_mirrored cannot go on without any trainer; a port closed this long is a lost peer
-# (a peer that finished training stops this watch before it closes its port). --lost_peer_timeout.
-# Measured (benchmarks/outage.py): TensorFlow's collectives ride out a 5 s outage and abort after a
-# 10 s one (the coordination service's heartbeat), so od-dist ends no job that TensorFlow would
-# carry on, and TensorFlow's own error names the loss of a longer one.
-LOST_PEER_TIMEOUT_S = 10
-
+from od_dist.host.watchdog import Watchdog
+from od_dist.protocol import exit_codes, notes, peers
+from od_dist.task.server import is_listening
 
 # parameter_server: TensorFlow's coordinator waits for the steps of a loop with no timeout, and a
 # step (or the master's read of a peer) can wait for good while every peer's port answers. LoopGuard
@@ -36,69 +27,6 @@ LOST_PEER_TIMEOUT_S = 10
 # before, and never before --wait_timeout.
 FIRST_LOOP_WAITS = 3
 SLOW_LOOP_TIMES = 5
-
-# The watchdog: a separate process, because no thread of a process stuck in TensorFlow's C++
-# (holding the GIL) runs. Each line on its stdin arms it ("SECONDS MESSAGE": with no other line
-# within SECONDS it prints MESSAGE and ends the process with SIGUSR1, whose status a shell and an
-# orchestrator read as 138; on Windows exit code 138) or disarms it ("0"). It ends quietly when
-# its stdin closes (the watched process is done with it, or died).
-_WATCHDOG = """
-import os, queue, signal, sys, threading
-for name in ("SIGINT", "SIGTERM", "SIGBREAK"):  # the watched process handles those itself
-    if hasattr(signal, name):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-parent, lines = int(sys.argv[1]), queue.Queue()
-threading.Thread(target=lambda: [lines.put(x) for x in sys.stdin] + [lines.put(None)], daemon=True).start()
-armed, message = None, ""
-while True:
-    try:
-        line = lines.get(timeout=armed)
-    except queue.Empty:
-        print(message, file=sys.stderr, flush=True)
-        os.kill(parent, getattr(signal, "SIGUSR1", 138))
-        break
-    if line is None:
-        break
-    seconds, _, message = line.rstrip("\\n").partition(" ")
-    armed = float(seconds) or None
-"""
-
-
-class Watchdog:
-    """Ends this process with one line and exit 138 when it is armed and not re-armed or disarmed
-    in time (see _WATCHDOG). The line goes to the console (sys.stderr), not only to the log."""
-
-    def __init__(self):
-        try:
-            console = sys.stderr.fileno()
-        except (AttributeError, OSError, ValueError):  # a captured stderr: inherit file descriptor 2
-            console = None
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stderr=console,
-            text=True,
-        )
-
-    def arm(self, seconds: float, message: str) -> None:
-        self._send(f"{max(seconds, 0.001):.3f} {message}")
-
-    def disarm(self) -> None:
-        self._send("0")
-
-    def _send(self, line: str) -> None:
-        self._proc.stdin.write(line.replace("\n", " ") + "\n")
-        self._proc.stdin.flush()
-
-    def close(self) -> None:
-        self._proc.stdin.close()
-        self._proc.wait()
-
-    def __enter__(self) -> Watchdog:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class LoopGuard:
@@ -154,7 +82,7 @@ class Watch:
     waited_out): lost when one of its tasks (every=False) or all of them (every=True) stayed
     unreachable for timeout_s; then prints one line and exits the process with LOST_PEER.
     `waited_out`: timeout_s is --wait_timeout, so a supervisor is told a restart would only wait
-    again (exit_codes.WAITED_OUT)."""
+    again (notes.WAITED_OUT)."""
 
     def __init__(self, who: str, groups):
         self.who = who
@@ -175,20 +103,17 @@ class Watch:
         self._stop.set()
 
     def _run(self) -> None:
-        gone_since: dict = {}
-        while not self._stop.wait(PROBE_S):
+        absent = peers.Unreachable()
+        while not self._stop.wait(peers.PROBE_S):
             now = time.monotonic()
             for tasks, every, timeout_s, why, waited_out in self.groups:
                 for t in tasks:
-                    if is_listening(t.address.host, t.address.port):
-                        gone_since.pop(t.name, None)
-                    else:
-                        gone_since.setdefault(t.name, now)
-                lost = [t for t in tasks if now - gone_since.get(t.name, now) >= timeout_s]
+                    absent.look(t.name, is_listening(t.address.host, t.address.port), now)
+                lost = [t for t in tasks if absent.lost(t.name, now, timeout_s)]
                 if lost and (not every or len(lost) == len(tasks)) and not self._stop.is_set():
                     if waited_out:
-                        exit_codes.tell_supervisor(exit_codes.WAITED_OUT)
-                    exit_lost(self.who, f"lost {_names(lost)} (unreachable for {timeout_s:.0f} s); {why}")
+                        notes.leave_for_supervisor(notes.WAITED_OUT)
+                    exit_lost(self.who, f"{peers.lost_line(_names(lost), timeout_s)}; {why}")
 
 
 def exit_now(code: int) -> None:

@@ -1,0 +1,113 @@
+"""What each exit of a task means to its supervisor, and what follows: the restart rules, the backoff.
+Read by host/supervisor.py (launch, train --max_restarts) and by the Kubernetes renderer (render/k8s.py),
+so both restart alike. No TensorFlow here.
+
+The rules (TensorFlow's fault tolerance for parameter-server and multi-worker training):
+  - a lost parameter_server worker: restarted alone on its own port; the coordinator re-queues
+    its steps meanwhile and takes it back when it returns.
+  - a lost ps or master, or any lost multi_worker_mirrored trainer: every task is stopped and all
+    are restarted together; the trainers resume from the last checkpoint.
+  - "lost" means a retryable exit (exit_codes.RETRYABLE: a lost peer, a signal). A permanent exit
+    (1: a bug, 2: invalid input, anything else) is never retried: it would only fail again.
+  - the evaluator is a sidecar: whatever its exit (a pycocotools error, no checkpoint yet), it is
+    restarted alone, up to --max_restarts times of its own; past them training goes on without
+    it. It never stops the trainers.
+  - a person's stop (a trainer or server that exits 130, SIGINT: Ctrl+C on this machine or, passed
+    on through the job, on another) is never restarted: every task here is stopped, trainers
+    first, and the job exits 130.
+Each restart waits a backoff (2 s, doubling while restarts follow each other within a minute) and
+counts against --max_restarts; past it the job stops and exits 1 naming the first failure (the
+root cause, as torchrun reports it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from od_dist.cluster import duties
+from od_dist.cluster.spec import Task
+from od_dist.cluster.validate import PARAMETER_SERVER
+from od_dist.protocol import exit_codes
+
+DONE, PERMANENT, RESTART_TASK, RESTART_ALL = "done", "permanent", "restart the task", "restart all"
+STOPPED_BY_PERSON = "stopped by a person"
+BACKOFF_S = 2.0  # before the first restart; doubles each time, up to BACKOFF_MAX_S
+BACKOFF_MAX_S = 30.0
+# The backoff spaces restarts that come in quick succession (a peer not back yet). Tasks that ran
+# this long since their last restart are not in such a loop: the next restart waits BACKOFF_S
+# again, rather than BACKOFF_MAX_S for every fault of a long job.
+BACKOFF_RESET_S = 2 * BACKOFF_MAX_S
+
+MEANINGS = {
+    exit_codes.FAILED: "a permanent failure",
+    exit_codes.INVALID: "invalid input",
+    exit_codes.LOST_PEER: "lost a peer",
+    exit_codes.INTERRUPTED: "interrupted",
+    exit_codes.KILLED: "killed",
+    exit_codes.TERMINATED: "terminated",
+}
+
+
+def describe(returncode: int) -> str:
+    """'exit 137, killed': the code as a shell reports it, and what it means here."""
+    code = exit_codes.normalize(returncode)
+    meaning = MEANINGS.get(code) or (f"signal {code - 128}" if code > 128 else "a permanent failure")
+    return f"exit {code}, {meaning}"
+
+
+def is_trainer(strategy: str, role: str) -> bool:
+    """The tasks that train and save (cluster/duties.py)."""
+    return duties.of(strategy, role).is_trainer
+
+
+def decide(strategy: str, role: str, returncode: int) -> str:
+    """What to do when a task of `role` exits with `returncode` (Popen's, or a shell's)."""
+    code = exit_codes.normalize(returncode)
+    if code == exit_codes.OK:
+        return DONE
+    if code == exit_codes.INTERRUPTED:  # SIGINT reaches a task only from a person (its own or a peer's)
+        return STOPPED_BY_PERSON  # the evaluator's 130 too: it says a person stopped the job (roles.run_evaluator)
+    if role == "evaluator":  # a sidecar: its failure is never the job's
+        return RESTART_TASK
+    if code not in exit_codes.RETRYABLE:
+        return PERMANENT
+    if role == "worker" and strategy == PARAMETER_SERVER:
+        return RESTART_TASK
+    return RESTART_ALL
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: str  # DONE, STOPPED_BY_PERSON, PERMANENT, RESTART_TASK or RESTART_ALL
+    cause: tuple[Task, int] | None  # the exit that decided it
+    restart: tuple[Task, ...] = ()
+
+
+def plan(strategy: str, tasks: list[Task], exits: list[tuple[Task, int]]) -> Plan:
+    """Which tasks to restart, given the tasks that exited since the last look (in the order seen).
+
+    Several exits at once are usually one fault seen twice (a ps killed, the master failing on it),
+    so a restart of every task wins over a permanent failure seen at the same moment: if the
+    permanent one was real it happens again and stops the job then."""
+    decided = [(decide(strategy, task.role, code), task, code) for task, code in exits]
+    for wanted in (STOPPED_BY_PERSON, RESTART_ALL, PERMANENT):
+        for action, task, code in decided:
+            if action == wanted:
+                return Plan(action, (task, code), tuple(tasks) if action == RESTART_ALL else ())
+    alone = [(task, code) for action, task, code in decided if action == RESTART_TASK]
+    if alone:
+        return Plan(RESTART_TASK, alone[0], tuple(task for task, _ in alone))
+    return Plan(DONE, None)
+
+
+def backoff_s(restart: int) -> float:
+    """Seconds to wait before restart number `restart` (1-based): 2, 4, 8, 16, 30, 30, ..."""
+    return min(BACKOFF_S * 2 ** (restart - 1), BACKOFF_MAX_S)
+
+
+def k8s_rules(strategy: str, roles) -> tuple[frozenset[str], frozenset[str]]:
+    """The rules above as a Kubernetes manifest needs them, for each of `roles`: (the roles whose
+    lost task restarts alone, the sidecars: the roles whose failure is never the job's)."""
+    alone = frozenset(r for r in roles if decide(strategy, r, exit_codes.LOST_PEER) == RESTART_TASK)
+    sidecars = frozenset(r for r in roles if decide(strategy, r, exit_codes.FAILED) != PERMANENT)
+    return alone, sidecars

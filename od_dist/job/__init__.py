@@ -1,1 +1,0 @@
-"""A task's life: config, roles, servers, strategies, devices, the trainer and the local launcher."""

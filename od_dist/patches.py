@@ -1,0 +1,413 @@
+"""Every use of a private API of TensorFlow, Orbit, tf_keras and Model Garden, in one place.
+
+Each entry of PATCHES says what it touches, why, and the version of its library it was written
+against; the functions below are the only code of od_dist that reaches into those libraries'
+private names. `check()` runs at the start of every TensorFlow task (trainer, server, evaluator,
+eval, export): when an attribute a patch needs is missing, as after a library upgrade, it ends the
+task with one line naming the patch and the installed version (exit 2, INVALID: nothing was
+started) instead of letting the patch fail silently mid-run (a renamed `Controller._train_n_steps`
+would drop the save on stop, the loop guard and the progress lines without an error).
+
+The libraries are imported inside the functions: od_dist's host side imports this module without
+TensorFlow. Not here: `sys._getframe` (host/console.py), the standard library's own and documented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.metadata
+import sys
+from dataclasses import dataclass
+
+from od_dist.protocol import exit_codes
+
+# The distributions whose versions the patches were written against (pip show).
+TENSORFLOW = ("tensorflow", "2.20.0")
+MODEL_GARDEN = ("tf-models-official", "2.20.0")  # Model Garden (official.*), and Orbit with it
+TF_KERAS = ("tf_keras", "2.20.1")
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    library: tuple[str, str]  # (distribution, the version it was written against)
+    needs: tuple[str, ...]  # "module:attribute.attribute": what must exist
+    touches: str
+    why: str
+
+
+PATCHES = (
+    Patch(
+        "orbit-quiet-log",
+        MODEL_GARDEN,
+        ("orbit.controller:_log",),
+        "rebinds orbit.controller's module-level _log (quiet_orbit_log)",
+        "orbit prints each loop's and evaluation's whole output dict; od-dist's one-line progress and "
+        "eval lines say it, so those dicts go to the absl INFO log only",
+    ),
+    Patch(
+        "orbit-train-loop",
+        MODEL_GARDEN,
+        ("orbit:Controller._train_n_steps",),
+        "overrides orbit.Controller._train_n_steps (task/controller.py)",
+        "the one hook around each training loop: progress line, loop guard, stop with a checkpoint "
+        "at the loop boundary, the last-loop callback",
+    ),
+    Patch(
+        "orbit-save-now",
+        MODEL_GARDEN,
+        ("orbit:Controller._sync_on_async_checkpointing",),
+        "reads Controller._checkpoint_options and calls _sync_on_async_checkpointing (save_now)",
+        "a stop saves a checkpoint at once, with the options and the async wait orbit's own save uses",
+    ),
+    Patch(
+        "checkpoint-next-save",
+        TENSORFLOW,
+        ("tensorflow:train.CheckpointManager",),
+        "sets CheckpointManager._last_checkpoint_step (count_saves_from)",
+        "a multi_worker_mirrored worker restored from model_dir (not its own folder) counts its next "
+        "save from that step, as the master does: saves are collective",
+    ),
+    Patch(
+        "optimizer-slots",
+        TF_KERAS,
+        ("tf_keras.optimizers.legacy:Optimizer._create_all_weights",),
+        "calls a Keras 2 optimizer's _create_all_weights (create_optimizer_slots)",
+        "slots made before the first step spare a second trace of the whole train loop",
+    ),
+    Patch(
+        "sync-on-read-reads",
+        TENSORFLOW,
+        ("tensorflow.python.distribute.values:SyncOnReadVariable._get_cross_replica",),
+        "rebinds SyncOnReadVariable._get_cross_replica for a while (replica_copies_read, "
+        "reading_batch_norm_once)",
+        "batch-norm statistics read while the model is built, and for each save, take one batched "
+        "all-reduce (or none) instead of one collective per variable",
+    ),
+    Patch(
+        "strategy-resolver",
+        TENSORFLOW,
+        ("tensorflow:distribute.experimental.ParameterServerStrategy",),
+        "reads a strategy's _cluster_resolver and _num_workers (cluster_resolver, ps_workers)",
+        "which trainer this is and how many parameter_server workers run the steps",
+    ),
+    Patch(
+        "trainer-is-async",
+        MODEL_GARDEN,
+        ("official.core.base_trainer:Trainer",),
+        "reads Model Garden's Trainer._is_async (is_async)",
+        "parameter_server: each loop is spread over every worker only when it runs asynchronously",
+    ),
+    Patch(
+        "checkpoint-state",
+        TENSORFLOW,
+        ("tensorflow:__internal__.train.update_checkpoint_state",),
+        "calls tf.__internal__.train.update_checkpoint_state (update_checkpoint_state)",
+        "a model_dir's checkpoint file names a complete checkpoint that a save left unnamed",
+    ),
+    Patch(
+        "communication-options",
+        TENSORFLOW,
+        ("tensorflow:distribute.MultiWorkerMirroredStrategy",),
+        "merges into a strategy's extended._communication_options (merge_communication_options)",
+        "--all_reduce_packs: the pack size is known only once the model is built, after the strategy",
+    ),
+    Patch(
+        "model-garden-all-reduce",
+        MODEL_GARDEN,
+        (
+            "official.common.distribute_utils:_collective_communication",
+            "official.common.distribute_utils:_mirrored_cross_device_ops",
+        ),
+        "calls distribute_utils._collective_communication and _mirrored_cross_device_ops",
+        "runtime.all_reduce_alg/num_packs mean what they mean in Model Garden's own strategies",
+    ),
+    Patch(
+        "moving-average-inner",
+        MODEL_GARDEN,
+        ("official.modeling.optimization:ExponentialMovingAverage",),
+        "reads Model Garden's ExponentialMovingAverage._optimizer (inner_optimizer)",
+        "--all_reduce_dtype sets the gradient aggregator of the optimizer that all-reduces",
+    ),
+    Patch(
+        "eager-executor",
+        TENSORFLOW,
+        (
+            "tensorflow.python.eager.context:executor_scope",
+            "tensorflow.python.eager.executor:new_executor",
+        ),
+        "runs remote ops under a new eager executor (own_executor)",
+        "a failed remote op poisons the executor it ran in: each server's stop marker gets its own",
+    ),
+    Patch(
+        "registered-experiments",
+        MODEL_GARDEN,
+        ("official.core.exp_factory:_REGISTERED_CONFIGS",),
+        "reads exp_factory._REGISTERED_CONFIGS (registered_experiments)",
+        "the list of detection experiments `pipeline` commands offer; Model Garden has no public one",
+    ),
+    Patch(
+        "centernet-gather",
+        MODEL_GARDEN,
+        ("official.projects.centernet.ops.loss_ops:get_batch_predictions_from_indices",),
+        "rebinds loss_ops.get_batch_predictions_from_indices (gather_centernet_inside)",
+        "CenterNet's loss gathers padding at index -1: zeros on GPUs, InvalidArgumentError on a CPU",
+    ),
+    Patch(
+        "keras-no-traces",
+        TF_KERAS,
+        ("tf_keras.src.saving.legacy.saved_model.utils:keras_option_scope",),
+        "enters tf_keras's keras_option_scope(save_traces=False) (without_keras_traces)",
+        "an export is its serving signature; Keras's layer traces halve its speed and its loads'",
+    ),
+)
+
+
+def _missing(need: str) -> bool:
+    module_name, _, path = need.partition(":")
+    try:
+        value = importlib.import_module(module_name)
+    except ImportError:
+        return True
+    for part in path.split("."):
+        if not hasattr(value, part):
+            return True
+        value = getattr(value, part)
+    return False
+
+
+def installed(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def problems(libraries=None) -> list[str]:
+    """One line for each patch (of `libraries`, distribution names; None: all) whose attribute is
+    missing here."""
+    found = []
+    for patch in PATCHES:
+        distribution, written_for = patch.library
+        if libraries is not None and distribution not in libraries:
+            continue
+        for need in patch.needs:
+            if _missing(need):
+                found.append(
+                    f"od-dist: patch '{patch.name}' needs {need.replace(':', '.')}, missing in "
+                    f"{distribution} {installed(distribution)} (written against {written_for}); install "
+                    f"{distribution}=={written_for}, or update od_dist/patches.py; exit {exit_codes.INVALID}"
+                )
+                break
+    return found
+
+
+def check(libraries=None) -> None:
+    """At a TensorFlow task's start: ends it with one line and exit 2 (INVALID) when an attribute a
+    patch needs is missing (the first such patch)."""
+    found = problems(libraries)
+    if found:
+        sys.stdout.flush()
+        print(found[0], file=sys.stderr, flush=True)
+        raise SystemExit(exit_codes.INVALID)
+
+
+# ----- orbit ----------------------------------------------------------------------------------
+
+
+def quiet_orbit_log(to_log) -> None:
+    """orbit-quiet-log: orbit's messages that carry an output dict go to `to_log`; the others
+    (checkpoint saves and restores) still print."""
+    from orbit import controller as orbit_controller
+
+    printing_log = orbit_controller._log
+    if getattr(printing_log, "od_dist", False):
+        return
+
+    def quiet_train_log(message: str):
+        if "| output:" in message:  # train and eval dicts; the eval one is a screenful
+            to_log(message)
+        else:
+            printing_log(message)
+
+    quiet_train_log.od_dist = True
+    orbit_controller._log = quiet_train_log
+
+
+def save_now(controller, step: int):
+    """orbit-save-now: a checkpoint at `step`, now, as orbit's own save makes it; its path."""
+    path = controller.checkpoint_manager.save(
+        checkpoint_number=step, check_interval=False, options=controller._checkpoint_options
+    )
+    controller._sync_on_async_checkpointing()
+    return path
+
+
+def sync_saves(controller) -> None:
+    """orbit-save-now: waits for an asynchronous save (none to save here)."""
+    controller._sync_on_async_checkpointing()
+
+
+# ----- TensorFlow -----------------------------------------------------------------------------
+
+
+def count_saves_from(manager, step: int) -> None:
+    """checkpoint-next-save: `manager` counts its next save's interval from `step`."""
+    manager._last_checkpoint_step = step
+
+
+@contextlib.contextmanager
+def replica_copies_read():
+    """sync-on-read-reads: while inside, a SyncOnReadVariable read across replicas gives this
+    replica's copy rather than all-reducing the copies (trainer.py says when that holds)."""
+    from tensorflow.python.distribute import values
+
+    all_reduced = values.SyncOnReadVariable._get_cross_replica
+    values.SyncOnReadVariable._get_cross_replica = lambda self: self._get_on_device_or_primary()
+    try:
+        yield
+    finally:
+        values.SyncOnReadVariable._get_cross_replica = all_reduced
+
+
+def reading_batch_norm_once(save, strategy, variables):
+    """sync-on-read-reads: ``save`` (a CheckpointManager's), reading the model's batch-norm
+    statistics for the checkpoint in one batched all-reduce under multi_worker_mirrored. TensorFlow
+    saves a SyncOnReadVariable's mean over the replicas, read eagerly one variable at a time: one
+    collective and one new thread pool each, 3.3 s per save for the demo's 256 statistics (about
+    0.1 s on one machine). The values saved are the same means."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import values
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return save
+    means = [
+        v
+        for v in variables
+        if isinstance(v, values.SyncOnReadVariable) and v.aggregation == tf.VariableAggregation.MEAN
+    ]
+    if not means:
+        return save
+
+    ids = {id(v) for v in means}
+
+    @functools.wraps(save)
+    def saving(*args, **kwargs):
+        reduced = {}
+        read_one = values.SyncOnReadVariable._get_cross_replica
+
+        def read(var):
+            if id(var) not in ids or not tf.executing_eagerly():
+                return read_one(var)
+            if not reduced:  # the save's first read; every trainer reads in the same order
+                pairs = [(v, v) for v in means]
+                results = strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.MEAN, pairs)
+                reduced.update(
+                    {id(v): strategy.experimental_local_results(r)[0] for v, r in zip(means, results)}
+                )
+            return reduced[id(var)]
+
+        values.SyncOnReadVariable._get_cross_replica = read
+        try:
+            return save(*args, **kwargs)
+        finally:
+            values.SyncOnReadVariable._get_cross_replica = read_one
+
+    return saving
+
+
+def cluster_resolver(strategy):
+    """strategy-resolver: a strategy's cluster resolver (TF 2.20 sets _cluster_resolver), or None."""
+    return getattr(strategy, "_cluster_resolver", None) or getattr(strategy, "cluster_resolver", None)
+
+
+def ps_workers(strategy) -> int:
+    """strategy-resolver: the workers of a ParameterServerStrategy without a resolver."""
+    return int(getattr(strategy, "_num_workers", 1))
+
+
+def update_checkpoint_state(*args, **kwargs) -> None:
+    """checkpoint-state: writes a model_dir's `checkpoint` file (TensorFlow's arguments)."""
+    import tensorflow as tf
+
+    tf.__internal__.train.update_checkpoint_state(*args, **kwargs)
+
+
+def merge_communication_options(dist, options) -> None:
+    """communication-options: `options` merged into every all-reduce of `dist` (its options are
+    fixed when the strategy is built)."""
+    extended = dist.extended
+    extended._communication_options = extended._communication_options.merge(options)
+
+
+@contextlib.contextmanager
+def own_executor():
+    """eager-executor: the ops inside run in a new synchronous eager executor of their own."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.eager import executor as executor_lib
+
+    with context.executor_scope(executor_lib.new_executor(enable_async=False)):
+        yield
+
+
+# ----- tf_keras -------------------------------------------------------------------------------
+
+
+def create_optimizer_slots(optimizer, variables) -> None:
+    """optimizer-slots: the optimizer's slot variables for `variables`, made now."""
+    if hasattr(optimizer, "_create_all_weights"):  # Keras 2's optimizers (Model Garden's default)
+        optimizer._create_all_weights(variables)
+    elif hasattr(optimizer, "build"):  # Keras 3's
+        optimizer.build(variables)
+
+
+def without_keras_traces():
+    """keras-no-traces: a scope in which a SavedModel export skips Keras's layer traces."""
+    from tf_keras.src.saving.legacy.saved_model import utils
+
+    return utils.keras_option_scope(save_traces=False)
+
+
+# ----- Model Garden ---------------------------------------------------------------------------
+
+
+def collective_communication(all_reduce_alg: str | None):
+    """model-garden-all-reduce: Model Garden's CommunicationImplementation for all_reduce_alg."""
+    from official.common import distribute_utils
+
+    return distribute_utils._collective_communication(all_reduce_alg)
+
+
+def mirrored_cross_device_ops(all_reduce_alg: str | None, num_packs: int):
+    """model-garden-all-reduce: Model Garden's cross-device ops for all_reduce_alg/num_packs."""
+    from official.common import distribute_utils
+
+    return distribute_utils._mirrored_cross_device_ops(all_reduce_alg, num_packs)
+
+
+def inner_optimizer(optimizer):
+    """moving-average-inner: the optimizer Model Garden's moving average wraps, else None."""
+    return getattr(optimizer, "_optimizer", None)
+
+
+def is_async(trainer) -> bool:
+    """trainer-is-async: whether Model Garden's Trainer runs its loops asynchronously."""
+    return bool(getattr(trainer, "_is_async", False))
+
+
+def registered_experiments():
+    """registered-experiments: the names of every registered Model Garden experiment."""
+    from official.core import exp_factory
+
+    return list(exp_factory._REGISTERED_CONFIGS)
+
+
+def gather_centernet_inside(gather) -> None:
+    """centernet-gather: CenterNet's loss gathers its predictions with `gather` (once)."""
+    from official.projects.centernet.ops import loss_ops
+
+    if not hasattr(loss_ops, "od_dist_gather"):
+        loss_ops.od_dist_gather = loss_ops.get_batch_predictions_from_indices
+        loss_ops.get_batch_predictions_from_indices = gather

@@ -1,0 +1,68 @@
+"""What a task tells the others as it ends, typed here and text only on the way: the master's word to
+its servers (why the job ends, and the exit code they take from it), and the notes a task leaves its
+supervisor (a file named for its pid: its exit code stays the table's, for Kubernetes)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from od_dist.protocol import exit_codes
+
+# ----- the master's word to its servers (a stop marker, or said on its port before training) -----
+
+DONE = "finished training"  # the end of the job: the servers exit 0
+PERSON = "was stopped (Ctrl+C)"  # the master's own person's stop
+_CODE = re.compile(r"; exit (\d+)$")
+
+
+def word(why: str, code: int) -> str:
+    """The master's word: why the job ends, and the exit code its servers take from it."""
+    return f"{why}; exit {code}"
+
+
+def by_person(why: str = PERSON) -> str:
+    """A person's stop (130): the servers exit 130 as the master does, and no supervisor restarts
+    them (policy.STOPPED_BY_PERSON)."""
+    return word(why, exit_codes.INTERRUPTED)
+
+
+def stopped_the_job(why: str) -> str:
+    """The master's word when it stopped for a server's request (a person's stop there)."""
+    return by_person(f"stopped the job: {why}")
+
+
+def read(text: str) -> tuple[str, int]:
+    """(why, the exit code it gives the servers): 0 for the end of the job (DONE)."""
+    said = _CODE.search(text)
+    return (text[: said.start()], int(said.group(1))) if said else (text, exit_codes.OK)
+
+
+def shown(text: str) -> str:
+    """The word as a line shows it: a person's stop without its code (the line says exit 130)."""
+    why, code = read(text)
+    return why if code == exit_codes.INTERRUPTED else text
+
+
+# ----- notes a task leaves its supervisor ------------------------------------------------------
+# A task run by od-dist's own supervisor (launch, train --max_restarts) can say more than its exit
+# code, which stays the table's for Kubernetes: a file named <its pid>.<word> in this folder (one
+# folder per start of a task, removed once it exited: a PID is reused).
+NOTES_ENV = "OD_DIST_SUPERVISOR_NOTES"
+WAITED_OUT = "waited-out"  # exit 138 after --wait_timeout without a peer: a restart would wait again
+
+
+def leave_for_supervisor(note: str) -> None:
+    """Leaves `note` for this process's supervisor, if it has one."""
+    folder = os.environ.get(NOTES_ENV)
+    if folder:
+        try:
+            with open(os.path.join(folder, f"{os.getpid()}.{note}"), "w"):
+                pass
+        except OSError:
+            pass  # the supervisor then restarts it, as for any 138
+
+
+def left(notes_dir: str, pid: int, note: str) -> bool:
+    """Whether the child `pid` left `note` in `notes_dir` (leave_for_supervisor)."""
+    return os.path.exists(os.path.join(notes_dir, f"{pid}.{note}"))

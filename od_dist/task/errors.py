@@ -1,0 +1,22 @@
+"""How the trainer ends a run it cannot go on with: the prefix of its lines, its errors."""
+
+from __future__ import annotations
+
+PREFIX = "od-dist"  # every line the trainer prints starts with it
+
+
+class TrainerError(RuntimeError):
+    """A run that cannot proceed; the message is one line, for the user."""
+
+
+class StartMismatch(TrainerError):
+    """multi_worker_mirrored trainers would start apart: from different steps (model_dir not
+    shared) or with different settings of what they must do alike. One line per difference."""
+
+
+class Stopped(Exception):
+    """Training stopped on a signal after saving a checkpoint; ``code`` is the exit status."""
+
+    def __init__(self, code: int, step: int, path: str | None, why: str):
+        super().__init__(why)
+        self.code, self.step, self.path, self.why = code, step, path, why

@@ -1,0 +1,54 @@
+"""A task's CPU thread budget (od_dist/host/cpu_budget.py) applied inside its TensorFlow process: the
+pools set before TensorFlow initialises, tf.data's private pool per input pipeline."""
+
+from __future__ import annotations
+
+import os
+
+from od_dist.host.cpu_budget import Threads, cores_within, cpu_limit, runnable_cores
+
+
+def apply(threads: Threads, label: str) -> Threads:
+    """Sets TensorFlow's pools before it initialises and prints what TensorFlow now reports.
+
+    The environment variables reach every pool this process creates, the in-process servers'
+    too; tf.config.threading sets the eager context's. Must run before any op or device query.
+    """
+    if threads.intra_op:
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads.intra_op)
+    if threads.inter_op:
+        os.environ["TF_NUM_INTEROP_THREADS"] = str(threads.inter_op)
+    import tensorflow as tf
+
+    if threads.intra_op:
+        tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
+    if threads.inter_op:
+        tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
+    applied = Threads(
+        tf.config.threading.get_intra_op_parallelism_threads(),
+        tf.config.threading.get_inter_op_parallelism_threads(),
+        threads.data,
+    )
+    limit, runnable = cpu_limit(), runnable_cores()
+    shown = f", a CPU limit of {limit:g} on {runnable}" if limit is not None and limit < runnable else ""
+    cores = cores_within(limit, runnable)
+    print(f"{label}: threads {applied.describe()} ({cores} core{'s' * (cores != 1)}{shown})", flush=True)
+    return applied
+
+
+def with_data_threads(build_inputs, data_threads: int):
+    """Wraps a Model Garden task's build_inputs so its datasets use `data_threads` threads
+    (Model Garden's DataConfig has no such setting). 0 returns it unchanged."""
+    if not data_threads:
+        return build_inputs
+
+    def build(*args, **kwargs):
+        import tensorflow as tf
+
+        dataset = build_inputs(*args, **kwargs)
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = data_threads
+        options.threading.max_intra_op_parallelism = 1
+        return dataset.with_options(options)
+
+    return build

@@ -1,0 +1,324 @@
+"""Runs the Model Garden detection trainer: train, evaluate once, evaluate continuously.
+
+All three go through ``official.core.train_lib.run_experiment`` (modes 'train', 'eval',
+'continuous_eval'); od-dist adds only an ``orbit.Controller`` subclass that
+
+- prints one progress line per loop: step, loss, steps/sec, examples/sec, ETA;
+- after each evaluation prints the COCO metrics and writes them as JSON
+  (``<model_dir>/eval_metrics.json``, latest, and ``<model_dir>/validation/metrics-STEP.json``);
+  Model Garden writes the TensorBoard summaries (``<model_dir>/train``, ``<model_dir>/validation``);
+- stops continuous evaluation right after the final checkpoint is evaluated.
+
+Checkpoints live in ``model_dir``; a run resumes from the latest one there (Model Garden's
+``CheckpointManager.restore_or_initialize``).
+
+Evaluation (``evaluate_latest``, ``continuous_eval``) always runs in this process with the
+default strategy and Python-side COCO metrics, whatever strategy trained the model: under
+``parameter_server`` the coordinator cannot compute COCO metrics itself, so that is the
+evaluator sidecar's job.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+
+from od_dist import patches
+from od_dist.task.controller import _controller_cls
+from od_dist.task.errors import PREFIX as _PREFIX
+from od_dist.task.errors import TrainerError
+
+
+def _num_ps_workers(strategy) -> int:
+    """Workers of a ParameterServerStrategy (0 for any other strategy)."""
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return 0
+    resolver = patches.cluster_resolver(strategy)
+    if resolver is None:
+        return patches.ps_workers(strategy)
+    return resolver.cluster_spec().num_tasks("worker")
+
+
+def _spread_trainer_cls():
+    """Model Garden's Trainer, scheduling each loop on every parameter-server worker.
+
+    Under ParameterServerStrategy, Model Garden schedules a whole loop (steps_per_loop
+    steps) as ONE closure, so one worker trains while the others wait. This subclass
+    splits the loop's steps into one closure per worker; the coordinator still joins
+    at the end of the loop, so global_step, summaries and checkpoints are unchanged.
+    """
+    import orbit
+    import tensorflow as tf
+    from official.core import base_trainer
+
+    class SpreadTrainer(base_trainer.Trainer):
+        def create_train_loop_fn(self):
+            if not patches.is_async(self):
+                return super().create_train_loop_fn()
+            loop_fn = orbit.StandardTrainer.create_train_loop_fn(self)
+            workers = max(1, _num_ps_workers(self.strategy))
+            coordinator = self.coordinator_for_async()
+
+            def spread_loop_fn(iterator, num_steps):
+                total = int(num_steps.numpy() if hasattr(num_steps, "numpy") else num_steps)
+                base, extra = divmod(total, workers)
+                for i in range(workers):
+                    n = base + (1 if i < extra else 0)
+                    if n:
+                        coordinator.schedule(loop_fn, args=(iterator, tf.constant(n, tf.int32)))
+
+            return spread_loop_fn
+
+    return SpreadTrainer
+
+
+def _prepare(params) -> None:
+    from official.modeling import performance
+
+    from od_dist.model.pipeline import import_model_garden
+
+    import_model_garden()
+
+    if params.runtime.mixed_precision_dtype:
+        performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
+
+
+def variable_bytes(model, wire=None) -> tuple[int, int]:
+    """(bytes of all the model's variables, bytes of its trainable ones: a step's gradients).
+    `wire`: the dtype float32 gradients are all-reduced in (strategy.reduce_gradients_in)."""
+
+    def size(variables, sent_as):
+        return sum(
+            v.shape.num_elements()
+            * (sent_as.size if sent_as is not None and v.dtype == "float32" else v.dtype.size)
+            for v in variables
+        )
+
+    return size(model.variables, None), size(model.trainable_variables, wire)
+
+
+def make_task(params, model_dir: str | None = None, data_threads: int = 0):
+    """The pipeline's Model Garden task, its datasets built as od-dist runs them."""
+    import tensorflow as tf
+    from official.core import task_factory
+
+    task = task_factory.get_task(params.task, logging_dir=model_dir)
+    # Model Garden's parsers branch on Python values only, so autograph's rewrite of their source
+    # (about 150 functions: 5 s of CPU at every start, most of the input pipeline's set-up) gives
+    # the graph they build as written. Its augmenters (parser.aug_type: ssd_random_crop, ...) branch
+    # on tensors in Python and need the rewrite.
+    as_written = tf.autograph.experimental.do_not_convert(task.build_inputs)
+    converted = task.build_inputs
+    if data_threads:
+        from od_dist.task import threads
+
+        as_written = threads.with_data_threads(as_written, data_threads)
+        converted = threads.with_data_threads(converted, data_threads)
+
+    # Orbit passes `input_context` (this replica's share of the global batch, this trainer's
+    # shard of the data) only to a function whose own arguments name it: a wrapper's *args hide
+    # it, and every replica would then read the whole global batch from unsharded data.
+    def build_inputs(params, input_context=None):
+        build = converted if _augments(params) else as_written
+        return build(params, input_context=input_context)
+
+    task.build_inputs = build_inputs
+    return task
+
+
+def _augments(data_params) -> bool:
+    """Whether a data config's parser runs one of Model Garden's augmenters (``aug_type``)."""
+    parser = getattr(data_params, "parser", None)
+    aug = getattr(parser, "aug_type", None)
+    return aug is not None and bool(getattr(aug, "type", None))
+
+
+def _run(
+    params,
+    model_dir: str,
+    strategy,
+    mode: str,
+    keep_waiting=None,
+    data_threads: int = 0,
+    stop=None,
+    on_model=None,
+    on_last_loop=None,
+    pipeline_path: str = "the pipeline",
+    on_loop_start=None,
+    same_flags=None,
+):
+    import tensorflow as tf
+    from official.core import (
+        train_lib,
+        train_utils,
+    )
+
+    from od_dist.model import pipeline
+
+    _prepare(params)
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        task = make_task(params, model_dir, data_threads)
+        # Built once and checked (a model that cannot be built is one line naming the pipeline's
+        # key, not a traceback at the first step), here rather than in Model Garden's
+        # create_trainer, whose gin wrapper would add its own line to that error.
+        with patches.replica_copies_read():
+            model = pipeline.check_model(params, pipeline_path, task.build_model)
+        task.build_model = lambda: model
+        trainer_obj = None
+        if mode == "train" and _num_ps_workers(strategy) > 1:
+            trainer_obj = train_utils.create_trainer(
+                params,
+                task,
+                train=True,
+                evaluate=False,
+                checkpoint_exporter=train_utils.maybe_create_best_ckpt_exporter(params, model_dir),
+                trainer_cls=_spread_trainer_cls(),
+            )
+    controller_cls = functools.partial(
+        _controller_cls(),
+        od_model_dir=model_dir,
+        od_batch_size=int(params.task.train_data.global_batch_size),
+        od_train_steps=int(params.trainer.train_steps),
+        od_keep_waiting=keep_waiting,
+        od_stop=stop,
+        od_on_model=on_model,
+        od_on_last_loop=on_last_loop,
+        od_on_loop_start=on_loop_start,
+        od_same_flags=same_flags,
+    )
+    holder = {}
+
+    def make_controller(**kwargs):
+        holder["controller"] = controller_cls(**kwargs)
+        return holder["controller"]
+
+    train_lib.run_experiment(
+        distribution_strategy=strategy,
+        task=task,
+        mode=mode,
+        params=params,
+        model_dir=model_dir,
+        controller_cls=make_controller,
+        trainer=trainer_obj,
+    )
+    return holder["controller"]
+
+
+def train(
+    params,
+    model_dir: str,
+    strategy,
+    data_threads: int = 0,
+    who: str = "single",
+    on_last_loop=None,
+    on_model=None,
+    peer_requests=None,
+    pipeline_path: str = "the pipeline",
+    on_loop_start=None,
+    same_flags=None,
+) -> int:
+    """Trains ``params`` (an ExperimentConfig) with ``strategy`` into ``model_dir``; returns the
+    final step.
+
+    Resumes from the latest checkpoint in ``model_dir``; returns at once if that
+    checkpoint is already at ``trainer.train_steps``. Saves ``params.yaml`` there as
+    Model Garden does (on the chief only). ``data_threads`` > 0 caps the input pipeline's
+    tf.data thread pool (--data_threads). SIGTERM/SIGINT/SIGBREAK stop it at the end of the
+    current loop with a checkpoint: raises Stopped (see od_dist.task.stop). ``on_last_loop`` is
+    called once the last loop has run, before the final checkpoint is saved. ``peer_requests``:
+    () -> the stop requests of peers, read at each loop boundary (stop.StopRequest.poll_peers).
+    ``pipeline_path`` names the pipeline when its model cannot be built (PipelineError).
+    ``on_loop_start``: called as each training loop starts (watch.LoopGuard.loop_starts).
+    ``same_flags``: {flag: value} every multi_worker_mirrored trainer must share (StartMismatch).
+    """
+    import tensorflow as tf
+    from official.core import train_utils
+
+    from od_dist.task import stop as stop_mod
+
+    strategy = strategy or tf.distribute.get_strategy()
+    tf.io.gfile.makedirs(model_dir)
+    if strategy.extended.should_checkpoint:
+        train_utils.serialize_config(params, model_dir)
+    # Model Garden's own SIGTERM handler (SaveCheckpointIfPreempted, multi_worker_mirrored only)
+    # saves one loop later and keeps training; od-dist's stop replaces it.
+    params = params.replace()
+    params.override({"trainer": {"preemption_on_demand_checkpoint": False}}, is_strict=True)
+    start = time.time()
+    with stop_mod.StopRequest(who, peer_requests) as stop:
+        controller = _run(
+            params,
+            model_dir,
+            strategy,
+            "train",
+            data_threads=data_threads,
+            stop=stop,
+            on_last_loop=on_last_loop,
+            on_model=on_model,
+            pipeline_path=pipeline_path,
+            on_loop_start=on_loop_start,
+            same_flags=same_flags,
+        )
+    step = int(controller.global_step.numpy())
+    print(
+        f"{_PREFIX} train | done at step {step} in {time.time() - start:.1f} s; checkpoints in {model_dir}",
+        flush=True,
+    )
+    return step
+
+
+def _eval_params(params):
+    """A copy for in-process evaluation: plain loop, whole validation split allowed."""
+    params = params.replace()
+    params.override(
+        {"trainer": {"eval_tf_while_loop": False}, "runtime": {"distribution_strategy": "mirrored"}},
+        is_strict=True,
+    )
+    return params
+
+
+def evaluate_latest(params, model_dir: str, pipeline_path: str = "the pipeline") -> dict:
+    """Evaluates the latest checkpoint in ``model_dir`` once on the validation split.
+
+    Returns the metrics (``step``, COCO ``AP``, ``AP50``, ``AP75``, ``APs`` ... ``ARl``,
+    validation losses) as floats, and writes them to ``<model_dir>/eval_metrics.json``,
+    ``<model_dir>/validation/metrics-STEP.json`` and TensorBoard (``validation/``).
+    """
+    import tensorflow as tf
+
+    patches.check()  # `od-dist eval`: a library upgrade that breaks a patch is one line now
+
+    latest = tf.train.latest_checkpoint(model_dir)
+    if not latest:
+        raise TrainerError(
+            f"model_dir '{model_dir}': no checkpoint to evaluate; train first "
+            "(or pass the model_dir the trainer writes)"
+        )
+    controller = _run(_eval_params(params), model_dir, None, "eval", pipeline_path=pipeline_path)
+    if controller.last_eval is None:
+        raise TrainerError(f"model_dir '{model_dir}': evaluation produced no metrics")
+    return controller.last_eval
+
+
+def continuous_eval(
+    params, model_dir: str, timeout_s: float, keep_waiting=None, pipeline_path: str = "the pipeline"
+) -> dict | None:
+    """Evaluator sidecar: evaluates each new checkpoint in ``model_dir``.
+
+    Returns the metrics of the last evaluation right after the checkpoint at
+    ``trainer.train_steps`` is evaluated, or when no new checkpoint appeared for
+    ``timeout_s`` seconds (None if none was ever evaluated). With ``keep_waiting``
+    (a callable), it is asked every ``timeout_s`` seconds without a new checkpoint,
+    and evaluation goes on waiting while it returns True.
+    """
+    import tensorflow as tf
+
+    tf.io.gfile.makedirs(model_dir)
+    params = _eval_params(params)
+    params.override({"trainer": {"continuous_eval_timeout": int(math.ceil(timeout_s))}}, is_strict=True)
+    controller = _run(params, model_dir, None, "continuous_eval", keep_waiting, pipeline_path=pipeline_path)
+    return controller.last_eval
