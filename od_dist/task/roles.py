@@ -308,7 +308,7 @@ def _stop_servers(cluster, why: str) -> None:
     failed = server.send_stop(cluster, servers, why)
     told = [t.name for t in servers if t.name not in failed]
     print(
-        f"master: {why}; told {', '.join(told) or 'no server'} to stop"
+        f"master: {notes.shown(why)}; told {', '.join(told) or 'no server'} to stop"
         + "".join(f"; {name}: {reason}" for name, reason in failed.items()),
         flush=True,
     )
