@@ -20,7 +20,7 @@ from loopback import ROOT, od_dist, site_hook
 from od_dist import cli
 from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster import validate
-from od_dist.data import records
+from od_dist.data import writing
 from od_dist.render import quote, scripts
 
 # Strings that end a line, start a command or a key, or change meaning in at least one target.
@@ -388,7 +388,7 @@ def test_scripts_out_replaces_its_own_files_only(tmp_path, capsys):
     assert not (out / "README.md").is_symlink() and "small.yaml" in (out / "README.md").read_text()
     written = ["README.md"] + [f"{t}-0.{s}" for t in ("master", "worker") for s in ("sh", "cmd", "ps1")]
     assert sorted(os.listdir(out)) == sorted([*written, "notes.txt", scripts.MANIFEST])
-    listed = records.written_before(str(out))
+    listed = writing.written_before(str(out))
     assert sorted(listed) == sorted(written)
     for name in written:  # each with the digest of what is there: `sha256sum -c` passes
         assert listed[name] == {hashlib.sha256((out / name).read_bytes()).hexdigest()}
@@ -421,7 +421,7 @@ def test_scripts_out_never_deletes_or_replaces_a_changed_file(tmp_path, capsys):
     assert "kept worker-1.cmd in" in err and len(err.strip().splitlines()) == 1, err
     assert (out / "worker-1.cmd").read_bytes() == b"@echo my own\r\n"
     assert not (out / "worker-1.sh").exists() and not (out / "worker-1.ps1").exists()
-    assert "worker-1.cmd" not in records.written_before(str(out))  # the user's from now on
+    assert "worker-1.cmd" not in writing.written_before(str(out))  # the user's from now on
     assert scripts_into(capsys, small, out)[0] == 0 and (out / "worker-1.cmd").exists()
 
 
@@ -899,7 +899,7 @@ def png_header(width, height):
 
 def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
     """A header claiming 30000x30000 is a bad image like any other, with or without --skip_bad."""
-    from od_dist.data import records, voc
+    from od_dist.data import errors, voc
 
     images, ann, _ = voc_folder(tmp_path)
     (images / "b.png").write_bytes(png_header(30000, 30000))
@@ -907,7 +907,7 @@ def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
         "<annotation><filename>b.png</filename><object><name>cat</name><bndbox><xmin>1</xmin>"
         "<ymin>1</ymin><xmax>4</xmax><ymax>4</ymax></bndbox></object></annotation>"
     )
-    with pytest.raises(records.BadAnnotation, match="pixels"):
+    with pytest.raises(errors.BadAnnotation, match="pixels"):
         voc.parse(str(ann / "b.xml"), str(images))
     code, _, err = data_voc(capsys, images, ann, tmp_path / "records")
     assert code == 2 and "pixels" in err and "Traceback" not in err

@@ -31,7 +31,7 @@ from od_dist.cluster import commandline, duties
 from od_dist.cluster.spec import Cluster, HostSettings, Task
 from od_dist.cluster.topology import connecting_peers
 from od_dist.cluster.validate import PARAMETER_SERVER, PATH_SHOWN_MAX, problem
-from od_dist.data import records
+from od_dist.data import writing
 from od_dist.render import quote
 from od_dist.render.quote import QuoteError, sh_path
 
@@ -599,7 +599,7 @@ def render_readme(
 RENDERERS = {".sh": render_sh, ".cmd": render_cmd, ".ps1": render_ps1}
 
 
-MANIFEST = records.MANIFEST  # lists what a run wrote into --out
+MANIFEST = writing.MANIFEST  # lists what a run wrote into --out
 
 
 def encoded(name: str, text: str) -> tuple[bytes, int]:
@@ -617,7 +617,7 @@ def write_scripts(
     wait_timeout: int,
     max_restarts: int = 0,
 ) -> list[str]:
-    """Writes every machine's scripts and README.md into out_dir as `records.write_owned` does (each
+    """Writes every machine's scripts and README.md into out_dir as `writing.write_owned` does (each
     file atomically; only files an earlier run wrote and nobody changed since are replaced or, when
     this run does not write them, removed; nothing else there is touched); returns their paths.
     Scripts of an earlier run that were changed since are kept, said in one line."""
@@ -632,7 +632,7 @@ def write_scripts(
         ("README.md", render_readme(cluster, cluster_path, items, command, wait_timeout, max_restarts))
     )
     out_dir = os.path.normpath(out_dir)
-    kept = records.write_owned(out_dir, {name: encoded(name, text) for name, text in rendered})
+    kept = writing.write_owned(out_dir, {name: encoded(name, text) for name, text in rendered})
     if kept:
         print(
             f"kept {', '.join(kept)} in {out_dir}: an earlier run's, not written now and changed since "
