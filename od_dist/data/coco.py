@@ -17,7 +17,7 @@ import json
 import math
 import os
 
-from od_dist.cluster.validate import shown
+from od_dist.cluster.messages import shown
 from od_dist.data import images, records
 from od_dist.data.errors import BadAnnotation, DatasetError
 

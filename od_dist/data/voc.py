@@ -23,7 +23,7 @@ import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from od_dist.cluster.validate import shown
+from od_dist.cluster.messages import shown
 from od_dist.data import images, records
 from od_dist.data.errors import BadAnnotation, DatasetError
 

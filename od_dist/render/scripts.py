@@ -28,9 +28,10 @@ import sys
 from dataclasses import dataclass
 
 from od_dist.cluster import commandline, duties
+from od_dist.cluster.messages import PATH_SHOWN_MAX, problem
 from od_dist.cluster.spec import Cluster, HostSettings, Task
 from od_dist.cluster.topology import connecting_peers
-from od_dist.cluster.validate import PARAMETER_SERVER, PATH_SHOWN_MAX, problem
+from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.data import writing
 from od_dist.render import quote
 from od_dist.render.quote import QuoteError, sh_path
