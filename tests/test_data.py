@@ -187,7 +187,7 @@ def test_voc_empty_dataset_and_bad_flags(tmp_path):
 
 def test_a_failure_while_writing_leaves_the_old_output(voc, tmp_path, monkeypatch):
     """An image that turns bad between the check and the write: the previous dataset stays."""
-    from od_dist.data import records
+    from od_dist.data import errors
     from od_dist.data import voc as voc_mod
 
     images, anns, _, out = voc
@@ -199,18 +199,18 @@ def test_a_failure_while_writing_leaves_the_old_output(voc, tmp_path, monkeypatc
     def flaky(path, images_dir):
         calls.append(path)
         if len(calls) > 10:  # the write pass
-            raise records.BadAnnotation(f"{path}: vanished")
+            raise errors.BadAnnotation(f"{path}: vanished")
         return real(path, images_dir)
 
     monkeypatch.setattr(voc_mod, "parse", flaky)
-    with pytest.raises(records.BadAnnotation):
+    with pytest.raises(errors.BadAnnotation):
         voc_mod.convert(images, anns, out)
     assert sorted(os.listdir(out)) == before
     assert not [p for p in os.listdir(tmp_path) if "partial" in p]
 
 
 def test_labels_file_formats(tmp_path):
-    from od_dist.data import records
+    from od_dist.data import errors, records
 
     pbtxt = tmp_path / "label_map.pbtxt"
     pbtxt.write_text("item {\n  id: 2\n  name: 'dog'\n}\nitem {\n  name: \"cat\"\n  id: 1\n}\n")
@@ -220,7 +220,7 @@ def test_labels_file_formats(tmp_path):
     assert records.read_labels(str(txt)) == {1: "cat", 2: "dog"}
     bad = tmp_path / "bad.pbtxt"
     bad.write_text("item { id: 0 name: 'x' }\n")
-    with pytest.raises(records.DatasetError, match="ids start at 1"):
+    with pytest.raises(errors.DatasetError, match="ids start at 1"):
         records.read_labels(str(bad))
 
 
@@ -453,7 +453,8 @@ def test_both_converters_store_what_the_format_says_and_training_reads(tmp_path)
     from PIL import Image
 
     from od_dist.data import coco as coco_mod
-    from od_dist.data import records, voc
+    from od_dist.data import voc
+    from od_dist.data.images import DECODABLE
 
     images = tmp_path / "images"
     ann = tmp_path / "ann"
@@ -487,7 +488,7 @@ def test_both_converters_store_what_the_format_says_and_training_reads(tmp_path)
             assert image.shape == (12, 16, 3), (converter, fmt, image.shape)
             tolerance = 40 if actual == "JPEG" else 0  # JPEG is lossy; every other is stored losslessly
             assert np.abs(image.astype(int) - pixels).max() <= tolerance, (converter, fmt)
-    assert records.DECODABLE == ("jpeg", "png")
+    assert DECODABLE == ("jpeg", "png")
 
 
 def test_coco_empty(tmp_path):

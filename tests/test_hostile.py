@@ -18,9 +18,9 @@ import yaml
 from loopback import ROOT, od_dist, site_hook
 
 from od_dist import cli
+from od_dist.cluster import hostport, messages
 from od_dist.cluster import spec as cluster_mod
-from od_dist.cluster import validate
-from od_dist.data import records
+from od_dist.data import writing
 from od_dist.render import quote, scripts
 
 # Strings that end a line, start a command or a key, or change meaning in at least one target.
@@ -61,8 +61,8 @@ HOSTILE = [
     "!!python/object:os.system",
     "日本語",
 ]
-UNSAFE = [s for s in HOSTILE if validate.unsafe_char(s)]
-SAFE = [s for s in HOSTILE if not validate.unsafe_char(s)]
+UNSAFE = [s for s in HOSTILE if messages.unsafe_char(s)]
+SAFE = [s for s in HOSTILE if not messages.unsafe_char(s)]
 
 
 def test_hostile_list_covers_both_kinds():
@@ -92,13 +92,13 @@ def test_zone_id_and_host_take_no_hostile_text(text, tmp_path, capsys):
     reaches a script (the zone id used to carry a newline and a command into master-0.sh)."""
     embedded = f"h{text}.lan:2230"
     try:
-        host, _ = validate.parse_address(embedded)
+        host, _ = hostport.parse_address(embedded)
         assert re.fullmatch(r"[a-z0-9.-]+", host), host  # e.g. h-rf.lan: a plain name
-    except validate.AddressError:
+    except hostport.AddressError:
         pass
     for address in (f"[fe80::1%{text}]:2230", f"{text}:2230"):
-        with pytest.raises(validate.AddressError):
-            validate.parse_address(address)
+        with pytest.raises(hostport.AddressError):
+            hostport.parse_address(address)
         path = tmp_path / "c.yaml"
         path.write_text(yaml.safe_dump({"master": address, "worker": ["[fe80::2%eth0]:2231"]}))
         code, _, err = run_cli(capsys, "validate", f"--cluster={path}")
@@ -107,14 +107,14 @@ def test_zone_id_and_host_take_no_hostile_text(text, tmp_path, capsys):
 
 
 def test_plain_zone_ids_still_work():
-    assert validate.parse_address("[fe80::1%eth0]:2230") == ("fe80::1%eth0", 2230)
-    assert validate.parse_address("[fe80::1%12]:2230") == ("fe80::1%12", 2230)
-    assert validate.parse_address("[fe80::1%br-lan.10]:2230")[0] == "fe80::1%br-lan.10"
-    with pytest.raises(validate.AddressError, match="zone id"):
-        validate.parse_address("[fe80::1%-x]:2230")
-    assert validate.host_key("fe80::1%eth0") == "fe80::1"
-    with pytest.raises(validate.AddressError):
-        validate.host_key("fe80::1%$(id)")
+    assert hostport.parse_address("[fe80::1%eth0]:2230") == ("fe80::1%eth0", 2230)
+    assert hostport.parse_address("[fe80::1%12]:2230") == ("fe80::1%12", 2230)
+    assert hostport.parse_address("[fe80::1%br-lan.10]:2230")[0] == "fe80::1%br-lan.10"
+    with pytest.raises(hostport.AddressError, match="zone id"):
+        hostport.parse_address("[fe80::1%-x]:2230")
+    assert hostport.host_key("fe80::1%eth0") == "fe80::1"
+    with pytest.raises(hostport.AddressError):
+        hostport.host_key("fe80::1%$(id)")
 
 
 def bash_words(word):
@@ -319,7 +319,7 @@ def test_manifest_carries_or_refuses_hostile_values(flag, kind, tmp_path, capsys
             lines = one_line_refusal(code, err)
             assert len(lines) == 1, (flag, text, err)
             continue
-        assert not validate.unsafe_char(text), (flag, text)
+        assert not messages.unsafe_char(text), (flag, text)
         (doc,) = yaml.safe_load_all(out)
         assert doc["kind"] == {"jobset": "JobSet", "tfjob": "TFJob"}[kind]
         mount = next(iter(pods(doc).values()))["containers"][0]["volumeMounts"][0]
@@ -388,7 +388,7 @@ def test_scripts_out_replaces_its_own_files_only(tmp_path, capsys):
     assert not (out / "README.md").is_symlink() and "small.yaml" in (out / "README.md").read_text()
     written = ["README.md"] + [f"{t}-0.{s}" for t in ("master", "worker") for s in ("sh", "cmd", "ps1")]
     assert sorted(os.listdir(out)) == sorted([*written, "notes.txt", scripts.MANIFEST])
-    listed = records.written_before(str(out))
+    listed = writing.written_before(str(out))
     assert sorted(listed) == sorted(written)
     for name in written:  # each with the digest of what is there: `sha256sum -c` passes
         assert listed[name] == {hashlib.sha256((out / name).read_bytes()).hexdigest()}
@@ -421,7 +421,7 @@ def test_scripts_out_never_deletes_or_replaces_a_changed_file(tmp_path, capsys):
     assert "kept worker-1.cmd in" in err and len(err.strip().splitlines()) == 1, err
     assert (out / "worker-1.cmd").read_bytes() == b"@echo my own\r\n"
     assert not (out / "worker-1.sh").exists() and not (out / "worker-1.ps1").exists()
-    assert "worker-1.cmd" not in records.written_before(str(out))  # the user's from now on
+    assert "worker-1.cmd" not in writing.written_before(str(out))  # the user's from now on
     assert scripts_into(capsys, small, out)[0] == 0 and (out / "worker-1.cmd").exists()
 
 
@@ -899,7 +899,7 @@ def png_header(width, height):
 
 def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
     """A header claiming 30000x30000 is a bad image like any other, with or without --skip_bad."""
-    from od_dist.data import records, voc
+    from od_dist.data import errors, voc
 
     images, ann, _ = voc_folder(tmp_path)
     (images / "b.png").write_bytes(png_header(30000, 30000))
@@ -907,7 +907,7 @@ def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
         "<annotation><filename>b.png</filename><object><name>cat</name><bndbox><xmin>1</xmin>"
         "<ymin>1</ymin><xmax>4</xmax><ymax>4</ymax></bndbox></object></annotation>"
     )
-    with pytest.raises(records.BadAnnotation, match="pixels"):
+    with pytest.raises(errors.BadAnnotation, match="pixels"):
         voc.parse(str(ann / "b.xml"), str(images))
     code, _, err = data_voc(capsys, images, ann, tmp_path / "records")
     assert code == 2 and "pixels" in err and "Traceback" not in err

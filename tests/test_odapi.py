@@ -15,7 +15,7 @@ import pytest
 from loopback import ROOT
 
 from od_dist import cli
-from od_dist.data import records, shapes, textproto
+from od_dist.data import errors, records, shapes, textproto
 
 # The TF2 Detection Zoo's pipeline.config files, as downloaded (placeholders included).
 SSD_RESNET50_V1_FPN_640 = """# SSD with Resnet 50 v1 FPN feature extractor, shared box predictor and focal
@@ -1201,5 +1201,5 @@ def test_label_maps_are_read_by_the_one_text_format_reader(tmp_path):
     )
     assert records.read_labels(str(path)) == {2: "a 'b'", 1: "c"}
     path.write_text("item { id: 1 name: 'open }\n")
-    with pytest.raises(records.DatasetError, match=r"line 1, column \d+"):
+    with pytest.raises(errors.DatasetError, match=r"line 1, column \d+"):
         records.read_labels(str(path))

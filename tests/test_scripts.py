@@ -26,7 +26,7 @@ import yaml
 from loopback import ROOT, od_dist
 
 from od_dist.cluster import spec as cluster_mod
-from od_dist.render import quote, scripts
+from od_dist.render import machines, quote, readme, scripts
 
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
 
@@ -233,7 +233,7 @@ def test_sh_scripts_pass_exact_arguments(tmp_path):
     cluster = make_cluster(tree)
     out = tmp_path / "out"
     scripts.write_scripts(cluster, CLUSTER_PATH, PASSED, str(out), "od-dist scripts ...", 300)
-    linux = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if not x.windows]
+    linux = [x for x in machines.launches(cluster, CLUSTER_PATH, PASSED) if not x.windows]
     assert len(linux) == 3
     record = tmp_path / "record"
     env = dict(
@@ -264,7 +264,7 @@ def test_ps1_scripts(tmp_path):
     cluster = make_cluster(tree)
     out = tmp_path / "out"
     scripts.write_scripts(cluster, CLUSTER_PATH, PASSED, str(out), "od-dist scripts ...", 300)
-    windows = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.windows]
+    windows = [x for x in machines.launches(cluster, CLUSTER_PATH, PASSED) if x.windows]
     assert len(windows) == 3
     for launch in windows:
         raw = (out / f"{launch.stem}.ps1").read_bytes()
@@ -300,7 +300,7 @@ def test_cmd_scripts_survive_batch_parsing(tmp_path):
     """The fast check of the .cmd files; the real one runs them under Wine (test_cmd_under_wine)."""
     tree = make_tree(tmp_path)
     cluster = make_cluster(tree)
-    for launch in scripts.launches(cluster, CLUSTER_PATH, PASSED):
+    for launch in machines.launches(cluster, CLUSTER_PATH, PASSED):
         if not launch.windows:
             continue
         text = scripts.render_cmd(launch)
@@ -320,7 +320,7 @@ def test_cmd_scripts_survive_batch_parsing(tmp_path):
 def test_values_a_script_cannot_carry():
     cluster = cluster_mod.load(LAN)
     with pytest.raises(scripts.ScriptError, match="control character"):
-        scripts.launches(cluster, "c.yaml", ["--model_dir=a\nb"])
+        machines.launches(cluster, "c.yaml", ["--model_dir=a\nb"])
     with pytest.raises(scripts.ScriptError):
         scripts.cmd_path('C:\\a"b')
 
@@ -436,7 +436,7 @@ def test_cmd_under_wine(wine, tmp_path):
     cluster = make_cluster(tree)
     out = tmp_path / "out"
     scripts.write_scripts(cluster, CLUSTER_PATH, PASSED, str(out), "od-dist scripts ...", 300)
-    windows = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.windows]
+    windows = [x for x in machines.launches(cluster, CLUSTER_PATH, PASSED) if x.windows]
     assert {bool(x.settings.venv) for x in windows} == {True, False} and any(
         x.settings.python for x in windows
     )
@@ -454,7 +454,9 @@ def test_wine_harness_catches_broken_quoting(wine, tmp_path, monkeypatch):
     tree = make_tree(tmp_path)
     shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
     cluster = make_cluster(tree)
-    (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.tasks[0].role == "evaluator"]
+    (launch,) = [
+        x for x in machines.launches(cluster, CLUSTER_PATH, PASSED) if x.tasks[0].role == "evaluator"
+    ]
     real = quote.cmd_escape
     monkeypatch.setattr(quote, "cmd_escape", lambda text: real(text).replace("%%", "%"))
     (tmp_path / "broken.cmd").write_bytes(scripts.render_cmd(launch).encode())
@@ -499,7 +501,9 @@ def test_a_double_clicked_cmd_keeps_its_window_open_after_a_failure(wine, tmp_pa
     tree = make_tree(tmp_path)
     shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
     cluster = make_cluster(tree)
-    (launch,) = [x for x in scripts.launches(cluster, CLUSTER_PATH, PASSED) if x.tasks[0].role == "evaluator"]
+    (launch,) = [
+        x for x in machines.launches(cluster, CLUSTER_PATH, PASSED) if x.tasks[0].role == "evaluator"
+    ]
     folder = tmp_path / "s a&b(1) !x 'é;,="
     folder.mkdir()
     script = folder / f"{launch.stem}.cmd"
@@ -636,12 +640,12 @@ def test_absolute_linux_paths_for_a_windows_machine_are_refused(tmp_path):
         scripts.ScriptError,
         match=r"hosts.10.0.0.1.workdir: '/opt/od': an absolute Linux path, and 10.0.0.1 \(master 0\) runs Windows; write it as a Windows path",
     ):
-        scripts.launches(doc, "c.yaml", [])
+        machines.launches(doc, "c.yaml", [])
     # Windows forms, and a share written with slashes, are taken.
     for model_dir in ("C:\\runs", "\\\\server\\share\\runs", "//server/share/runs", "runs/lan"):
         (launch,) = [
             x
-            for x in scripts.launches(cluster_mod.load(LAN), "c.yaml", [f"--model_dir={model_dir}"])
+            for x in machines.launches(cluster_mod.load(LAN), "c.yaml", [f"--model_dir={model_dir}"])
             if x.windows
         ]
         assert f"--model_dir={model_dir}" in launch.args
@@ -651,7 +655,7 @@ def test_absolute_linux_paths_for_a_windows_machine_are_refused(tmp_path):
 
 
 def rules_of(cluster):
-    return {r.task.name: (r.port, r.sources) for r in scripts.inbound_rules(cluster)}
+    return {r.task.name: (r.port, r.sources) for r in readme.inbound_rules(cluster)}
 
 
 def test_firewall_rules():
@@ -681,14 +685,14 @@ def test_firewall_rules():
         "worker:0": (2222, ("10.0.0.2", "10.0.0.3")),
         "worker:1": (2222, ("10.0.0.1",)),
     }
-    (ps_rule,) = [r for r in scripts.inbound_rules(lan) if r.task.role == "ps"]
-    win_lines = scripts.firewall_lines(ps_rule, "windows")
+    (ps_rule,) = [r for r in readme.inbound_rules(lan) if r.task.role == "ps"]
+    win_lines = readme.firewall_lines(ps_rule, "windows")
     assert win_lines[0].startswith(
         "New-NetFirewallRule -DisplayName 'od-dist ps 0' -Direction Inbound -Protocol TCP "
         "-LocalPort 2224 -RemoteAddress '192.168.1.108','192.168.1.109','192.168.1.111'"
     )
     assert win_lines[1].startswith('netsh advfirewall firewall add rule name="od-dist ps 0" dir=in')
-    assert "sudo ufw allow proto tcp from 192.168.1.109 to any port 2224" in scripts.firewall_lines(
+    assert "sudo ufw allow proto tcp from 192.168.1.109 to any port 2224" in readme.firewall_lines(
         ps_rule, "linux"
     )
 
@@ -753,7 +757,7 @@ def test_num_clones_only_for_the_roles_that_run_replicas():
     lan = cluster_mod.load(LAN)
     args = {
         x.tasks[0].name: x.args
-        for x in scripts.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])
+        for x in machines.launches(lan, "c.yaml", ["--num_clones=2", "--wait_timeout=9"])
     }
     assert "--num_clones=2" in args["worker:0"] and "--num_clones=2" in args["worker:1"]
     for name in ("ps:0", "master:0", "evaluator:0"):  # parameter_server: no replicas there
@@ -807,7 +811,7 @@ def test_home_in_paths(tmp_path):
     }
     (launch,) = [
         x
-        for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"])
+        for x in machines.launches(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"])
         if x.tasks[0].role == "master"
     ]
     script = tmp_path / "master-0.sh"
@@ -825,7 +829,7 @@ def test_home_in_paths(tmp_path):
     ]:
         doc["hosts"] = {"10.0.0.1": settings}
         with pytest.raises(scripts.ScriptError, match=fragment):
-            scripts.launches(cluster_mod.from_document(doc), "c.yaml", [])
+            machines.launches(cluster_mod.from_document(doc), "c.yaml", [])
 
 
 def test_ps1_python_with_powershell_metacharacters():
@@ -839,7 +843,7 @@ def test_ps1_python_with_powershell_metacharacters():
     }
     (launch,) = [
         x
-        for x in scripts.launches(cluster_mod.from_document(doc), "c.yaml", [])
+        for x in machines.launches(cluster_mod.from_document(doc), "c.yaml", [])
         if x.tasks[0].role == "master"
     ]
     code = [line for line in scripts.render_ps1(launch).split("\r\n") if line and not line.startswith("#")]

@@ -21,8 +21,8 @@ from od_dist.cli import checks, train, launch, data, model, render  # noqa: F401
 
 # isort: on
 from od_dist.cli.registry import COMMANDS, Command, UsageError
+from od_dist.cluster.messages import SHOWN_MAX, shown
 from od_dist.cluster.spec import InvalidCluster
-from od_dist.cluster.validate import SHOWN_MAX, shown
 from od_dist.protocol import exit_codes
 
 

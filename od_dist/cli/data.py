@@ -95,15 +95,15 @@ def define_voc_flags(fv: flags.FlagValues) -> None:
 
 
 def _convert(what: str, run, unit: str = "annotation file(s)") -> int:
-    from od_dist.data import records
+    from od_dist.data import errors, records
 
     try:
         written, skipped = run()
-    except records.DatasetError as e:
+    except errors.DatasetError as e:
         raise UsageError(str(e)) from None
-    except records.ProblemsReported:
+    except errors.ProblemsReported:
         return exit_codes.INVALID  # already printed, one line per problem
-    except records.BadAnnotation as e:  # found while writing (a file changed since it was checked)
+    except errors.BadAnnotation as e:  # found while writing (a file changed since it was checked)
         print(f"od-dist {what}: {e}; nothing written", file=sys.stderr)
         return exit_codes.INVALID
     records.print_summary(written, skipped, unit=unit)

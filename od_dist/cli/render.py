@@ -87,7 +87,7 @@ Example:
     refused=ONE_TASK,
 )
 def cmd_scripts(fv) -> int:
-    from od_dist.data import records
+    from od_dist.data import errors
     from od_dist.render import quote, scripts
 
     cluster, passed_on = _script_input(fv, "scripts", "DIR")
@@ -99,7 +99,7 @@ def cmd_scripts(fv) -> int:
         written = scripts.write_scripts(
             cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout, fv.max_restarts
         )
-    except (scripts.ScriptError, records.DatasetError) as e:
+    except (scripts.ScriptError, errors.DatasetError) as e:
         raise UsageError(str(e)) from None
     machines = len({t.address.host for t in cluster.tasks()})
     print(f"wrote {len(written) - 1} scripts for {machines} machines and README.md to {fv.out}")
@@ -206,7 +206,7 @@ Example:
     refused=ONE_TASK,
 )
 def cmd_k8s(fv) -> int:
-    from od_dist.data import records
+    from od_dist.data import errors, writing
     from od_dist.render import k8s
 
     cluster, passed_on = _render_input(fv, "k8s")
@@ -232,8 +232,8 @@ def cmd_k8s(fv) -> int:
             queue=fv.queue,
         )
         if fv.out:
-            records.write_file(fv.out, text)
-    except (k8s.K8sError, records.DatasetError) as e:
+            writing.write_file(fv.out, text)
+    except (k8s.K8sError, errors.DatasetError) as e:
         raise UsageError(str(e)) from None
     missing = [f"--{n}" for n in ("cpu", "memory") if fv.queue and not fv[n].value]
     if missing:
@@ -295,7 +295,7 @@ Example:
     refused=ONE_TASK,
 )
 def cmd_slurm(fv) -> int:
-    from od_dist.data import records
+    from od_dist.data import errors, writing
     from od_dist.render import slurm
 
     cluster, passed_on = _script_input(fv, "slurm", "job.sbatch")
@@ -313,8 +313,8 @@ def cmd_slurm(fv) -> int:
             gpus_per_task=fv.gpus_per_task,
             sbatch_lines=tuple(fv.sbatch or ()),
         )
-        records.write_file(fv.out, text)
-    except (slurm.SlurmError, records.DatasetError) as e:
+        writing.write_file(fv.out, text)
+    except (slurm.SlurmError, errors.DatasetError) as e:
         raise UsageError(str(e)) from None
     os.chmod(fv.out, 0o755)
     print(f"wrote {fv.out} ({len(cluster.tasks())} tasks); send it with: sbatch {fv.out}", file=sys.stderr)

@@ -139,7 +139,8 @@ def select_slurm_task(fv: flags.FlagValues):
     """This srun task's place (cluster/slurm.py), with the checks select() makes: --role/--index,
     if given (a supervised child gets them), must be the rank's; the public-address rule."""
     from od_dist.cluster import slurm
-    from od_dist.cluster.validate import normalize_role, problem
+    from od_dist.cluster.messages import problem
+    from od_dist.cluster.validate import normalize_role
     from od_dist.host import config
 
     cluster, task, step = slurm.select(fv.cluster, os.environ)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from od_dist.cluster.validate import is_ip, is_public
+from od_dist.cluster.hostport import is_ip, is_public
 
 RESOLVE_TIMEOUT_S = 3.0
 # A port another program holds (Windows says so with its own code; a privileged one is EACCES).

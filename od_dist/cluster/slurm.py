@@ -16,7 +16,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from od_dist.cluster import safe_yaml, validate
+from od_dist.cluster import hostport, messages, safe_yaml, validate
 from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 
@@ -102,7 +102,7 @@ def expand_tasks_per_node(text: str) -> list[int]:
 
 
 def machine_of(host: str) -> str:
-    return LOOPBACK if validate.is_loopback(host) else host
+    return LOOPBACK if hostport.is_loopback(host) else host
 
 
 def machines(cluster: Cluster) -> list[tuple[str, tuple[Task, ...]]]:
@@ -128,8 +128,8 @@ def step_document(doc: dict, cluster: Cluster, nodes: list[str]) -> dict:
     node_of = {m: nodes[i] for i, (m, _) in enumerate(machines(cluster))}
 
     def moved(value: str, need_port: bool) -> str:
-        host, port = validate.parse_address(value.strip(), need_port=need_port)
-        return validate.format_address(node_of[machine_of(host)], port)
+        host, port = hostport.parse_address(value.strip(), need_port=need_port)
+        return hostport.format_address(node_of[machine_of(host)], port)
 
     out = {k: list(v) if isinstance(v, list) else v for k, v in doc.items()}
     for role, key, value in validate.address_entries(doc):
@@ -140,7 +140,7 @@ def step_document(doc: dict, cluster: Cluster, nodes: list[str]) -> dict:
             out[name] = moved(value, role != "evaluator")
     hosts = {}
     for key, settings in (doc.get("hosts") or {}).items():
-        node = node_of.get(machine_of(validate.host_key(key)))
+        node = node_of.get(machine_of(hostport.host_key(key)))
         if node is not None and node not in hosts:  # a machine not in the cluster has no node
             hosts[node] = settings
     if "hosts" in doc:
@@ -160,7 +160,7 @@ class Step:
 
 
 def _problem(var: str, value, what: str, fix: str = RUN_IT) -> InvalidCluster:
-    return InvalidCluster([validate.problem(var, value, what, fix)], "Slurm step")
+    return InvalidCluster([messages.problem(var, value, what, fix)], "Slurm step")
 
 
 def read_step(env: Mapping[str, str]) -> Step:
@@ -227,7 +227,7 @@ def select(path: str | None, env: Mapping[str, str]) -> tuple[Cluster, Task, Ste
     if not path:
         raise InvalidCluster(
             [
-                validate.problem(
+                messages.problem(
                     "--cluster", "", "required with --slurm", "pass --cluster FILE (the job's file)"
                 )
             ]

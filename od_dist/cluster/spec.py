@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from od_dist.cluster import duties, safe_yaml, validate
+from od_dist.cluster import duties, hostport, messages, safe_yaml, validate
 from od_dist.cluster.validate import MULTI_WORKER_MIRRORED, PARAMETER_SERVER  # noqa: F401 (re-exported)
 
 TF_JOB = {"master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
@@ -41,7 +41,7 @@ class Address:
     port: int | None
 
     def __str__(self) -> str:
-        return validate.format_address(self.host, self.port)
+        return hostport.format_address(self.host, self.port)
 
 
 @dataclass(frozen=True)
@@ -111,12 +111,12 @@ class Cluster:
         a walk over every task per task is quadratic (scripts for 3,000 workers)."""
         out: dict[str, list[str]] = {}
         for t in self.tasks():
-            out.setdefault(validate.machine_of(t.address.host), []).append(t.role)
+            out.setdefault(hostport.machine_of(t.address.host), []).append(t.role)
         return {m: tuple(roles) for m, roles in out.items()}
 
     def roles_on(self, host: str) -> tuple[str, ...]:
         """The roles of the tasks on `host`'s machine (every loopback address is this one)."""
-        return self._roles_by_machine.get(validate.machine_of(host), ())
+        return self._roles_by_machine.get(hostport.machine_of(host), ())
 
     def tasks_on(self, is_local) -> tuple[Task, ...]:
         """The tasks whose host `is_local` says is this machine (all of a loopback cluster)."""
@@ -182,11 +182,11 @@ class Cluster:
         return duties.of(self.strategy, role).runs_replicas
 
     def loopback_only(self) -> bool:
-        return all(validate.is_loopback(t.address.host) for t in self.tasks())
+        return all(hostport.is_loopback(t.address.host) for t in self.tasks())
 
 
 def _address(text: str) -> Address:
-    return Address(*validate.parse_address(text.strip(), need_port=False))
+    return Address(*hostport.parse_address(text.strip(), need_port=False))
 
 
 def from_document(doc, source: str = "") -> Cluster:
@@ -200,7 +200,7 @@ def from_document(doc, source: str = "") -> Cluster:
         return tuple(_address(v) for v in ([value] if isinstance(value, str) else value))
 
     master = doc.get("master", doc.get("chief"))
-    hosts = {validate.host_key(h): HostSettings(**s) for h, s in (doc.get("hosts") or {}).items()}
+    hosts = {hostport.host_key(h): HostSettings(**s) for h, s in (doc.get("hosts") or {}).items()}
     cluster = Cluster(
         strategy=validate.infer_strategy(doc),
         master=_address(master) if master else None,
@@ -245,7 +245,7 @@ def from_tf_config(text: str) -> tuple[Cluster, str, int]:
         if role is None:
             raise InvalidCluster(
                 [
-                    validate.problem(
+                    messages.problem(
                         f"TF_CONFIG cluster.{job}",
                         job,
                         "unknown task type",
@@ -257,7 +257,7 @@ def from_tf_config(text: str) -> tuple[Cluster, str, int]:
         if role in doc:
             raise InvalidCluster(
                 [
-                    validate.problem(
+                    messages.problem(
                         f"TF_CONFIG cluster.{job}",
                         job,
                         "chief and master are the same task type and both are given",
@@ -270,7 +270,7 @@ def from_tf_config(text: str) -> tuple[Cluster, str, int]:
             if not isinstance(entries, list) or len(entries) != 1:
                 raise InvalidCluster(
                     [
-                        validate.problem(
+                        messages.problem(
                             f"TF_CONFIG cluster.{job}",
                             entries,
                             f"exactly one {job} is allowed",
@@ -290,7 +290,7 @@ def from_tf_config(text: str) -> tuple[Cluster, str, int]:
     if role is None or isinstance(index, bool) or not isinstance(index, int):
         raise InvalidCluster(
             [
-                validate.problem(
+                messages.problem(
                     "TF_CONFIG task",
                     task,
                     "no valid task type and index",

@@ -2,14 +2,14 @@
 
 Each rule takes plain data (the parsed YAML document, or a built cluster plus a task) and returns
 a list of one-line problems, each naming the key, the value and the fix. Nothing here touches the
-network, the file system or TensorFlow, so every rule is testable on its own.
+network, the file system or TensorFlow, so every rule is testable on its own. Addresses are parsed
+in `hostport`, the problem lines written by `messages.problem`.
 """
 
 from __future__ import annotations
 
-import difflib
-import ipaddress
-import re
+from od_dist.cluster.hostport import AddressError, host_key, is_ip, is_loopback, is_public, parse_address
+from od_dist.cluster.messages import did_you_mean, problem, shown
 
 PARAMETER_SERVER = "parameter_server"
 MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
@@ -20,174 +20,7 @@ HOST_KEYS = ("os", "python", "venv", "workdir", "num_clones")
 HOST_OSES = ("linux", "windows")
 ROLES = ("master", "worker", "ps", "evaluator")
 ROLE_ALIASES = {"chief": "master"}
-
-_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
-# An IPv6 zone id is an interface name (eth0, enp0s3, br-lan, vlan.10) or a Windows interface
-# index (12): anything else in it would reach shell scripts, READMEs and manifests.
-_ZONE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-# Characters that end a line in some shell, YAML or Markdown (control characters, NEL, U+2028,
-# U+2029) or reorder how a line reads (bidi controls): no value od-dist writes anywhere may hold one.
-UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-SHOWN_MAX = 80  # characters of a value echoed in a message
-PATH_SHOWN_MAX = 4096  # a path is echoed whole: the longest one Linux opens (PATH_MAX)
 MAX_CLONES = 256  # replicas per process: GPUs of one machine, or logical CPU devices
-
-
-def unsafe_char(text: str) -> str | None:
-    """The first character of `text` that no line of a script, README or manifest may hold, as
-    Python writes it (e.g. '\\n'), else None."""
-    found = UNSAFE_CHARS.search(text)
-    return None if found is None else repr(found.group())[1:-1]
-
-
-def shown(value, limit: int = SHOWN_MAX) -> str:
-    """A value as an error message echoes it: on one line (unsafe characters escaped) and cut."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"  # str() may refuse it
-    text = value if isinstance(value, str) else repr(value)
-    text = UNSAFE_CHARS.sub(lambda m: repr(m.group())[1:-1], text)
-    if len(text) > limit:
-        text = f"{text[: limit - 20]}...({len(text)} characters)"
-    return text
-
-
-def problem(key: str, value, what: str, fix: str, limit: int = SHOWN_MAX) -> str:
-    return f"{shown(key)}: '{shown(value, limit)}': {what}; {fix}"
-
-
-def did_you_mean(word, choices, what: str = "keys") -> str:
-    """The closest of `choices` to a misspelt `word`, else the first dozen `choices` (the cluster
-    file's keys, a pipeline's)."""
-    choices = list(choices)
-    close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
-    if close:
-        return f"did you mean '{close[0]}'?"
-    shown = ", ".join(choices[:12]) + (", ..." if len(choices) > 12 else "")
-    return f"known {what}: {shown}"
-
-
-class AddressError(ValueError):
-    def __init__(self, what: str, fix: str):
-        super().__init__(what)
-        self.what, self.fix = what, fix
-
-
-def parse_address(text: str, need_port: bool = True) -> tuple[str, int | None]:
-    """'host:port' -> (normalized host, port). IPv6 hosts come back without brackets."""
-    bad = unsafe_char(text)
-    if bad:
-        raise AddressError(
-            f"contains the control character '{bad}'", "an address is one line of plain text: remove it"
-        )
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0:
-            raise AddressError("unclosed '['", "write IPv6 addresses as [addr]:port, e.g. [fd00::5]:2222")
-        host, rest = text[1:end], text[end + 1 :]
-        zone = host.partition("%")[2]
-        if "%" in host and not _ZONE.fullmatch(zone):
-            raise AddressError(
-                f"zone id '{shown(zone)}' is not an interface name",
-                "write the interface after '%' as letters, digits, '_', '.' and '-' (e.g. [fe80::1%eth0]), "
-                "or its number on Windows",
-            )
-        try:
-            host = str(ipaddress.IPv6Address(host))
-        except ValueError:
-            raise AddressError(
-                f"'{shown(host)}' is not an IPv6 address", "brackets are only for IPv6 addresses"
-            ) from None
-        if rest and not rest.startswith(":"):
-            raise AddressError("unexpected text after ']'", "write it as [addr]:port")
-        port_text = rest[1:] if rest else None
-    elif text.count(":") > 1:
-        head, tail = text.rsplit(":", 1)
-        fix = f"write it as [{shown(head)}]:{shown(tail)}"
-        if not _is_ipv6(head) and _is_ipv6(text):  # e.g. fe80::1: no port was given
-            fix = f"write it as [{shown(text)}]:PORT"
-        raise AddressError("an IPv6 address must be in brackets", fix)
-    else:
-        host, sep, port_text = text.partition(":")
-        if not sep:
-            port_text = None
-        host = _check_host(host)
-    if port_text is None:
-        if need_port:
-            raise AddressError("no port", "write it as host:port, e.g. 10.0.0.5:2222")
-        return host, None
-    if not (port_text.isascii() and port_text.isdigit()):
-        raise AddressError(
-            f"port '{shown(port_text)}' is not a number", "write it as host:port, e.g. 10.0.0.5:2222"
-        )
-    if len(port_text.lstrip("0")) > 5:  # int() refuses numbers of more than 4300 digits
-        raise AddressError(f"port '{shown(port_text)}' is out of range", "use a port between 1 and 65535")
-    port = int(port_text)
-    if not 1 <= port <= 65535:
-        raise AddressError(f"port {port} is out of range", "use a port between 1 and 65535")
-    return host, port
-
-
-def _is_ipv6(text: str) -> bool:
-    try:
-        ipaddress.IPv6Address(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _check_host(host: str) -> str:
-    if not host:
-        raise AddressError("no host", "write it as host:port, e.g. 10.0.0.5:2222")
-    if all(part.isascii() and part.isdigit() for part in host.split(".")):
-        try:
-            return str(ipaddress.IPv4Address(host))
-        except ValueError:
-            raise AddressError(
-                f"'{shown(host)}' is not a valid IPv4 address", "use four numbers 0-255, e.g. 10.0.0.5"
-            ) from None
-    labels = host.rstrip(".").split(".")
-    if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
-        raise AddressError(
-            f"'{shown(host)}' is not a valid host name",
-            "use an IP address or a name of letters, digits, '-' and '.'",
-        )
-    return host.lower().rstrip(".")
-
-
-def format_address(host: str, port: int | None) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return shown if port is None else f"{shown}:{port}"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def machine_of(host: str) -> str:
-    """What tells machines apart: the host as written, every loopback address being this one."""
-    return "localhost" if is_loopback(host) else host
-
-
-def is_ip(host: str) -> bool:
-    """An IP address literal (a host name is not)."""
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
-
-
-def is_public(host: str) -> bool:
-    """True for IP literals on the public internet. Names are not resolved here."""
-    try:
-        return ipaddress.ip_address(host).is_global
-    except ValueError:
-        return False
 
 
 # ----- rules on the parsed document -----------------------------------------------------------
@@ -460,20 +293,6 @@ def check_hosts(doc: dict) -> list[str]:
                 )
             )
     return out
-
-
-def host_key(key) -> str:
-    """A `hosts` key -> the host as task addresses normalize it. A bare IPv6 address is accepted
-    (no port can follow it); a port is refused: the settings are per machine."""
-    text = str(key).strip()
-    if _is_ipv6(text.split("%", 1)[0]):
-        return parse_address(f"[{text}]", need_port=False)[0].split("%", 1)[0]
-    host, port = parse_address(text, need_port=False)
-    if port is not None:
-        raise AddressError(
-            "a hosts key is a machine, not host:port", f"write it as {format_address(host, None)}"
-        )
-    return host
 
 
 def check_loopback_mix(doc: dict) -> list[str]:

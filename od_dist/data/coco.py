@@ -17,9 +17,9 @@ import json
 import math
 import os
 
-from od_dist.cluster.validate import shown
-from od_dist.data import records
-from od_dist.data.records import BadAnnotation, DatasetError
+from od_dist.cluster.messages import shown
+from od_dist.data import images, records
+from od_dist.data.errors import BadAnnotation, DatasetError
 
 _EDGE_TOLERANCE = 1.0  # pixels: COCO tools round, so x + w may pass the edge by a fraction
 
@@ -81,7 +81,7 @@ def _check_image(image: dict, anns: list, images_dir: str, names: dict[int, str]
     where = f"{path}: image id {shown(image.get('id'))} ('{shown(fname)}')"
     if not fname or not isinstance(fname, str):
         raise BadAnnotation(f"{where}: no file_name (a path as text); add it")
-    file_path, inside = records.image_under(images_dir, fname)
+    file_path, inside = images.image_under(images_dir, fname)
     if not file_path:
         raise BadAnnotation(f"{where}: not found in '{images_dir}'; put the image there or fix file_name")
     if not inside:
@@ -89,7 +89,7 @@ def _check_image(image: dict, anns: list, images_dir: str, names: dict[int, str]
             f"{where}: outside --images '{images_dir}' (a '..', an absolute path or a symlink); put the "
             "image in that folder and name it from there"
         )
-    _, (width, height) = records.image_format(file_path)
+    _, (width, height) = images.image_format(file_path)
     if (image.get("width"), image.get("height")) != (width, height):
         raise BadAnnotation(
             f"{where}: width/height {image.get('width')}x{image.get('height')} but the "
@@ -218,7 +218,7 @@ def convert(
         # create_tf_example stores the file's bytes as they are and always says 'jpg': the
         # converters' rule instead, so that every record holds what it says and training reads it.
         path = os.path.join(images_dir, image["file_name"])
-        encoded, fmt = records.encoded_image(path, records.image_format(path)[0])
+        encoded, fmt = images.encoded_image(path, images.image_format(path)[0])
         feature = example.features.feature
         feature["image/encoded"].bytes_list.value[:] = [encoded]
         feature["image/format"].bytes_list.value[:] = [fmt.encode()]

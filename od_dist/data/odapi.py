@@ -19,7 +19,7 @@ complete (``records.write_dataset``).
 from __future__ import annotations
 
 from od_dist.data import records
-from od_dist.data.records import DatasetError
+from od_dist.data.errors import BadAnnotation, DatasetError
 
 _TEXT = "image/object/class/text"
 _LABEL = "image/object/class/label"
@@ -124,7 +124,7 @@ def _scan(splits: dict[str, list[str]], by_name: dict[str, int] | None, tf):
 
 
 def convert(train: str, val: str, out: str, labels_path: str | None):
-    """Returns (records.Written, 0). Raises DatasetError, records.ProblemsReported."""
+    """Returns (records.Written, 0). Raises DatasetError, ProblemsReported."""
     import tensorflow as tf
 
     splits = {"train": _files("train", train), "val": _files("val", val)}
@@ -158,7 +158,7 @@ def convert(train: str, val: str, out: str, labels_path: str | None):
         example = tf.train.Example.FromString(record(*item))
         ids, texts, _, problem = class_ids(example, by_name)
         if problem:  # the file changed since the first pass
-            raise records.BadAnnotation(f"{item[0]}: record {item[1]}: {problem}")
+            raise BadAnnotation(f"{item[0]}: record {item[1]}: {problem}")
         f = example.features.feature
         old = _values(f.get("image/source_id"), "bytes_list")
         if not _values(f.get("image/filename"), "bytes_list") and old:

@@ -23,9 +23,9 @@ import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from od_dist.cluster.validate import shown
-from od_dist.data import records
-from od_dist.data.records import BadAnnotation, DatasetError
+from od_dist.cluster.messages import shown
+from od_dist.data import images, records
+from od_dist.data.errors import BadAnnotation, DatasetError
 
 MAX_XML_BYTES = 10 * 2**20  # a labelImg file is a few KB; anything this big is not an annotation
 
@@ -69,9 +69,9 @@ def _find_image(xml_path: str, filename: str | None, images_dir: str) -> str:
     # labelImg writes <filename>; other tools leave it out or keep an old name: try the XML's stem.
     stem = os.path.splitext(os.path.basename(xml_path))[0]
     names = [filename] if filename else []
-    names += [stem + s for suffix in records.IMAGE_SUFFIXES for s in (suffix, suffix.upper())]
+    names += [stem + s for suffix in images.IMAGE_SUFFIXES for s in (suffix, suffix.upper())]
     for name in names:
-        path, inside = records.image_under(images_dir, name)
+        path, inside = images.image_under(images_dir, name)
         if path and not inside:
             raise BadAnnotation(
                 f"{xml_path}: image '{shown(name)}' is outside --images '{images_dir}' (a '..', an absolute "
@@ -109,7 +109,7 @@ def parse(xml_path: str, images_dir: str) -> VocImage:
             "Pascal VOC / labelImg file"
         )
     image_path = _find_image(xml_path, _text(root, "filename"), images_dir)
-    fmt, (width, height) = records.image_format(image_path)
+    fmt, (width, height) = images.image_format(image_path)
     size = root.find("size")
     if size is not None and _text(size, "width") and _text(size, "height"):
         w, h = _number(xml_path, "size", size, "width"), _number(xml_path, "size", size, "height")
@@ -222,7 +222,7 @@ def convert(
         from official.vision.data import tfrecord_lib
 
         image = parse(xml_path, images_dir)  # pass 2: re-read, so nothing is kept from pass 1
-        encoded, fmt = records.encoded_image(image.image_path, image.image_format)
+        encoded, fmt = images.encoded_image(image.image_path, image.image_format)
         feats = tfrecord_lib.image_info_to_feature_dict(
             image.height, image.width, os.path.relpath(image.image_path, images_dir), source_id, encoded, fmt
         )

@@ -9,8 +9,8 @@ import tempfile
 from dataclasses import dataclass
 
 from od_dist.cluster import duties as duties_mod
+from od_dist.cluster import hostport, messages, validate
 from od_dist.cluster import spec as cluster_mod
-from od_dist.cluster import validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.host import cpu_budget
 from od_dist.protocol.peers import LOST_PEER_TIMEOUT_S
@@ -100,7 +100,7 @@ def _select(
 ) -> TaskConfig:
     role = validate.normalize_role(role)
     if index is not None and role is None:
-        raise InvalidCluster([validate.problem("--index", index, "given without --role", "add --role")])
+        raise InvalidCluster([messages.problem("--index", index, "given without --role", "add --role")])
     tf_config = os.environ.get("TF_CONFIG", "").strip()
     if cluster_path:
         source = cluster_path
@@ -113,7 +113,7 @@ def _select(
         if role is not None and (role, index if index is not None else 0) != (tf_role, tf_index):
             raise InvalidCluster(
                 [
-                    validate.problem(
+                    messages.problem(
                         "--role",
                         f"{role} {index if index is not None else 0}",
                         f"TF_CONFIG says this task is {tf_role} {tf_index}",
@@ -132,7 +132,7 @@ def _select(
         # job's: a role given means a cluster was meant.
         raise InvalidCluster(
             [
-                validate.problem(
+                messages.problem(
                     "--role",
                     role if index is None else f"{role} {index}",
                     "given without --cluster, and TF_CONFIG is not set: there is no cluster to take this role in",
@@ -143,7 +143,7 @@ def _select(
     else:
         raise InvalidCluster(
             [
-                validate.problem(
+                messages.problem(
                     "--cluster",
                     "",
                     "no cluster file given and TF_CONFIG is not set",
@@ -156,7 +156,7 @@ def _select(
         from od_dist.cluster import hostinfo
 
         machine = hostinfo.this_machine()
-    is_local = machine.is_local if machine else (lambda host: validate.is_loopback(host))
+    is_local = machine.is_local if machine else (lambda host: hostport.is_loopback(host))
     if role is None:
         if cluster.loopback_only() and not require_task:
             return TaskConfig(cluster, None, source, "loopback-only cluster: every task runs on this machine")
@@ -210,7 +210,7 @@ def model_dir_problem(model_dir: str) -> str | None:
     folder = os.path.abspath(model_dir)
     while not os.path.lexists(folder):
         folder = os.path.dirname(folder)
-    where = validate.shown(folder, validate.PATH_SHOWN_MAX)
+    where = messages.shown(folder, messages.PATH_SHOWN_MAX)
     if not os.path.isdir(folder):
         return f"'{where}' is a file, not a folder"
     try:
@@ -328,7 +328,7 @@ def train_config(
     problems = []
     if fixed_replica_batch and strategy == validate.PARAMETER_SERVER:
         problems.append(
-            validate.problem(
+            messages.problem(
                 "--fixed_replica_batch",
                 True,
                 "parameter_server runs each step's whole batch on one worker (no replicas in sync)",
@@ -337,7 +337,7 @@ def train_config(
         )
     if inter_op_threads == 1 and strategy == validate.PARAMETER_SERVER:
         problems.append(
-            validate.problem(
+            messages.problem(
                 "--inter_op_threads",
                 1,
                 "deadlocks the parameter_server coordinator",
@@ -348,33 +348,33 @@ def train_config(
         for flag, value in (("--pipeline", pipeline), ("--model_dir", model_dir)):
             if not value:
                 problems.append(
-                    validate.problem(flag, "", f"required for the {config.role} role", f"pass {flag}=...")
+                    messages.problem(flag, "", f"required for the {config.role} role", f"pass {flag}=...")
                 )
         why = model_dir_problem(model_dir) if model_dir and files_here else None
         if why:
             problems.append(
-                validate.problem(
+                messages.problem(
                     "--model_dir",
                     model_dir,
                     f"cannot be created or written: {why}",
                     "pass a folder this user can write (on every machine whose task writes it)",
-                    validate.PATH_SHOWN_MAX,
+                    messages.PATH_SHOWN_MAX,
                 )
             )
         if files_here and pipeline and not os.path.isfile(pipeline):
             problems.append(
-                validate.problem(
+                messages.problem(
                     "--pipeline",
                     pipeline,
                     "no such file",
                     "pass a pipeline YAML, e.g. pipelines/shapes_retinanet.yaml",
-                    validate.PATH_SHOWN_MAX,
+                    messages.PATH_SHOWN_MAX,
                 )
             )
     if cluster and clone_on_cpu and num_clones > 1:
         # Both cluster strategies place replicas on GPUs only (one CPU device per task).
         problems.append(
-            validate.problem(
+            messages.problem(
                 "--num_clones",
                 num_clones,
                 f"--clone_on_cpu runs several replicas only on one machine; "

@@ -33,7 +33,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from od_dist.cluster import duties, hostinfo, validate
+from od_dist.cluster import duties, hostinfo, hostport, messages, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.cluster.topology import connecting_peers
 
@@ -104,7 +104,7 @@ def check_entry(cluster: Cluster, role: str | None, index: int | None, machine) 
 def check_names(peers) -> tuple[list[Check], set[str]]:
     """(a line per peer host name, the names that do not resolve). IP addresses need no lookup."""
     checks, unresolved = [], set()
-    for host in sorted({t.address.host for t in peers if not validate.is_ip(t.address.host)}):
+    for host in sorted({t.address.host for t in peers if not hostport.is_ip(t.address.host)}):
         users = ", ".join(t.name for t in peers if t.address.host == host)
         addresses = hostinfo.resolve(host)
         if addresses:
@@ -439,7 +439,7 @@ def check_model_dir(cluster: Cluster, mine, model_dir: str) -> list[Check]:
         return [Check(OK, "model_dir", "no task here writes it")]
     names = ", ".join(t.name for t in writers)
     why = config.model_dir_problem(model_dir)
-    where = validate.shown(model_dir, validate.PATH_SHOWN_MAX)
+    where = messages.shown(model_dir, messages.PATH_SHOWN_MAX)
     if why:
         return [
             Check(
@@ -544,7 +544,7 @@ def run(
     unchecked: list[str] = []
     cluster = config.load_cluster(cluster_path, allow_public, unchecked)
     if index is not None and role is None:
-        raise InvalidCluster([validate.problem("--index", index, "given without --role", "add --role")])
+        raise InvalidCluster([messages.problem("--index", index, "given without --role", "add --role")])
     machine = machine or hostinfo.this_machine()
     head = (
         f"{cluster_path}: valid, strategy {cluster.strategy}, {len(cluster.tasks())} tasks, "

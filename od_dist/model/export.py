@@ -18,7 +18,7 @@ import re
 import shutil
 
 from od_dist import patches
-from od_dist.data import records
+from od_dist.data import errors, writing
 from od_dist.data.records import LABEL_MAP_FILE
 
 # What an export writes into --out (a SavedModel, Model Garden's params.yaml beside it, the label
@@ -115,7 +115,7 @@ def export(
             f"--out: '{out_dir}': exists and is not an earlier export; choose another --out "
             "(an earlier export there would be replaced)"
         )
-    staging = records.staging_dir(out_dir)
+    staging = writing.staging_dir(out_dir)
     try:
         try:
             with _without_keras_traces():
@@ -141,8 +141,8 @@ def export(
             json.dump({"min_score": min_score}, f)
         # An earlier export's files are replaced; anything else the user keeps there stays.
         try:
-            records.move_into_place(staging, out_dir, WRITTEN.fullmatch)
-        except records.DatasetError as e:  # the folder changed during the export
+            writing.move_into_place(staging, out_dir, WRITTEN.fullmatch)
+        except errors.DatasetError as e:  # the folder changed during the export
             raise ExportError(str(e)) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -34,7 +34,7 @@ import yaml
 
 from od_dist import patches
 from od_dist.cluster import safe_yaml
-from od_dist.cluster.validate import did_you_mean
+from od_dist.cluster.messages import did_you_mean
 
 STRATEGIES = ("parameter_server", "multi_worker_mirrored", "mirrored")
 # Model Garden's own name for "one device, no strategy"; fine wherever 'mirrored' is.

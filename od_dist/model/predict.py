@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from od_dist.data.records import IMAGE_SUFFIXES
+from od_dist.data.images import IMAGE_SUFFIXES
 
 JSON_FILE = "detections.json"
 

@@ -28,7 +28,7 @@ import re
 
 import yaml
 
-from od_dist.cluster.validate import shown, unsafe_char
+from od_dist.cluster.messages import shown, unsafe_char
 
 _SH_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _CMD_SPECIAL = set("&|<>()^")

@@ -186,13 +186,13 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
 
 def _label_map_warnings(label_map: str | None, num_classes: int, background: int, path: str) -> list[str]:
     """The label map and num_classes disagreeing: the Object Detection API does not check it."""
-    from od_dist.data import records
+    from od_dist.data import errors, records
 
     if not label_map or not os.path.isfile(label_map):
         return []
     try:
         names = records.read_labels(label_map)
-    except records.DatasetError as e:
+    except errors.DatasetError as e:
         return [str(e)]
     if max(names) != num_classes:
         return [
@@ -225,9 +225,9 @@ def write(text: str, out: str, force: bool, check) -> None:
     ``force``. Nothing is left behind on failure."""
     if os.path.exists(out) and not force:
         raise ImportProblem(f"--out: '{out}': exists; choose another --out or pass --force to replace it")
-    from od_dist.data import records
+    from od_dist.data import writing
 
-    tmp = records.partial_file_beside(out, text, ".yaml")  # the loader that checks it reads .yaml files
+    tmp = writing.partial_file_beside(out, text, ".yaml")  # the loader that checks it reads .yaml files
     try:
         check(tmp)
         if force:
