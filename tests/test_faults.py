@@ -371,8 +371,10 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
     for task in ("master-0", "worker-0"):
         log = open(os.path.join(model_dir, "logs", f"{task}.log"), errors="replace").read()
         launched = re.findall(r"Collective all_reduce tensors: (\d+) all_reduces, .*num_packs = (\d+)", log)
-        gradients = max(launched, key=lambda x: int(x[0]))  # the largest: the gradients
-        assert int(gradients[0]) > 100 and gradients[1] == "4", launched
+        # The largest: the gradients, a tensor per trainable variable (96 in the tests' model); the
+        # other all-reduces carry one tensor each.
+        gradients = max(launched, key=lambda x: int(x[0]))
+        assert int(gradients[0]) > 50 and gradients[1] == "4", launched
         # Each start builds the model once (its check is the trained model's own build), and
         # Keras' reads of the batch-norm statistics as it builds all-reduce nothing.
         for run in re.split(r"^----- .* started -----$", log, flags=re.M)[1:]:
