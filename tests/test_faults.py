@@ -362,19 +362,20 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
     # input size.
     assert 1.0 < float(m.group(1)) < 3.0 and m.group(1) == m.group(2)
     assert "--fixed_replica_batch: global batch 2 x 2 replicas = 4, learning rate x2" in out
-    # The gradients go in 4 packs (--all_reduce_packs' default), each all-reduced as the backward
-    # pass computes it: the master says so, and TensorFlow's own log line on every trainer.
-    packs = re.search(r"all-reduced in 4 packs of ([\d.]+) MB as the backward pass computes them", out)
-    # The total is printed to 0.1 MB and a pack to 0.01 MB: a quarter of the total is known to 0.0125,
-    # a pack to 0.005.
-    assert packs and float(packs.group(1)) == pytest.approx(float(m.group(1)) / 4, abs=0.018), out[-4000:]
+    # The gradients go in at most 4 packs (--all_reduce_packs' default), each all-reduced as the
+    # backward pass computes it: the master says how many, as TensorFlow's own log line on every
+    # trainer does.
+    packs = re.search(
+        r"all-reduced in ([1-4]) packs of [\d.]+( to [\d.]+)? MB as the backward pass computes", out
+    )
+    assert packs, out[-4000:]
     for task in ("master-0", "worker-0"):
         log = open(os.path.join(model_dir, "logs", f"{task}.log"), errors="replace").read()
         launched = re.findall(r"Collective all_reduce tensors: (\d+) all_reduces, .*num_packs = (\d+)", log)
         # The largest: the gradients, a tensor per trainable variable (96 in the tests' model); the
         # other all-reduces carry one tensor each.
         gradients = max(launched, key=lambda x: int(x[0]))
-        assert int(gradients[0]) > 50 and gradients[1] == "4", launched
+        assert int(gradients[0]) > 50 and gradients[1] == packs.group(1), launched
         # Each start builds the model once (its check is the trained model's own build), and
         # Keras' reads of the batch-norm statistics as it builds all-reduce nothing.
         for run in re.split(r"^----- .* started -----$", log, flags=re.M)[1:]:

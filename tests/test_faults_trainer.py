@@ -489,9 +489,9 @@ def test_multi_worker_mirrored_pair_stop_mismatch_and_lost_trainer(tmp_path, dat
     )
     stopped = int(m.group(2))
     assert checkpoint_step(str(model_dir)) == stopped and w.group(4) == "the master saved it"
-    assert re.search(r"master:0: .*; all-reduced in bfloat16 in 4 packs of 0\.\d+ MB", master.out), (
-        master.out[-3000:]
-    )
+    assert re.search(
+        r"master:0: .*; all-reduced in bfloat16 in [1-4] packs of 0\.\d+( to 0\.\d+)? MB", master.out
+    ), master.out[-3000:]
 
     # 2. The trainers must share model_dir.
     for p, here, other in zip(

@@ -183,9 +183,7 @@ print("variable:", v.dtype.name, v.numpy().tolist())
 def test_bfloat16_all_reduce_rounds_what_is_sent_and_keeps_float32_variables():
     r = subprocess.run([sys.executable, "-c", BFLOAT16_STEP], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    want = (
-        "set: bfloat16\nset on one machine: None\nbytes: (32, 32) (32, 16)\nvariable: float32 [-1.0, -3.0]\n"
-    )
+    want = "set: bfloat16\nset on one machine: None\nbytes: (32, [24, 8]) (32, [12, 4])\nvariable: float32 [-1.0, -3.0]\n"
     assert want in r.stdout, r.stdout
 
 
@@ -255,3 +253,22 @@ def test_fixed_replica_batch_counts_every_trainer_and_is_refused_under_parameter
     selected = config.TaskConfig(ps, ps.task("master", 0), "c.yaml", "")
     with pytest.raises(spec.InvalidCluster, match="--fixed_replica_batch: 'True': parameter_server runs"):
         config.train_config(selected, PIPELINE, "m", None, False, None, 60, fixed_replica_batch=True)
+
+
+def test_the_packs_the_master_reports_are_the_packs_tensorflow_makes():
+    """--all_reduce_packs N sets TensorFlow's bytes_per_pack to the total over N; TensorFlow closes a
+    pack once it holds more than that, so large tensors leave fewer packs: strategy.packed counts
+    them as TensorFlow's own grouping does."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import cross_device_utils
+
+    from od_dist.task import strategy
+
+    for floats in ([8] * 8, [10, 10, 50, 10, 10], [1000, 3, 3, 3], [5], [7, 1, 7, 1, 7, 1, 7, 1]):
+        sizes = [4 * n for n in floats]
+        for packs in (1, 2, 3, 4):
+            per_pack = -(-sum(sizes) // packs)
+            grouped = cross_device_utils.group_by_size([tf.zeros([n]) for n in floats], per_pack)
+            want = [sum(4 * t.shape.num_elements() for t in pack) for pack in grouped]
+            assert strategy.packed(sizes, per_pack) == want, (floats, packs)
+    assert strategy.packed([32] * 8, 64) == [96, 96, 64]  # 4 asked, 3 made

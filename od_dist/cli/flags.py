@@ -135,8 +135,8 @@ def define_train_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer(
         "all_reduce_packs",
         ALL_REDUCE_PACKS,
-        "multi_worker_mirrored: all-reduce the gradients in this many packs, each started as soon "
-        "as its gradients are computed, so the network works during the backward pass (1: one "
+        "multi_worker_mirrored: all-reduce the gradients in at most this many packs (the master says "
+        "how many), each started as soon as its gradients are computed, so the network works during the backward pass (1: one "
         "all-reduce after it, TensorFlow's default).",
         lower_bound=1,
         flag_values=fv,

@@ -250,17 +250,19 @@ def _model_built(config: TrainConfig, dist, who: str):
         from od_dist.task import strategy, trainer
 
         wire = strategy.reduce_gradients_in(dist, optimizer, config.all_reduce_dtype)
-        weights, grads = trainer.variable_bytes(model, wire)
+        weights, gradients = trainer.variable_bytes(model, wire)
         sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""
-        per_pack = strategy.pack_gradients(dist, grads, config.all_reduce_packs)
+        packs = strategy.pack_gradients(dist, gradients, config.all_reduce_packs)
         if config.role == "master":
-            packs = (
-                f"; all-reduced{sent_in} in {config.all_reduce_packs} packs of {per_pack / 1e6:.2f} MB "
-                "as the backward pass computes them"
-                if per_pack
+            smallest, largest = (f"{min(packs) / 1e6:.2f}", f"{max(packs) / 1e6:.2f}") if packs else ("", "")
+            sizes = smallest if smallest == largest else f"{smallest} to {largest}"
+            how = (
+                f"; all-reduced{sent_in} in {len(packs)} packs of {sizes} MB as the backward pass computes them"
+                if packs
                 else sent_in and f"; all-reduced{sent_in}"
             )
-            print(f"{who}: {traffic.describe(config.selected.cluster, weights, grads)}{packs}", flush=True)
+            line = traffic.describe(config.selected.cluster, weights, sum(gradients))
+            print(f"{who}: {line}{how}", flush=True)
 
     return built
 

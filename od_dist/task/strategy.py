@@ -168,21 +168,34 @@ def collective_options(all_reduce_alg: str | None):
     )
 
 
-def pack_gradients(dist, gradient_bytes: int, packs: int) -> int:
-    """multi_worker_mirrored: all-reduce the gradients in `packs` packs of about equal bytes
-    (TensorFlow's CommunicationOptions.bytes_per_pack); returns the bytes per pack, 0 for one pack
-    or another strategy. Called once the model is built (its size is known only then) and before
-    the first step; every trainer builds the same model, so all pack alike, as collectives need."""
+def pack_gradients(dist, gradients: list[int], packs: int) -> list[int]:
+    """multi_worker_mirrored: all-reduce the gradients (their bytes, in order) in at most `packs`
+    packs (TensorFlow's CommunicationOptions.bytes_per_pack: a total over `packs`); returns the
+    bytes of each pack TensorFlow makes, none for one pack or another strategy. Called once the
+    model is built (its size is known only then) and before the first step; every trainer builds the
+    same model, so all pack alike, as collectives need."""
     import tensorflow as tf
 
     if packs <= 1 or not isinstance(dist, tf.distribute.MultiWorkerMirroredStrategy):
-        return 0
-    bytes_per_pack = -(-gradient_bytes // packs)
+        return []
+    bytes_per_pack = -(-sum(gradients) // packs)
     # The options are fixed when the strategy is built; it merges these into every all-reduce.
     patches.merge_communication_options(
         dist, tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
     )
-    return bytes_per_pack
+    return packed(gradients, bytes_per_pack)
+
+
+def packed(sizes: list[int], bytes_per_pack: int) -> list[int]:
+    """The packs TensorFlow groups tensors of these sizes into (cross_device_utils.group_by_size, as
+    of 2.20): in order, a pack closed once it holds more than bytes_per_pack, so a large tensor can
+    leave fewer packs than the total over bytes_per_pack."""
+    packs: list[int] = []
+    for size in sizes:
+        if not packs or packs[-1] > bytes_per_pack:
+            packs.append(0)
+        packs[-1] += size
+    return packs
 
 
 def reduce_gradients_in(dist, optimizer, dtype_name: str):

@@ -86,18 +86,19 @@ def _prepare(params) -> None:
         performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
 
 
-def variable_bytes(model, wire=None) -> tuple[int, int]:
-    """(bytes of all the model's variables, bytes of its trainable ones: a step's gradients).
-    `wire`: the dtype float32 gradients are all-reduced in (strategy.reduce_gradients_in)."""
+def variable_bytes(model, wire=None) -> tuple[int, list[int]]:
+    """(bytes of all the model's variables, the bytes of each trainable one in order: a step's
+    gradients, as they are all-reduced). `wire`: the dtype float32 gradients are all-reduced in
+    (strategy.reduce_gradients_in)."""
 
-    def size(variables, sent_as):
-        return sum(
+    def sizes(variables, sent_as):
+        return [
             v.shape.num_elements()
             * (sent_as.size if sent_as is not None and v.dtype == "float32" else v.dtype.size)
             for v in variables
-        )
+        ]
 
-    return size(model.variables, None), size(model.trainable_variables, wire)
+    return sum(sizes(model.variables, None)), sizes(model.trainable_variables, wire)
 
 
 def make_task(params, model_dir: str | None = None, data_threads: int = 0):
