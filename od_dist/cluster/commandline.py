@@ -4,7 +4,7 @@ and `k8s` (a container per role: a TFJob replica type or a JobSet replicated job
 and what `launch` checks before any task starts is what each task is started with.
 
 `flags` are the job's `od-dist train` flags as the user set them (`--name=value`, `--name`,
-`--noname`; cli.py turns its parsed flags into them), without the task's own place in the cluster
+`--noname`; cli/flags.py turns its parsed flags into them), without the task's own place in the cluster
 (TASK_FLAGS), which is added here. No TensorFlow here.
 """
 

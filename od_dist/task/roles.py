@@ -186,7 +186,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
 
 
 def _code_of(e: BaseException) -> int:
-    """The exit status `e` ends this process with (cli.py's _run_role and main)."""
+    """The exit status `e` ends this process with (cli/train.py's _run_role, and cli's main)."""
     from od_dist.model.pipeline import PipelineError
 
     if isinstance(e, KeyboardInterrupt):
