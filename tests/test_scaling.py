@@ -199,7 +199,7 @@ def test_by_default_replicas_share_the_batch_and_one_it_does_not_divide_is_refus
         "global batch 8 split over 2 replicas, 4 each; learning rate and steps as written "
         "(--fixed_replica_batch: 8 per replica instead)"
     )
-    assert params.task.train_data.global_batch_size == 8 and params.trainer.train_steps == 1500
+    assert params.task.train_data.global_batch_size == 8 and params.trainer.train_steps == 2000
     with pytest.raises(pipeline.PipelineError) as e:
         pipeline.split_over_replicas(params, 3)
     assert str(e.value) == (
