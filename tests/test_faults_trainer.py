@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slow
 class Proc:
     """One od-dist process whose output is collected in a file (no pipe to fill up)."""
 
-    def __init__(self, tmp_path, name, args, env=None):
+    def __init__(self, tmp_path, name, args, env=None, background=False):
+        """`background`: started as a script's `od-dist ... &` is, with SIGINT ignored."""
         self.name = name
         self.log = tmp_path / f"{name}.log"
         env = clean_env(PYTHONUNBUFFERED="1", **(env or {}))
@@ -42,6 +43,7 @@ class Proc:
                 stderr=subprocess.STDOUT,
                 cwd=str(tmp_path),
                 env=env,
+                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None,
             )
 
     @property
@@ -300,11 +302,14 @@ def test_a_master_stopping_at_its_records_check_tells_its_servers(tmp_path, data
 
 def test_ctrl_c_on_a_master_waiting_for_its_peers_ends_the_job_everywhere(tmp_path, data_dir, procs):
     """Ctrl+C on the master while it waits for a worker that is late (before TensorFlow connects,
-    before the stop handler of training): every machine exits 130, at once."""
+    before the stop handler of training): every machine exits 130, at once. The master was started
+    in the background of a script (SIGINT ignored), which od-dist overrides as its stop handler does."""
     cluster = write_cluster(tmp_path, ps=1, workers=2)
     model_dir = tmp_path / "model"
     servers = servers_up(tmp_path, procs, cluster, model_dir, data_dir, 120)  # worker:1 never comes
-    master = Proc(tmp_path, "master", train_args(cluster, "master", 0, model_dir, data_dir, wait=120))
+    master = Proc(
+        tmp_path, "master", train_args(cluster, "master", 0, model_dir, data_dir, wait=120), background=True
+    )
     procs.append(master)
     master.wait_for(lambda out: "waiting for worker:1" in out, 300, "its wait for worker:1")
     master.proc.send_signal(signal.SIGINT)
@@ -338,7 +343,8 @@ sys.meta_path.insert(0, _Slow())
 def test_ctrl_c_on_a_ps_still_starting_ends_the_job_everywhere(tmp_path, data_dir, procs):
     """Ctrl+C on the ps while it starts (before it serves, so before its stop handler), the master
     waiting for it: the ps says so on its port, the master ends with 130 and tells the worker,
-    which ends with 130 too; no machine waits --wait_timeout."""
+    which ends with 130 too; no machine waits --wait_timeout. The ps runs as a script's background
+    job (SIGINT ignored)."""
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     model_dir = tmp_path / "model"
     w0 = Proc(tmp_path, "worker0", train_args(cluster, "worker", 0, model_dir, data_dir, wait=120))
@@ -349,7 +355,11 @@ def test_ctrl_c_on_a_ps_still_starting_ends_the_job_everywhere(tmp_path, data_di
     hook = site_hook(tmp_path, SLOW_START)
     path = os.pathsep.join(p for p in (hook, os.environ.get("PYTHONPATH")) if p)
     ps = Proc(
-        tmp_path, "ps", train_args(cluster, "ps", 0, model_dir, data_dir, wait=120), {"PYTHONPATH": path}
+        tmp_path,
+        "ps",
+        train_args(cluster, "ps", 0, model_dir, data_dir, wait=120),
+        {"PYTHONPATH": path},
+        background=True,
     )
     procs.append(ps)
     ps.wait_for(lambda out: (tmp_path / "loading-tensorflow").exists(), 300, "its start")

@@ -221,12 +221,12 @@ def test_fixed_replica_batch_scales_batch_and_learning_rate():
     assert said == "global batch 8 x 3 replicas = 24, learning rate x3, warmup 100 steps"
     assert params.task.train_data.global_batch_size == 24
     assert params.trainer.optimizer_config.learning_rate.cosine.initial_learning_rate == pytest.approx(0.24)
-    assert params.trainer.train_steps == 1000  # steps as written
-    # No warmup in the pipeline: one is added, from the unscaled rate.
+    assert params.trainer.train_steps == 2000  # steps as written
+    # No warmup in the pipeline: one is added (5% of the steps), from the unscaled rate.
     params = pipeline.load_pipeline(PIPELINE, "trainer.optimizer_config.warmup.type=null", "mirrored")
     pipeline.scale_for_replicas(params, 2)
     warmup = params.trainer.optimizer_config.warmup
-    assert warmup.type == "linear" and warmup.linear.warmup_steps == 50
+    assert warmup.type == "linear" and warmup.linear.warmup_steps == 100  # 5% of the 2000 steps
     assert warmup.linear.warmup_learning_rate == pytest.approx(0.08)
     params = pipeline.load_pipeline(PIPELINE, None, "mirrored")
     pipeline.scale_for_replicas(params, 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from od_dist.cli.flags import LAUNCH_MAX_RESTARTS, ONE_TASK, define_restart_flags, define_train_flags, require
 from od_dist.cli.registry import UsageError, command
-from od_dist.cli.train import run_here
+from od_dist.cli.train import honour_ctrl_c, run_here
 
 
 @command(
@@ -33,6 +33,7 @@ def cmd_launch(fv) -> int:
     from od_dist.cluster import hostinfo
     from od_dist.host import config
 
+    honour_ctrl_c()
     if fv.role is not None or fv.index is not None:
         raise UsageError(
             "--role/--index: launch starts every task of this machine; leave them out "

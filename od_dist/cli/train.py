@@ -5,6 +5,7 @@ inside the commands."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -25,6 +26,14 @@ from od_dist.cli.registry import UsageError, command
 from od_dist.cluster import commandline
 from od_dist.cluster.spec import InvalidCluster
 from od_dist.protocol import exit_codes, notes
+
+
+def honour_ctrl_c() -> None:
+    """`train` and `launch`: a command a script starts in the background inherits SIGINT ignored.
+    od-dist's stop handlers take it during training anyway, so from the start too: Ctrl+C (kill
+    -INT) stops the job at any moment, however the command was started."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _run_role(run, *args) -> int:
@@ -75,6 +84,7 @@ supervisor of its own: its failures are never the job's).
     lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0), define_slurm_task_flag(fv)),
 )
 def cmd_train(fv) -> int:
+    honour_ctrl_c()
     if fv.slurm:
         selected = select_slurm_task(fv)
     else:
