@@ -451,21 +451,20 @@ def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_pat
 
 
 def test_multi_worker_mirrored_pair_stop_mismatch_and_lost_trainer(tmp_path, data_dir, procs):
-    """One multi_worker_mirrored pair, its gradients all-reduced in bfloat16, started three times
-    on one model_dir:
+    """One multi_worker_mirrored pair, its gradients all-reduced in bfloat16, each trainer its own
+    model_dir (two machines without a shared folder), started three times:
 
-    1. SIGTERM to the worker only: at the next loop boundary both trainers save the same step
-       (the master into model_dir) and exit 143.
-    2. The master finds that checkpoint in its model_dir, the worker (another folder, and
-       float32 all-reduces) none: both exit 2 naming the steps and the flag, before any restore
+    1. SIGTERM to the worker only: at the next loop boundary both trainers save the same step,
+       each into its own model_dir, and exit 143.
+    2. The worker with float32 all-reduces: both exit 2 naming the flag, before any restore
        (which is collective and would fail inside TensorFlow).
-    3. The pair on the shared model_dir again resumes there; the worker killed once both
-       trainers train: the master exits 138 naming it, within seconds, instead of waiting on a
-       collective."""
+    3. The worker with an empty model_dir (a new disk): it resumes at the master's step, the
+       variables sent over the all-reduce; killed once both trainers train: the master exits 138
+       naming it, within seconds, instead of waiting on a collective."""
     cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
-    model_dir, elsewhere = tmp_path / "model", tmp_path / "not-shared"
+    model_dir, own, new_disk = tmp_path / "model", tmp_path / "worker-own", tmp_path / "new-disk"
 
-    def pair(name, worker_dir=model_dir, worker_dtype="bfloat16"):
+    def pair(name, worker_dir=own, worker_dtype="bfloat16"):
         bf16 = ("--all_reduce_dtype=bfloat16",)
         started = (
             Proc(
@@ -482,7 +481,7 @@ def test_multi_worker_mirrored_pair_stop_mismatch_and_lost_trainer(tmp_path, dat
         procs.extend(started)
         return started
 
-    # 1. The stop saves the same step on every trainer.
+    # 1. The stop saves the same step on every trainer, each into its own model_dir.
     master, worker = pair("stop")
     worker.wait_step(0, 600)
     worker.proc.send_signal(signal.SIGTERM)
@@ -498,31 +497,33 @@ def test_multi_worker_mirrored_pair_stop_mismatch_and_lost_trainer(tmp_path, dat
         and w.group(3) == "SIGTERM"
     )
     stopped = int(m.group(2))
-    assert checkpoint_step(str(model_dir)) == stopped and w.group(4) == "the master saved it"
+    assert checkpoint_step(str(model_dir)) == stopped and checkpoint_step(str(own)) == stopped
+    assert w.group(5) == f"{own}/ckpt-{stopped}", worker.out[-2000:]
     assert re.search(
         r"master:0: .*; all-reduced in bfloat16 in [1-4] packs of 0\.\d+( to 0\.\d+)? MB", master.out
     ), master.out[-3000:]
 
-    # 2. The trainers must share model_dir.
+    # 2. The trainers must all-reduce alike.
     for p, here, other in zip(
-        pair("not-shared", elsewhere, "float32"), ("bfloat16", "float32"), ("worker", "master")
+        pair("mismatch", own, "float32"), ("bfloat16", "float32"), ("worker", "master")
     ):
         assert p.wait(600) == 2, p.out[-3000:]
-        assert re.search(
-            rf"--model_dir: .*: the trainers would resume from different steps \(master:0 at step {stopped}, "
-            r"worker:0 at step 0; 0: no checkpoint\)",
-            p.out,
-        ), p.out[-3000:]
         assert (
             f"--all_reduce_dtype: {here} here, another value on {other}:0: every trainer needs the same "
             "--all_reduce_dtype; start them all with one command line" in p.out
         ), p.out[-3000:]
+        assert "different steps" not in p.out, p.out[-3000:]
 
     # 3. A lost trainer ends the other with 138.
-    master, worker = pair("lost")
+    master, worker = pair("lost", new_disk)
     for p in (master, worker):  # past the start-up check and the restore: in the first loop
         p.wait_for(lambda out: "training until step" in out, 600, "training")
     assert re.search(rf"restored (model )?from .*ckpt-{stopped}\b", master.out), master.out[-3000:]
+    joined = (
+        f"od-dist train | resuming at step {stopped} from master:0's checkpoint, its variables sent over "
+        "the all-reduce to the trainers whose --model_dir is behind (worker:0's at step 0; 0: no checkpoint)"
+    )
+    assert joined in worker.out and joined in master.out, worker.out[-3000:]
     worker.proc.kill()
     killed = time.monotonic()
     assert master.wait(60) == 138, master.out[-3000:]

@@ -66,6 +66,7 @@ def _controller_cls():
             od_on_last_loop=None,
             od_on_loop_start=None,
             od_same_flags=None,
+            od_max_to_keep: int = 5,
             **kwargs,
         ):
             self._od_same_flags = od_same_flags or {}
@@ -78,10 +79,17 @@ def _controller_cls():
             self._od_train_steps = od_train_steps
             self._od_last_train_output: dict = {}
             self.last_eval: dict | None = None
+            self._od_max_to_keep = od_max_to_keep
+            self._od_own_copy = False
             if kwargs.get("trainer") is not None:
-                _create_optimizer_slots(
-                    kwargs["trainer"], kwargs.get("strategy") or tf.distribute.get_strategy()
-                )
+                strategy = kwargs.get("strategy") or tf.distribute.get_strategy()
+                _create_optimizer_slots(kwargs["trainer"], strategy)
+                if kwargs.get("checkpoint_manager") is not None and isinstance(
+                    strategy, tf.distribute.MultiWorkerMirroredStrategy
+                ):
+                    kwargs["checkpoint_manager"] = self._od_own_manager(
+                        strategy, kwargs["trainer"], kwargs["checkpoint_manager"]
+                    )
             super().__init__(*args, **kwargs)
             if self.trainer is not None and self.checkpoint_manager is not None:
                 self.checkpoint_manager.save = patches.reading_batch_norm_once(
@@ -92,28 +100,34 @@ def _controller_cls():
                 if od_on_model is not None:
                     od_on_model(self.trainer.model, self.trainer.optimizer)
 
+        def _od_own_manager(self, strategy, trainer, manager):
+            """A multi_worker_mirrored worker's CheckpointManager. Model Garden points it at a
+            temporary folder (every trainer takes part in every save, only the master's copy was
+            kept): it saves into its own model_dir instead, so that a LAN of separate disks holds
+            the newest checkpoint on every trainer machine. Not where a trainer of a lower id
+            writes into the same folder (a shared folder): nothing is written there twice."""
+            writer = _folder_writer(strategy, self._od_model_dir)  # collective: every trainer asks
+            if writer != _trainer_id(strategy) or strategy.extended.should_checkpoint:
+                return manager  # the master's, in model_dir; or a shared folder's other writer
+            from od_dist.task import checkpoints
+
+            checkpoints.tidy(self._od_model_dir)  # as the master tidies its own, before any restore
+            self._od_own_copy = True
+            if not tf.io.gfile.listdir(manager.directory):
+                tf.io.gfile.rmtree(manager.directory)  # Model Garden's temporary folder, unused now
+            return tf.train.CheckpointManager(
+                manager.checkpoint,
+                directory=self._od_model_dir,
+                max_to_keep=self._od_max_to_keep,
+                step_counter=trainer.global_step,
+                checkpoint_interval=manager.checkpoint_interval,
+                init_fn=trainer.initialize,
+            )
+
         def restore_checkpoint(self, checkpoint_path=None):
-            # Under multi_worker_mirrored, Model Garden points a non-chief worker's
-            # CheckpointManager at a temporary directory; resume it from model_dir
-            # (a shared filesystem) so every worker starts from the same step.
             manager = self.checkpoint_manager
-            if self.trainer is not None and checkpoint_path is None:  # training starts here
-                self._od_check_same_start(tf.train.latest_checkpoint(self._od_model_dir))
-            if (
-                checkpoint_path is None
-                and manager is not None
-                and os.path.abspath(manager.directory) != os.path.abspath(self._od_model_dir)
-            ):
-                checkpoint_path = tf.train.latest_checkpoint(self._od_model_dir)
-            if checkpoint_path and self.trainer is not None and manager is not None:
-                restored = super().restore_checkpoint(checkpoint_path)
-                if manager.checkpoint_interval:
-                    # The master's manager counts its next save from the step it restored; this
-                    # one, restored from another folder, would save at its first loop boundary.
-                    # Saving is collective: trainers that disagree fail the job (a collective
-                    # "Shape mismatch", exit 1) at the first boundary after a mid-interval resume.
-                    patches.count_saves_from(manager, int(self.global_step.numpy()))
-                return restored
+            if self.trainer is not None and checkpoint_path is None and manager is not None:
+                return self._od_resume(tf.train.latest_checkpoint(self._od_model_dir))
             if self.trainer is None and manager is not None:
                 # Evaluation only: the optimizer's slots are not needed; say so, rather
                 # than let TensorFlow warn about each unrestored one at exit.
@@ -127,37 +141,69 @@ def _controller_cls():
                     return checkpoint_path
             return super().restore_checkpoint(checkpoint_path)
 
+        def _od_resume(self, latest: str | None):
+            """Training starts: every trainer resumes from the newest checkpoint any of them holds
+            in its model_dir. Under multi_worker_mirrored a trainer whose model_dir is behind (a
+            new disk, a machine that was down at a save) restores nothing and receives the
+            variables from the lowest trainer that holds it, in one all-reduce, as Horovod
+            broadcasts rank 0's state: no shared folder is needed."""
+            starts = self._od_check_same_start(latest)
+            # Created now on every trainer, in the same order: a restore creates it otherwise, and
+            # creating a variable is collective under multi_worker_mirrored (the master's initial value).
+            self.checkpoint_manager.checkpoint.save_counter  # noqa: B018
+            newest = max(s[1] for s in starts)
+            if len({s[1] for s in starts}) == 1:
+                if latest and os.path.abspath(self.checkpoint_manager.directory) != os.path.abspath(
+                    self._od_model_dir
+                ):
+                    restored = super().restore_checkpoint(latest)  # a shared folder, read by a worker
+                    self._od_count_saves_from(newest)
+                    return restored
+                return super().restore_checkpoint(None)
+            names = _trainer_names(self.strategy)
+            source = min(names.index(s[0]) for s in starts if s[1] == newest)
+            restored = super().restore_checkpoint(latest) if self._od_step(latest) == newest else None
+            _broadcast(self.strategy, _checkpointed_variables(self.trainer), source)
+            self._od_count_saves_from(newest)
+            behind = ", ".join(f"{s[0]}'s at step {s[1]}" for s in starts if s[1] != newest)
+            print(
+                f"{_PREFIX} train | resuming at step {newest} from {names[source]}'s checkpoint, its "
+                f"variables sent over the all-reduce to the trainers whose --model_dir is behind ({behind}; "
+                "0: no checkpoint)",
+                flush=True,
+            )
+            return restored
+
+        @staticmethod
+        def _od_step(latest: str | None) -> int:
+            return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+        def _od_count_saves_from(self, step: int):
+            # A manager restored from another folder, or given the variables by another trainer,
+            # would save at its first loop boundary, the master's not: saving is collective, and
+            # trainers that disagree fail the job (a collective "Shape mismatch", exit 1) at the
+            # first boundary after a mid-interval resume.
+            if self.checkpoint_manager.checkpoint_interval:
+                patches.count_saves_from(self.checkpoint_manager, step)
+
         def _od_capture(self, output):
             self._od_last_train_output = output or {}
 
         def _od_all_trainers(self, *values: int) -> list:
-            """(trainer name, *values) of every trainer: one all-gather under
-            multi_worker_mirrored (every trainer must call it at the same point), else ours."""
-            me = _trainer_name(self.strategy)
-            if not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
-                return [(me, *values)]
-            row = [_trainer_id(self.strategy), *values]
-            gathered = self.strategy.gather(self.strategy.run(lambda: tf.constant([row], tf.int64)), axis=0)
-            rows = {tuple(int(v) for v in r) for r in gathered.numpy().tolist()}  # one per replica
+            """(trainer name, *values) of every trainer, by name (see _gather)."""
             names = _trainer_names(self.strategy)
-            return sorted((names[r[0]], *r[1:]) for r in rows)
+            return sorted((names[i], *row) for i, row in _gather(self.strategy, *values).items())
 
-        def _od_check_same_start(self, latest: str | None):
-            """Before any restore (restoring is itself collective under multi_worker_mirrored,
-            and trainers that restore different steps fail in it or train apart): every trainer
-            must find the same latest checkpoint in model_dir, and have the same od_same_flags
-            (their all-reduces would not match: a collective's error or a hang at the first step)."""
-            step = int(latest.rsplit("-", 1)[1]) if latest else 0
+        def _od_check_same_start(self, latest: str | None) -> list:
+            """Before any restore (restoring is itself collective under multi_worker_mirrored):
+            every trainer's latest step in its model_dir, gathered (trainer name, step, ...); and
+            every trainer must have the same od_same_flags (their all-reduces would not match: a
+            collective's error or a hang at the first step)."""
             flags = sorted(self._od_same_flags.items())
-            starts = self._od_all_trainers(step, *(zlib.crc32(value.encode()) for _, value in flags))
+            starts = self._od_all_trainers(
+                self._od_step(latest), *(zlib.crc32(value.encode()) for _, value in flags)
+            )
             problems = []
-            if len({s[1] for s in starts}) > 1:
-                shown = ", ".join(f"{s[0]} at step {s[1]}" for s in starts)
-                problems.append(
-                    f"--model_dir: {self._od_model_dir!r}: the trainers would resume from different steps "
-                    f"({shown}; 0: no checkpoint): each must see the checkpoints the master writes there; "
-                    "give every trainer the same shared folder (a network share) as --model_dir"
-                )
             for column, (flag, value) in enumerate(flags, start=2):
                 mine = zlib.crc32(value.encode())
                 others = [s[0] for s in starts if s[column] != mine]
@@ -168,6 +214,7 @@ def _controller_cls():
                     )
             if problems:
                 raise StartMismatch("\n".join(problems))
+            return starts
 
         def _od_stop_if_asked(self):
             """At a loop boundary: if any trainer got a stop signal, every trainer saves a
@@ -184,8 +231,8 @@ def _controller_cls():
                 path = patches.save_now(self, step)
             else:
                 patches.sync_saves(self)
-            if not self.strategy.extended.should_checkpoint:
-                path = None  # a multi_worker_mirrored worker's copy, in a temporary folder
+            if not self.strategy.extended.should_checkpoint and not self._od_own_copy:
+                path = None  # a worker's copy, in a temporary folder: the master's is in the shared one
             why = (
                 self._od_stop.name
                 if self._od_stop.requested
@@ -292,6 +339,119 @@ def _trainer_id(strategy) -> int:
 
 def _trainer_name(strategy) -> str:
     return _trainer_names(strategy)[_trainer_id(strategy)]
+
+
+_GATHER_WIDTH = 4  # values per trainer at most
+_GATHERS: dict = {}  # strategy -> its gather, traced once
+
+
+def _gather(strategy, *values: int) -> dict:
+    """{trainer id: (*values)} of every trainer: one all-reduce under multi_worker_mirrored (every
+    trainer must call it at the same point), else ours. A table with a row per trainer, each
+    filling its own (by its first replica) and zeros elsewhere, summed: traced once, as a tf.function
+    (strategy.gather traces again at every call, and TensorFlow then warns on the console)."""
+    import numpy as np
+    import tensorflow as tf
+
+    me = _trainer_id(strategy)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return {me: tuple(values)}
+    trainers = len(_trainer_names(strategy))
+    if id(strategy) not in _GATHERS:
+        per_trainer = strategy.num_replicas_in_sync // trainers
+
+        @tf.function
+        def gather(table):
+            def contribute(table):
+                context = tf.distribute.get_replica_context()
+                first = tf.equal(context.replica_id_in_sync_group % per_trainer, 0)
+                return context.all_reduce(
+                    tf.distribute.ReduceOp.SUM, tf.where(first, table, tf.zeros_like(table))
+                )
+
+            return strategy.run(contribute, args=(table,))
+
+        _GATHERS[id(strategy)] = gather
+    table = np.zeros((trainers, 2 + _GATHER_WIDTH), np.int64)
+    table[me, : 2 + len(values)] = [1, len(values), *values]
+    summed = strategy.experimental_local_results(_GATHERS[id(strategy)](tf.constant(table)))[0].numpy()
+    return {i: tuple(int(v) for v in r[2 : 2 + r[1]]) for i, r in enumerate(summed.tolist()) if r[0]}
+
+
+_FOLDER_TOKEN = ".od-dist-trainer-"  # + a random number: which trainers share a folder
+
+
+def _folder_writer(strategy, model_dir: str) -> int:
+    """The id of the trainer that writes checkpoints into `model_dir`: the lowest of those whose
+    model_dir is this same folder (a shared folder: a network share, or trainers of one machine
+    given one --model_dir). Each trainer leaves a file named by a random number in its own folder
+    and looks for the others'. Collective: every multi_worker_mirrored trainer calls it at start."""
+    import secrets
+
+    import tensorflow as tf
+
+    tf.io.gfile.makedirs(model_dir)
+    token = secrets.randbits(62)
+    mine = os.path.join(model_dir, f"{_FOLDER_TOKEN}{token}")
+    with tf.io.gfile.GFile(mine, "w") as f:
+        f.write("")
+    try:
+        tokens = _gather(strategy, token)
+        here = [
+            i
+            for i, (t,) in tokens.items()
+            if tf.io.gfile.exists(os.path.join(model_dir, f"{_FOLDER_TOKEN}{t}"))
+        ]
+        _gather(strategy)  # every trainer has looked before any token goes
+    finally:
+        tf.io.gfile.remove(mine)
+    return min(here)
+
+
+def _checkpointed_variables(trainer) -> list:
+    """Every variable a checkpoint of `trainer` holds (model, optimizer and its slots, step)."""
+    import tensorflow as tf
+
+    seen, found = set(), []
+    for obj in tf.train.TrackableView(trainer.checkpoint).descendants():
+        if isinstance(obj, tf.Variable) and id(obj) not in seen:
+            seen.add(id(obj))
+            found.append(obj)
+    return found
+
+
+def _broadcast(strategy, variables: list, source: int) -> None:
+    """Every trainer's `variables` set to trainer `source`'s, in one all-reduce: `source`'s first
+    replica adds its values, every other replica zeros. Collective: every trainer calls it."""
+    import tensorflow as tf
+
+    first = source * (strategy.num_replicas_in_sync // len(_trainer_names(strategy)))
+
+    def as_sent(v):  # integers (the step counters) travel as float64: exact below 2**53
+        return v.read_value() if v.dtype.is_floating else tf.cast(v.read_value(), tf.float64)
+
+    groups: dict = {}  # one all-reduce per dtype: it packs its tensors into one
+    for v in variables:
+        groups.setdefault(v.dtype if v.dtype.is_floating else tf.float64, []).append(v)
+
+    @tf.function
+    def reduce():
+        def contribute():
+            context = tf.distribute.get_replica_context()
+            mine = tf.equal(context.replica_id_in_sync_group, first)
+            return [
+                context.all_reduce(
+                    tf.distribute.ReduceOp.SUM,
+                    [tf.where(mine, as_sent(v), tf.zeros_like(as_sent(v))) for v in group],
+                )
+                for group in groups.values()
+            ]
+
+        return strategy.run(contribute)
+
+    for group, values in zip(groups.values(), reduce()):
+        for v, value in zip(group, values):
+            v.assign(tf.cast(strategy.experimental_local_results(value)[0], v.dtype))
 
 
 def _write_metrics(model_dir: str, metrics: dict) -> None:

@@ -190,6 +190,7 @@ def _run(
         od_on_last_loop=on_last_loop,
         od_on_loop_start=on_loop_start,
         od_same_flags=same_flags,
+        od_max_to_keep=int(params.trainer.max_to_keep),
     )
     holder = {}
 
