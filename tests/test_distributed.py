@@ -30,6 +30,7 @@ from loopback import (
 )
 
 from od_dist.host import cpu_budget
+from od_dist.protocol import notes
 
 pytestmark = pytest.mark.slow
 
@@ -207,8 +208,9 @@ def test_port_already_taken(tmp_path):
 def test_ps_starts_whatever_num_clones_says_stops_on_sigterm_and_when_master_never_comes(tmp_path):
     """A ps holds variables and runs no replicas: num_clones 2 (file and flag, as one launch line
     passes it to every machine) must not make a CPU-only ps ask for 2 GPUs. SIGTERM stops it with
-    a retryable 143, SIGINT with 130 (no master said the job is over); a master that never comes,
-    after --wait_timeout, with 138."""
+    a retryable 143, SIGINT with 130 (no master said the job is over), and a SIGINT its supervisor
+    left word of (standing in for the CTRL_BREAK a Windows supervisor stops it with: Linux has
+    none) with 143, the system's stop; a master that never comes, after --wait_timeout, with 138."""
     cluster = write_cluster(tmp_path, ps=1, workers=1)
     with open(cluster, "a") as f:
         f.write("num_clones: 2\n")
@@ -219,7 +221,13 @@ def test_ps_starts_whatever_num_clones_says_stops_on_sigterm_and_when_master_nev
         "import atexit, os, signal\natexit.register(lambda: os.kill(os.getpid(), signal.SIGSEGV))\n"
     )
     env = clean_env(PYTHONPATH=site_hook(tmp_path, crash_at_exit))
-    for extra, sent, code in (([], signal.SIGTERM, 143), (["--num_clones=2"], signal.SIGINT, 130)):
+    notes_dir = tmp_path / "notes"
+    notes_dir.mkdir()
+    for extra, sent, code, supervised in (
+        ([], signal.SIGTERM, 143, False),
+        (["--num_clones=2"], signal.SIGINT, 130, False),
+        ([], signal.SIGINT, 143, True),
+    ):
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -235,7 +243,7 @@ def test_ps_starts_whatever_num_clones_says_stops_on_sigterm_and_when_master_nev
             stderr=subprocess.STDOUT,
             text=True,
             cwd=str(tmp_path),
-            env=env,
+            env=dict(env, **{notes.NOTES_ENV: str(notes_dir)}) if supervised else env,
         )
         try:
             lines = []
@@ -249,10 +257,14 @@ def test_ps_starts_whatever_num_clones_says_stops_on_sigterm_and_when_master_nev
                 c.laddr.ip for c in psutil.Process(proc.pid).net_connections("tcp") if c.laddr.port == port
             }
             assert bound and bound <= {"0.0.0.0", "::"}, bound
+            if supervised:  # as host/supervisor.py send() does on Windows, just before its stop
+                notes.leave_for_child(str(notes_dir), proc.pid, notes.SYSTEM_STOP)
             proc.send_signal(sent)
             # Stopped without the master's word (a drained node): retryable, for a supervisor to restart.
             assert proc.wait(timeout=30) == code
-            assert f"ps:0: stopped by signal {int(sent)}; exit {code}" in proc.stdout.read()
+            out = proc.stdout.read()
+            assert f"ps:0: stopped by signal {15 if supervised else int(sent)}; exit {code}" in out, out
+            assert "asking the master" not in out
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -111,3 +111,26 @@ def test_a_server_told_of_a_persons_stop_exits_130_and_of_the_end_0(capsys):
         "ps:0: the master finished training; stopping",
         "ps:0: the master failed (ResourceExhaustedError); exit 1; stopping",
     ]
+
+
+def test_a_stop_its_supervisor_left_word_of_is_a_sigterm_whatever_carries_it(tmp_path, monkeypatch):
+    """On Windows a supervisor can send a task only CTRL_BREAK, a person's Ctrl+Break by itself:
+    for its own stops (a restart, the end of `launch`) it leaves a note first (host/supervisor.py
+    send()), and the task, trainer or server, takes the signal for the SIGTERM it stands for."""
+    from od_dist.protocol import notes
+
+    monkeypatch.setenv(notes.NOTES_ENV, str(tmp_path))
+    assert stop.meant(signal.SIGINT) == signal.SIGINT  # no note: a person's
+    assert stop.shown(signal.SIGINT) == "SIGINT"
+    for pid in (os.getpid(), os.getppid()):  # its own PID, or a Windows venv launcher's (its parent)
+        note = tmp_path / f"{pid}.{notes.SYSTEM_STOP}"
+        notes.leave_for_child(str(tmp_path), pid, notes.SYSTEM_STOP)
+        assert note.exists()
+        assert stop.meant(signal.SIGINT) == stop.meant(signal.SIGTERM) == signal.SIGTERM
+        assert stop.shown(signal.SIGINT) == "SIGINT (its supervisor's stop, as SIGTERM)"
+        s = stop.StopRequest("master:0")
+        s.note(signal.SIGINT)
+        assert (s.name, s.code) == ("SIGTERM", exit_codes.TERMINATED)
+        note.unlink()
+    monkeypatch.delenv(notes.NOTES_ENV)
+    assert stop.meant(signal.SIGINT) == signal.SIGINT  # no supervisor

@@ -546,3 +546,73 @@ def test_a_lone_evaluators_exit_says_what_happened_to_the_job():
         "evaluation is missing (evaluator:0 used up its restarts); training is not affected; evaluate "
         "the final checkpoint with: od-dist eval x"
     )
+
+
+# ----- a supervisor's own stop on Windows (its branch run here) ---------------------------------
+
+# A trainer's stop handling as the task has it (task/stop.py), recording the signal that reached it
+# and the code it exits with.
+STOPPABLE = """
+import sys, time
+from od_dist.task import stop
+with stop.StopRequest({name!r}) as s:
+    open({ready!r}, "w").close()
+    while not s.requested:
+        time.sleep(0.05)
+    s.restore()
+with open({record!r}, "a") as f:
+    f.write({name!r} + " " + s.name + " " + str(s.code) + "\\n")
+sys.exit(s.code)
+"""
+
+
+@pytest.fixture
+def windows(monkeypatch):
+    """The supervisor's Windows branch: every stop it sends goes as CTRL_BREAK. Linux has no
+    CTRL_BREAK: SIGINT stands in for it, which the task handles alike (task/stop.py: a person's
+    Ctrl+C or Ctrl+Break, 130, unless its supervisor left word that the stop is its own)."""
+    monkeypatch.setattr(supervisor, "WINDOWS", True)
+    monkeypatch.setattr(supervisor, "CTRL_BREAK", signal.SIGINT)
+
+
+def stoppable(tmp_path, name):
+    return STOPPABLE.format(name=name, ready=str(tmp_path / name), record=str(tmp_path / "record"))
+
+
+def test_a_windows_supervisors_restart_is_a_system_stop_not_a_persons(tmp_path, windows):
+    """multi_worker_mirrored, worker:0 killed: the supervisor stops the master to restart both.
+    On Windows its stop is a CTRL_BREAK; the master takes it for the system's (SIGTERM, 143), not a
+    person's Ctrl+Break (130, which it would pass on to the whole job as a person's stop)."""
+
+    def scripts(t, n):
+        if n == 1:
+            return exits(0, 0.3)
+        if t.role == "master":
+            return stoppable(tmp_path, "master:0")
+        ready = str(tmp_path / "master:0")
+        return f"import os, time\nwhile not os.path.exists({ready!r}):\n    time.sleep(0.05)\nos._exit(137)"
+
+    job = Job(MWMS, [MASTER, W0], scripts)
+    assert job.run() == 0, job.lines
+    assert job.lines[0] == "worker:0 died (exit 137, killed); restart 1/3 of every task in 0 s"
+    assert (tmp_path / "record").read_text() == "master:0 SIGTERM 143\n"
+    assert sorted(job.started) == [("master:0", 0), ("master:0", 1), ("worker:0", 0), ("worker:0", 1)]
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_windows_supervisor_passes_a_stop_on_as_what_it_is(tmp_path, windows, signum, code):
+    """`launch` stopped gracefully by the system (SIGTERM) or by a person (Ctrl+C): both reach the
+    trainers as CTRL_BREAK on Windows, and each trainer exits with the code of who asked."""
+    job = Job(PS, [PS0, MASTER], lambda t, n: stoppable(tmp_path, t.name))
+
+    def stop_once_both_listen():
+        wait_until(lambda: (tmp_path / "master:0").exists() and (tmp_path / "ps:0").exists())
+        job.sup.on_signal(signum)
+
+    in_background(stop_once_both_listen)
+    assert job.run() == code, job.lines
+    what = "SIGTERM" if code == 143 else "SIGINT"
+    assert sorted((tmp_path / "record").read_text().splitlines()) == [
+        f"master:0 {what} {code}",
+        "ps:0 SIGTERM 143",  # then the servers: the system's stop, once the trainers are done
+    ]

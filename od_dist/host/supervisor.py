@@ -50,14 +50,24 @@ POLL_S = 0.2
 # ----- processes --------------------------------------------------------------------------------
 
 
-def send(proc: subprocess.Popen, signum: int) -> None:
-    """SIGINT/SIGTERM to a child in its own process group; CTRL_BREAK on Windows (the one console
-    event a process group can be sent), which a trainer handles as Ctrl+C: checkpoint, exit 130
-    (task/stop.py)."""
-    if proc.poll() is not None:
+# Windows can send a process group no signal but CTRL_BREAK (and CTRL_C only to a whole console).
+# Switches, so that tests on Linux run the Windows branch.
+WINDOWS = os.name == "nt"
+CTRL_BREAK = getattr(signal, "CTRL_BREAK_EVENT", None)
+
+
+def send(r: Running, signum: int) -> None:
+    """SIGINT (a person's stop, passed on) or SIGTERM (the system's: a restart, the end of
+    `launch`, a SIGTERM to the supervisor) to a child in its own process group. On Windows both
+    go as CTRL_BREAK, a person's Ctrl+Break to the task (130, passed on to the whole job), so the
+    system's stop leaves a note first: the task reads it when the signal arrives and takes the stop
+    for a SIGTERM (task/stop.py meant): 143, and restarted as a lost peer where the rules say so."""
+    if r.proc.poll() is not None:
         return
+    if WINDOWS and exit_codes.for_signal(signum) == exit_codes.TERMINATED and r.notes_dir:
+        notes.leave_for_child(r.notes_dir, r.proc.pid, notes.SYSTEM_STOP)
     try:
-        proc.send_signal(signal.CTRL_BREAK_EVENT if os.name == "nt" else signum)
+        r.proc.send_signal(CTRL_BREAK if WINDOWS else signum)
     except OSError:
         pass
 
@@ -88,12 +98,11 @@ def kill_all(procs: list[subprocess.Popen]) -> None:
             pass
 
 
-def stop(
-    procs: list[subprocess.Popen], grace_s: float, interrupted: Callable[[], bool] = lambda: False
-) -> None:
+def stop(runs: list[Running], grace_s: float, interrupted: Callable[[], bool] = lambda: False) -> None:
     """SIGTERM, then SIGKILL whatever is left after grace_s (or at once when interrupted() says so)."""
-    for p in procs:
-        send(p, signal.SIGTERM)
+    for r in runs:
+        send(r, signal.SIGTERM)
+    procs = [r.proc for r in runs]
     if not wait_all(procs, grace_s, interrupted):
         kill_all(procs)
 
@@ -237,18 +246,21 @@ class Supervisor:
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def _procs(self, trainers: bool | None = None) -> list[subprocess.Popen]:
+    def _runs(self, trainers: bool | None = None) -> list[Running]:
         return [
-            r.proc
+            r
             for r in self.running.values()
             if trainers is None or is_trainer(self.strategy, r.task.role) == trainers
         ]
 
+    def _procs(self, trainers: bool | None = None) -> list[subprocess.Popen]:
+        return [r.proc for r in self._runs(trainers)]
+
     def _stop_all(self, grace_s: float, trainers_first: bool) -> None:
         interrupted = lambda: len(self.signals) > 1  # noqa: E731 - a second Ctrl+C: kill at once
         if trainers_first:
-            stop(self._procs(trainers=True), grace_s, interrupted)
-        stop(self._procs(), SERVER_STOP_GRACE_S, interrupted)
+            stop(self._runs(trainers=True), grace_s, interrupted)
+        stop(self._runs(), SERVER_STOP_GRACE_S, interrupted)
         for r in self.running.values():
             self._finish(r)
         self.running.clear()
@@ -262,6 +274,8 @@ class Supervisor:
         except ValueError:
             name = f"signal {signum}"
         why = why or name
+        # A person's stop (Ctrl+C, Ctrl+Break) is passed on as one; any other as the system's.
+        person = exit_codes.for_signal(signum) == exit_codes.INTERRUPTED
         trainers = [
             r.task.name
             for r in self.running.values()
@@ -272,8 +286,8 @@ class Supervisor:
                 f"{why}: asking {', '.join(trainers)} to save a checkpoint and stop (up to "
                 f"{self.grace_s:.0f} s; interrupt again to stop at once), then the other tasks"
             )
-            for p in self._procs(trainers=True):
-                send(p, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+            for r in self._runs(trainers=True):
+                send(r, signal.SIGINT if person else signal.SIGTERM)
             if not wait_all(self._procs(trainers=True), self.grace_s, lambda: len(self.signals) > 1):
                 if len(self.signals) <= 1:
                     self.say(
@@ -281,15 +295,15 @@ class Supervisor:
                         "(--grace_period); killing them"
                     )
                 kill_all(self._procs(trainers=True))
-        elif signum == signal.SIGINT and any(p.poll() is None for p in self._procs()):
+        elif person and any(p.poll() is None for p in self._procs()):
             # Servers alone here (a ps's machine): Ctrl+C asks the master (elsewhere) to save and
             # end the job; they exit once it has answered (server.py).
             self.say(
                 f"{why}: asking the master to save a checkpoint and end the job (up to {self.grace_s:.0f} s; "
                 "interrupt again to stop at once)"
             )
-            for p in self._procs():
-                send(p, signal.SIGINT)
+            for r in self._runs():
+                send(r, signal.SIGINT)
             wait_all(self._procs(), self.grace_s, lambda: len(self.signals) > 1)
         else:
             self.say(f"{why}: stopping every task")

@@ -56,7 +56,8 @@ def is_retryable(returncode: int) -> bool:
 
 def for_signal(signum: int) -> int:
     """The exit code of a process stopped by signal `signum`: SIGTERM (the system's: a drained node,
-    scancel, a launcher) 143; any other (SIGINT, SIGBREAK: a person's Ctrl+C or Ctrl+Break) 130."""
+    scancel, a launcher) 143; any other (SIGINT, SIGBREAK: a person's Ctrl+C or Ctrl+Break) 130.
+    A task takes its supervisor's CTRL_BREAK for the SIGTERM it stands for (task/stop.py meant)."""
     return TERMINATED if signum == signal.SIGTERM else INTERRUPTED
 
 

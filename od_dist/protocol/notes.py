@@ -44,12 +44,17 @@ def shown(text: str) -> str:
     return why if code == exit_codes.INTERRUPTED else text
 
 
-# ----- notes a task leaves its supervisor ------------------------------------------------------
+# ----- notes between a task and its supervisor --------------------------------------------------
 # A task run by od-dist's own supervisor (launch, train --max_restarts) can say more than its exit
-# code, which stays the table's for Kubernetes: a file named <its pid>.<word> in this folder (one
-# folder per start of a task, removed once it exited: a PID is reused).
+# code, which stays the table's for Kubernetes, and hear more than a signal: a file named
+# <its pid>.<word> in this folder (one folder per start of a task, removed once it exited: a PID is
+# reused).
 NOTES_ENV = "OD_DIST_SUPERVISOR_NOTES"
 WAITED_OUT = "waited-out"  # exit 138 after --wait_timeout without a peer: a restart would wait again
+# From the supervisor, just before it sends a stop of its own (a restart, the end of `launch`, a
+# SIGTERM to it): the signal that follows is the system's (143), not a person's. Windows can send a
+# process group only CTRL_BREAK, which alone reads as a person's Ctrl+Break (130).
+SYSTEM_STOP = "system-stop"
 
 
 def leave_for_supervisor(note: str) -> None:
@@ -61,6 +66,24 @@ def leave_for_supervisor(note: str) -> None:
                 pass
         except OSError:
             pass  # the supervisor then restarts it, as for any 138
+
+
+def leave_for_child(notes_dir: str, pid: int, note: str) -> None:
+    """Leaves `note` for the child `pid` in its notes folder (the supervisor's side)."""
+    try:
+        with open(os.path.join(notes_dir, f"{pid}.{note}"), "w"):
+            pass
+    except OSError:
+        pass  # the child then takes the signal as it comes
+
+
+def from_supervisor(note: str) -> bool:
+    """Whether this process's supervisor left it `note` (leave_for_child). Named for the PID the
+    supervisor started, which on Windows may be this one's parent: a venv's python.exe is a
+    launcher that runs the interpreter as its child. The folder is this start's alone, so the
+    parent's PID there can mean nothing else."""
+    folder = os.environ.get(NOTES_ENV)
+    return bool(folder) and any(left(folder, pid, note) for pid in (os.getpid(), os.getppid()))
 
 
 def left(notes_dir: str, pid: int, note: str) -> bool:

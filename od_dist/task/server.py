@@ -28,6 +28,7 @@ from od_dist import patches
 from od_dist.cluster import hostinfo
 from od_dist.cluster.spec import Cluster, Task
 from od_dist.protocol import exit_codes, notes, peers
+from od_dist.task import stop as stop_mod
 
 POLL_S = 0.5
 MASTER_PROBE_S = 5.0
@@ -188,7 +189,9 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_
     received = []
 
     def on_signal(signum, _frame):
-        received.append(signum)
+        # Its supervisor's own stop (a restart; CTRL_BREAK on Windows) is a SIGTERM: never a
+        # person's Ctrl+C that asks the master to end the job.
+        received.append(stop_mod.meant(signum))
         stop.set()
 
     for name in ("SIGINT", "SIGTERM", "SIGBREAK"):

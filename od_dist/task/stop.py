@@ -1,6 +1,7 @@
 """Stop with a checkpoint: SIGTERM, SIGINT (Ctrl+C) and SIGBREAK (CTRL_BREAK on Windows) ask a
 trainer to stop. The trainer finishes the loop it is in (at most steps_per_loop steps), saves a
 checkpoint, and exits 143 (SIGTERM) or 130 (SIGINT, SIGBREAK). A second signal exits at once.
+A stop its supervisor sends for the system (meant) is a SIGTERM whatever signal carried it.
 
 Python runs signal handlers only in the main thread, between bytecodes, so a handler alone could
 wait for a whole TensorFlow loop. The C-level handler also writes the signal number to a wakeup
@@ -17,12 +18,28 @@ import sys
 import threading
 import time
 
-from od_dist.protocol import exit_codes
+from od_dist.protocol import exit_codes, notes
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGBREAK") if hasattr(signal, name))
 # One Ctrl+C reaches every process of the terminal's process group, and a launcher may forward it
 # as well: signals this close together are the same request, not "press again to exit at once".
 SAME_REQUEST_S = 1.0
+
+
+def meant(signum: int) -> int:
+    """The stop a signal stands for: SIGTERM when this task's supervisor left word that the stop is
+    its own (a restart, the end of `launch`: host/supervisor.py send()), whatever carried it (on
+    Windows the CTRL_BREAK a process group can only be sent); else the signal itself. So a
+    supervisor's stop exits 143 and is never passed on to the job as a person's Ctrl+C."""
+    if signum != signal.SIGTERM and notes.from_supervisor(notes.SYSTEM_STOP):
+        return signal.SIGTERM
+    return signum
+
+
+def shown(signum: int) -> str:
+    """A signal's name as a line shows it, with what it stands for (meant) when that differs."""
+    name = signal.Signals(signum).name
+    return f"{name} (its supervisor's stop, as SIGTERM)" if meant(signum) != signum else name
 
 
 class StopRequest:
@@ -67,13 +84,14 @@ class StopRequest:
                     self.signum, self.why, self._first_at = signal.SIGINT, ", ".join(asked), time.monotonic()
             print(f"{self.who}: {', '.join(asked)}; saving a checkpoint and ending the job", flush=True)
 
-    def note(self, signum: int) -> None:
+    def note(self, received: int) -> None:
+        signum = meant(received)
         with self._lock:
             now = time.monotonic()
             if self.signum is None:
                 self.signum, self._first_at = signum, now
                 print(
-                    f"{self.who}: {signal.Signals(signum).name} received; saving a checkpoint at the end of "
+                    f"{self.who}: {shown(received)} received; saving a checkpoint at the end of "
                     "this loop, then exiting (press Ctrl+C again to exit at once, without it)",
                     flush=True,
                 )
@@ -81,7 +99,7 @@ class StopRequest:
             if now - self._first_at < SAME_REQUEST_S:
                 return
         print(
-            f"{self.who}: {signal.Signals(signum).name} received again; exiting now without a checkpoint",
+            f"{self.who}: {shown(received)} received again; exiting now without a checkpoint",
             file=sys.stderr,
             flush=True,
         )
