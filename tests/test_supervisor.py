@@ -191,6 +191,43 @@ def test_a_lost_parameter_server_worker_restarts_alone_and_the_job_finishes():
     assert "worker:1 died (exit 137, killed); restart 1/3 of worker:1 alone in 0 s" in job.lines
 
 
+def test_a_parameter_server_worker_with_no_restart_left_ends_alone_and_the_job_goes_on():
+    """One command per machine keeps the rules of separate commands: the lost worker ends alone,
+    the ps, the master and the other worker go on, and the last line says what was lost."""
+
+    def scripts(t, n):
+        if t.name == "worker:1":
+            return kill_self(0.3)
+        return exits(0, 2.0 if t.role == "master" else 2.5)
+
+    job = Job(PS, [PS0, W0, W1, MASTER], scripts, max_restarts=0)
+    assert job.run() == 0, job.lines
+    assert sorted(job.started) == [("master:0", 0), ("ps:0", 0), ("worker:0", 0), ("worker:1", 0)]
+    assert job.lines == [
+        "worker:1 died (exit 137, killed); no restart left (--max_restarts 0); it ends alone: the master "
+        "trains on the workers left (ps:0, worker:0, master:0 go on here). Its log: logs/worker-1.log",
+        "every task finished but worker:1 (exit 137, killed), lost with no restart left: the master "
+        "trained on the workers left",
+    ]
+
+
+def test_a_machine_that_gives_up_on_a_retryable_loss_exits_with_its_code():
+    """A worker's machine (`train --max_restarts 1`) whose worker is lost twice: nothing is left
+    here, and its od-dist exits 137 as the worker alone would, for an outer restarter to retry.
+    A ps lost past the restarts stops every task: exit 143, its code, not 1."""
+    job = Job(PS, [W1], lambda t, n: kill_self(0.2), max_restarts=1)
+    assert job.run() == 137, job.lines
+    assert job.lines[-1] == (
+        "nothing left here: worker:1 (exit 137, killed) ended with no restart left; exit 137"
+    )
+    job = Job(PS, [PS0, W0], lambda t, n: exits(143, 0.2) if t.role == "ps" else SERVE, max_restarts=0)
+    assert job.run() == 143, job.lines
+    assert job.lines == [
+        "ps:0 died (exit 143, terminated); no restart left (--max_restarts 0); stopping every task. Its "
+        "log: logs/ps-0.log"
+    ]
+
+
 def test_the_backoff_doubles_while_restarts_come_quickly_and_starts_over_after_a_long_run():
     def scripts(t, n):
         if t.name == "worker:1":
@@ -213,7 +250,7 @@ def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
 
     job = Job(PS, [PS0, W0, MASTER], scripts, max_restarts=1)
     start = time.monotonic()
-    assert job.run() == 1, job.lines
+    assert job.run() == 138, job.lines  # the retryable code it gave up on: an outer restarter retries
     assert time.monotonic() - start < 15
     assert sorted(job.started) == [
         ("master:0", 0),

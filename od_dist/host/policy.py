@@ -4,7 +4,8 @@ so both restart alike. No TensorFlow here.
 
 The rules (TensorFlow's fault tolerance for parameter-server and multi-worker training):
   - a lost parameter_server worker: restarted alone on its own port; the coordinator re-queues
-    its steps meanwhile and takes it back when it returns.
+    its steps meanwhile and takes it back when it returns. With no restart left it ends alone, as
+    under a command of its own: the coordinator trains on the workers left.
   - a lost ps or master, or any lost multi_worker_mirrored trainer: every task is stopped and all
     are restarted together; the trainers resume from the last checkpoint.
   - "lost" means a retryable exit (exit_codes.RETRYABLE: a lost peer, a signal). A permanent exit
@@ -16,8 +17,9 @@ The rules (TensorFlow's fault tolerance for parameter-server and multi-worker tr
     on through the job, on another) is never restarted: every task here is stopped, trainers
     first, and the job exits 130.
 Each restart waits a backoff (2 s, doubling while restarts follow each other within a minute) and
-counts against --max_restarts; past it the job stops and exits 1 naming the first failure (the
-root cause, as torchrun reports it).
+counts against --max_restarts; past it (a parameter_server worker aside) the job stops and exits
+with the retryable code it gave up on, for an outer restarter, naming the first failure (the root
+cause, as torchrun reports it).
 """
 
 from __future__ import annotations

@@ -194,6 +194,9 @@ class Supervisor:
     first_failure: str | None = None
     evaluator_restarts: dict[str, int] = field(default_factory=dict)  # its own budget, per evaluator
     no_evaluation: list[str] = field(default_factory=list)  # evaluators that gave up
+    lost: list[tuple[str, int]] = field(
+        default_factory=list
+    )  # workers ended alone, no restart left: (name, code)
     finished: set[str] = field(default_factory=set)  # tasks done for good (exit 0, or after training)
     first_done: tuple[str, float] | None = None  # the first trainer that finished training, and when
     lead_progress: Progress | None = None
@@ -322,8 +325,24 @@ class Supervisor:
 
     def _succeeded(self) -> int:
         """The job's end when the lead finished: exit 0, and a last line when evaluation is missing
-        (0 all the same, as JobSet's success policy on the master has it: the model is trained)."""
-        if self.no_evaluation:
+        (0 all the same, as JobSet's success policy on the master has it: the model is trained)
+        or a worker was lost for good. Only workers lost, and no task here finished (a worker's
+        machine), this machine's `od-dist` exits with the loss's code, as that task alone would:
+        retryable, for an outer restarter."""
+        ended = ", ".join(f"{name} ({describe(code)})" for name, code in self.lost)
+        if self.lost and not set(self.finished) - set(self.no_evaluation):
+            code = self.lost[0][1]
+            self.say(f"nothing left here: {ended} ended with no restart left; exit {code}")
+            return code
+        if self.lost:
+            missing = (
+                f"; evaluation is missing ({', '.join(self.no_evaluation)})" if self.no_evaluation else ""
+            )
+            self.say(
+                f"every task finished but {ended}, lost with no restart left: the master trained on "
+                f"the workers left{missing}"
+            )
+        elif self.no_evaluation:
             # Only a trainer here tells that training finished; an evaluator alone on its machine
             # knows only that its own evaluation is missing.
             self.say(
@@ -452,6 +471,32 @@ class Supervisor:
             self.pending[t.name] = time.monotonic() + wait
         return None
 
+    def _end_alone(self, tasks, exits, root: str) -> int | None:
+        """No restart left for parameter_server workers (lost alone): each ends alone, as it would
+        under a command of its own; the coordinator trains on the workers left, and the other tasks
+        here go on (a ps, the master). An evaluator among them keeps its own budget."""
+        evaluators = [t for t in tasks if t.role == "evaluator"]
+        codes = {t.name: exit_codes.normalize(c) for t, c in exits}
+        for t in tasks:
+            if t.role == "evaluator":
+                continue
+            log = self._log_note(t)
+            self._finish(self.running.pop(t.name))
+            self.lost.append((t.name, codes[t.name]))
+            going_on = list(self.running)
+            here = (
+                f" ({', '.join(going_on)} {'go' if len(going_on) > 1 else 'goes'} on here)"
+                if going_on
+                else ""
+            )
+            self.say(
+                f"{t.name} died ({describe(codes[t.name])}); no restart left (--max_restarts "
+                f"{self.max_restarts}); it ends alone: the master trains on the workers left{here}{root}{log}"
+            )
+        if evaluators:
+            return self._restart_evaluators(evaluators, exits)
+        return None
+
     def _done(self, task: Task) -> None:
         self.finished.add(task.name)
         self._finish(self.running.pop(task.name))
@@ -510,11 +555,14 @@ class Supervisor:
             self.first_failure = cause
         if self.restarts >= self.max_restarts:
             root = "" if self.restarts == 0 else f"; the first failure (root cause): {self.first_failure}"
+            if p.action == RESTART_TASK:
+                return self._end_alone(p.restart, exits, root)
             self.say(
                 f"{cause}; no restart left (--max_restarts {self.max_restarts}); stopping every task{root}"
                 f"{self._log_note(task)}"
             )
-            return exit_codes.FAILED
+            # Retryable all the same: an outer restarter (a script's loop, Kubernetes) tries again.
+            return exit_codes.normalize(code)
         self.restarts += 1
         now = time.monotonic()
         self.streak = self.streak + 1 if now - self.restarted_at < self.backoff_reset_s else 1
