@@ -655,7 +655,10 @@ def test_absolute_linux_paths_for_a_windows_machine_are_refused(tmp_path):
 
 
 def rules_of(cluster):
-    return {r.task.name: (r.port, r.sources) for r in readme.inbound_rules(cluster)}
+    return {
+        r.task.name + (f" {r.what}" if r.what else ""): (r.port, r.sources)
+        for r in readme.inbound_rules(cluster)
+    }
 
 
 def test_firewall_rules():
@@ -667,6 +670,8 @@ def test_firewall_rules():
         # the servers probe the master's port to stop when it is gone for good, the evaluator to
         # know training is alive
         "master:0": (2223, ("192.168.1.116", "192.168.1.109", "192.168.1.111", "192.168.1.120")),
+        # the evaluator fetches the master's checkpoints from its checkpoint_port
+        "master:0 checkpoints": (2225, ("192.168.1.120",)),
     }  # the evaluator runs no server
     mwms = cluster_mod.from_document(
         {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222", "10.0.0.1:2223"], "evaluator": "10.0.0.3"}
@@ -695,6 +700,11 @@ def test_firewall_rules():
     assert "sudo ufw allow proto tcp from 192.168.1.109 to any port 2224" in readme.firewall_lines(
         ps_rule, "linux"
     )
+    (feed_rule,) = [r for r in readme.inbound_rules(lan) if r.what]
+    assert readme.firewall_lines(feed_rule, "windows")[0].startswith(
+        "New-NetFirewallRule -DisplayName 'od-dist master 0 checkpoints' -Direction Inbound -Protocol TCP "
+        "-LocalPort 2225 -RemoteAddress '192.168.1.120'"
+    )
 
 
 def test_cli_writes_scripts_by_os_and_readme(tmp_path):
@@ -722,16 +732,17 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     assert "Any order" in readme and "(120 s here)" in readme
     assert (
         "| 192.168.1.108 | windows | master 0 | `master-0.cmd` or `powershell -ExecutionPolicy Bypass "
-        "-File master-0.ps1` | 2223 | `C:\\TFWS\\od-dist` | venv `C:\\TFWS\\venv` |"
+        "-File master-0.ps1` | 2223, 2225 | `C:\\TFWS\\od-dist` | venv `C:\\TFWS\\venv` |"
     ) in readme
     assert "| 192.168.1.120 | linux | evaluator 0 | `bash evaluator-0.sh` | none |" in readme
-    # The Windows master's port is open to the servers, which probe it; nothing else on Windows.
-    assert readme.count("New-NetFirewallRule") == 1
+    # The Windows master's port is open to the servers, which probe it, and its checkpoint_port to
+    # the evaluator; nothing else on Windows.
+    assert readme.count("New-NetFirewallRule") == 2
     assert (
         "New-NetFirewallRule -DisplayName 'od-dist master 0' -Direction Inbound -Protocol TCP -LocalPort 2223 "
         "-RemoteAddress '192.168.1.116','192.168.1.109','192.168.1.111','192.168.1.120' -Action Allow"
     ) in readme
-    windows = readme.split("### 192.168.1.108 (master 0): port 2223")[1]
+    windows = readme.split("### 192.168.1.108 (master 0): ports 2223, 2225")[1]
     assert (
         windows.index("Windows: one of these, in an Administrator shell.")
         < windows.index("PowerShell:")

@@ -203,6 +203,18 @@ RULES = [
         PS_OK + "evaluator: [10.0.0.5, 10.0.0.6]\n",
         ["evaluator", "exactly one evaluator"],
     ),
+    (
+        "checkpoint_port is a port",
+        PS_OK + "checkpoint_port: 2230\n",
+        PS_OK + "checkpoint_port: 70000\n",
+        ["checkpoint_port: '70000'", "between 1 and 65535"],
+    ),
+    (
+        "checkpoint_port is free on the master's machine",
+        PS_LOOP + "checkpoint_port: 2226\n",
+        PS_LOOP + "checkpoint_port: 2224\n",
+        ["checkpoint_port: '2224'", "worker[1] uses that port on the master's machine"],
+    ),
     ("YAML syntax with line", PS_OK, PS_OK + "ps: [10.0.0.9:1\n", ["line 6", "invalid YAML"]),
     ("duplicate YAML keys", PS_OK, PS_OK + "ps: [10.0.0.9:1]\n", ["line 5", "duplicate key 'ps'", "line 4"]),
     ("no YAML aliases", PS_OK, "x: &w [10.0.0.2:1]\nworker: *w\n", ["aliases", "*w"]),

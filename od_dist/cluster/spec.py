@@ -82,6 +82,7 @@ class Cluster:
     evaluator: Address | None = None
     num_clones: int = 1
     hosts: Mapping[str, HostSettings] = field(default_factory=lambda: MappingProxyType({}))
+    checkpoint_port: int | None = None  # the lead serves its newest checkpoint there
 
     @functools.cached_property
     def _tasks_by_role(self) -> dict[str, tuple[Task, ...]]:
@@ -176,6 +177,11 @@ class Cluster:
         leads = self.tasks_of("master") or self.tasks_of("worker")
         return leads[0] if leads else None
 
+    def checkpoint_feed(self) -> Address | None:
+        """Where the lead serves its newest checkpoint (protocol/checkpoint_feed.py), if it does."""
+        lead = self.lead_task()
+        return Address(lead.address.host, self.checkpoint_port) if lead and self.checkpoint_port else None
+
     def runs_replicas(self, role: str) -> bool:
         """Whether this role's processes run --num_clones replicas (cluster/duties.py): the others
         start whatever num_clones says."""
@@ -209,6 +215,7 @@ def from_document(doc, source: str = "") -> Cluster:
         evaluator=_address(doc["evaluator"]) if doc.get("evaluator") else None,
         num_clones=doc.get("num_clones", 1),
         hosts=MappingProxyType(hosts),
+        checkpoint_port=doc.get("checkpoint_port"),
     )
     problems = validate.check_equal_clones(cluster)
     if problems:

@@ -24,3 +24,8 @@ def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
     if task == cluster.lead_task():
         peers += cluster.tasks_of("evaluator")
     return peers
+
+
+def feed_readers(cluster: Cluster) -> tuple[Task, ...]:
+    """The tasks that fetch the lead's checkpoints from its checkpoint_port: the evaluator."""
+    return cluster.tasks_of("evaluator") if cluster.checkpoint_feed() else ()

@@ -15,7 +15,17 @@ PARAMETER_SERVER = "parameter_server"
 MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
 STRATEGIES = (PARAMETER_SERVER, MULTI_WORKER_MIRRORED)
 
-TOP_KEYS = ("strategy", "master", "chief", "worker", "ps", "evaluator", "num_clones", "hosts")
+TOP_KEYS = (
+    "strategy",
+    "master",
+    "chief",
+    "worker",
+    "ps",
+    "evaluator",
+    "num_clones",
+    "checkpoint_port",
+    "hosts",
+)
 HOST_KEYS = ("os", "python", "venv", "workdir", "num_clones")
 HOST_OSES = ("linux", "windows")
 ROLES = ("master", "worker", "ps", "evaluator")
@@ -127,6 +137,41 @@ def check_addresses(doc: dict) -> list[str]:
         else:
             seen[host, port] = key
     return out
+
+
+def check_checkpoint_port(doc: dict) -> list[str]:
+    """`checkpoint_port`: where the lead (the master, else worker 0) serves its newest checkpoint
+    to an evaluator that does not share its folder (protocol/checkpoint_feed.py): a port of the
+    lead's machine that no task of that machine uses."""
+    if "checkpoint_port" not in doc:
+        return []
+    port = doc["checkpoint_port"]
+    fix = "write a free port of the master's machine, e.g. 'checkpoint_port: 2230'"
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        return [problem("checkpoint_port", port, "not a port number between 1 and 65535", fix)]
+    entries = [(role, key, v) for role, key, v in address_entries(doc) if isinstance(v, str)]
+    lead = next((e for e in entries if e[0] == "master"), None) or next(
+        (e for e in entries if e[0] == "worker"), None
+    )
+    if lead is None:
+        return [problem("checkpoint_port", port, "no master or worker serves it", "list a master")]
+    try:
+        lead_host = parse_address(lead[2].strip(), need_port=False)[0]
+        for role, key, value in entries:
+            host, used = parse_address(value.strip(), need_port=False)
+            same_machine = host == lead_host or (is_loopback(host) and is_loopback(lead_host))
+            if used == port and same_machine:
+                return [
+                    problem(
+                        "checkpoint_port",
+                        port,
+                        f"{key} uses that port on the {lead[1].split('[')[0]}'s machine ({lead[2]})",
+                        "give the checkpoints a port of their own",
+                    )
+                ]
+    except AddressError:
+        return []  # said by check_addresses
+    return []
 
 
 def infer_strategy(doc: dict) -> str | None:
@@ -336,6 +381,7 @@ def check_document(doc) -> list[str]:
         + check_loopback_mix(doc)
         + check_strategy(doc)
         + check_num_clones(doc)
+        + check_checkpoint_port(doc)
         + check_hosts(doc)
     )
 

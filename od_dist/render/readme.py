@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from od_dist.cluster import duties
 from od_dist.cluster.spec import Cluster, Task
-from od_dist.cluster.topology import connecting_peers
+from od_dist.cluster.topology import connecting_peers, feed_readers
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.render import quote
 from od_dist.render.machines import Launch
@@ -22,25 +22,36 @@ class InboundRule:
     task: Task
     port: int
     sources: tuple[str, ...]  # peer hosts, this host itself left out (local traffic)
+    peers: tuple[Task, ...] = ()  # the tasks that connect, from those hosts
+    what: str = ""  # the port's use when it is not the task's own: "checkpoints"
+
+    @property
+    def label(self) -> str:
+        """'master 0', or 'master 0 checkpoints': the rule's name and how the README says it."""
+        return f"{self.task.role} {self.task.index}" + (f" {self.what}" if self.what else "")
 
 
 def inbound_rules(cluster: Cluster) -> list[InboundRule]:
     out = []
+    feed = cluster.checkpoint_feed()
     for task in cluster.tasks():
-        # A dict keeps the peers' order and finds a repeated host at once (a list would make the
-        # rule of a ps or master, which thousands of workers reach, quadratic).
-        sources = dict.fromkeys(
-            p.address.host for p in connecting_peers(cluster, task) if p.address.host != task.address.host
-        )
-        if sources:
-            out.append(InboundRule(task, task.address.port, tuple(sources)))
+        uses = [(task.address.port, connecting_peers(cluster, task), "")]
+        if feed and task == cluster.lead_task():
+            uses.append((feed.port, feed_readers(cluster), "checkpoints"))
+        for port, peers, what in uses:
+            # A dict keeps the peers' order and finds a repeated host at once (a list would make the
+            # rule of a ps or master, which thousands of workers reach, quadratic).
+            remote = tuple(p for p in peers if p.address.host != task.address.host)
+            sources = dict.fromkeys(p.address.host for p in remote)
+            if sources:
+                out.append(InboundRule(task, port, tuple(sources), remote, what))
     return out
 
 
 def firewall_ways(rule: InboundRule, os_name: str) -> list[tuple[str, list[str]]]:
     """The copy-paste commands of one rule, each way with its own: (shell or tool, lines), every
     value quoted for its shell. Windows: PowerShell or cmd (netsh); Linux: ufw or iptables."""
-    name = f"od-dist {rule.task.role} {rule.task.index}"
+    name = f"od-dist {rule.label}"
     if os_name == "windows":
         remote = ",".join(rule.sources)
         return [
@@ -97,11 +108,9 @@ def _firewall_section(cluster: Cluster, launch: Launch, rules: list[InboundRule]
         "",
     ]
     for rule in rules:
-        peers = ", ".join(
-            t.name for t in connecting_peers(cluster, rule.task) if t.address.host != launch.host
-        )
+        peers = ", ".join(t.name for t in rule.peers)
         md.append(
-            f"- TCP port {rule.port} ({rule.task.role} {rule.task.index}) from "
+            f"- TCP port {rule.port} ({rule.label}) from "
             f"{', '.join(quote.md_word(h) for h in rule.sources)} ({peers})."
         )
     md.append("")
@@ -115,6 +124,29 @@ def _firewall_section(cluster: Cluster, launch: Launch, rules: list[InboundRule]
         for n, (how, lines) in enumerate(ways.items()):
             md += [f"{'Or ' if n else ''}{how}:", "", "```", *lines, "```", ""]
     return md
+
+
+def _model_dir_line(cluster: Cluster) -> str:
+    """Whether --model_dir must be a shared folder: it need not (task/controller.py, checkpoint_feed)."""
+    if cluster.strategy == PARAMETER_SERVER:
+        kept = "The master writes the checkpoints into its own `--model_dir`"
+    else:
+        kept = (
+            "Every trainer keeps the checkpoints in its own `--model_dir`, and one whose folder is new "
+            "or behind resumes from the others' newest"
+        )
+    line = f"`--model_dir` need not be a shared folder: {kept}."
+    evaluators = cluster.tasks_of("evaluator")
+    lead = cluster.lead_task()
+    if evaluators and lead and evaluators[0].address.host != lead.address.host:
+        line += (
+            f" The evaluator fetches each new checkpoint from the {lead.role}'s checkpoint_port "
+            f"({cluster.checkpoint_port})."
+            if cluster.checkpoint_feed()
+            else " The evaluator's machine does not see them: add `checkpoint_port` to the cluster file "
+            "(the master then serves them to it), or give both the same shared folder."
+        )
+    return line + " A shared folder works too: nothing is written into it twice."
 
 
 def render_readme(
@@ -176,8 +208,7 @@ def render_readme(
         "Copy each script to its machine. It changes to the working directory, activates the Python "
         "environment and runs `od-dist train`; the cluster file "
         f"({quote.md(cluster_path)}), the pipeline and `--model_dir` are resolved from that working directory, "
-        "so each machine needs them there (the evaluator reads the master's checkpoints: give both the "
-        "same model_dir on a shared folder, or run them on one machine).",
+        "so each machine needs them there. " + _model_dir_line(cluster),
         "",
         "The pipeline's records (its input files) must be on every trainer machine ("
         + ", ".join(quote.md_word(h) for h in readers)
@@ -197,7 +228,9 @@ def render_readme(
         "",
         "Any order. Every trainer and server waits for its peers, up to `--wait_timeout` seconds "
         f"({wait_timeout} s here), and then names the ones still missing; start all machines within "
-        "that window. The servers exit by themselves after the master finishes. Ctrl+C on any "
+        "that window. "
+        + ("The servers exit by themselves after the master finishes. " if cluster.tasks_of("ps") else "")
+        + "Ctrl+C on any "
         "machine ends the job on every machine: the trainers save one checkpoint first, and every "
         "script's `od-dist train` exits 130 without restarting its tasks.",
         "",
@@ -206,9 +239,15 @@ def render_readme(
         f"Each script runs its tasks with `--max_restarts {max_restarts}`: when a task is lost (killed, "
         "or it lost a peer: exit 137, 138 or 143) the script's `od-dist train` starts it again, "
         f"up to {max_restarts} times, after 2 s (doubling), so the job heals itself: a lost "
-        "parameter_server worker rejoins; when a ps or the master is lost (under "
-        "multi_worker_mirrored, any trainer), the other trainers exit 138 naming it and are "
-        "restarted too, and training resumes from the last checkpoint in model_dir. A permanent "
+        + (
+            "parameter_server worker rejoins; when a ps or the master is lost, the other tasks exit 138 "
+            "naming it and are restarted too, and training resumes from the master's last checkpoint. "
+            if cluster.strategy == PARAMETER_SERVER
+            else "when a trainer is lost, the other trainers exit 138 naming it and are restarted too, and "
+            "training resumes from the newest checkpoint any trainer holds (a trainer whose model_dir is "
+            "behind or empty gets the variables from the others). "
+        )
+        + "A permanent "
         "error (exit 1, or 2 for invalid input) is not retried, nor a task that waited "
         "`--wait_timeout` for peers that did not come (exit 138 once, not once per restart). Past "
         "the limit, or for a machine that is gone for good, stop all tasks and start them all again.",
@@ -226,9 +265,19 @@ def render_readme(
     else:
         md.append("Under multi_worker_mirrored every trainer (master and workers) talks to every other.")
     md += [
-        "The evaluator runs no server and needs no inbound port; it checks that the "
-        f"{'master' if cluster.master else 'worker 0 (the chief)'}'s port is open, to know training is "
-        "alive, so that port is open to it too. Outbound connections must be "
+        (
+            "The evaluator runs no server and needs no inbound port; it checks that the "
+            f"{'master' if cluster.master else 'worker 0 (the chief)'}'s port is open, to know training is "
+            "alive, so that port is open to it too"
+            + (
+                ", and fetches the checkpoints from its checkpoint_port. "
+                if cluster.checkpoint_feed()
+                else ". "
+            )
+            if cluster.tasks_of("evaluator")
+            else ""
+        )
+        + "Outbound connections must be "
         "allowed (they are by default). The TensorFlow server has no authentication: open its "
         "port to these peers only, never to the internet. Peers on the same machine need no rule.",
         "",

@@ -390,6 +390,21 @@ def _is_peer_error(e: Exception) -> bool:
     )
 
 
+@contextlib.contextmanager
+def _following(config: TrainConfig):
+    """The evaluator's fetches from the lead's checkpoint feed, when the cluster file has one."""
+    from od_dist.protocol import checkpoint_feed
+
+    cluster = config.selected.cluster
+    at = cluster.checkpoint_feed() if cluster is not None else None
+    if at is None:
+        yield None
+        return
+    say = lambda line: print(f"evaluator: {line}", flush=True)
+    with checkpoint_feed.Follower(at.host, at.port, cluster.job_id(), config.model_dir, say) as follower:
+        yield follower
+
+
 def run_evaluator(config: TrainConfig) -> int:
     """Evaluates each new checkpoint until the final one. Checkpoints may be far apart, so it
     waits as long as the master is alive (its port open within --wait_timeout), not a fixed time.
@@ -408,10 +423,14 @@ def run_evaluator(config: TrainConfig) -> int:
     seen = [False]  # the master was ever up: the job started
     before = _read_stopped_note(config.model_dir)  # an earlier run's word is none for this one
     stopped = []
+    following: list = []  # the fetches from the lead's checkpoint feed, if the cluster has one
 
     def keep_waiting() -> bool:
         now = time.monotonic()
-        up = master is not None and is_listening(master.host, master.port)
+        # Up: its port, or its checkpoint feed (it outlives training, for this evaluator).
+        up = (master is not None and is_listening(master.host, master.port)) or bool(
+            following and following[0].reachable
+        )
         absent.look("master", up, now)
         if up:
             seen[0] = True
@@ -422,13 +441,15 @@ def run_evaluator(config: TrainConfig) -> int:
             return False
         return not absent.lost("master", now, config.wait_timeout)
 
-    metrics = trainer.continuous_eval(
-        params,
-        config.model_dir,
-        timeout_s=min(EVAL_POLL_S, config.wait_timeout),
-        keep_waiting=keep_waiting,
-        pipeline_path=config.pipeline,
-    )
+    with _following(config) as follower:
+        following.extend([follower] if follower else [])
+        metrics = trainer.continuous_eval(
+            params,
+            config.model_dir,
+            timeout_s=min(EVAL_POLL_S, config.wait_timeout),
+            keep_waiting=keep_waiting,
+            pipeline_path=config.pipeline,
+        )
     if stopped:
         print(f"evaluator: {stopped[0]}; exit {exit_codes.INTERRUPTED}", flush=True)
         return exit_codes.INTERRUPTED
@@ -445,11 +466,66 @@ def run_evaluator(config: TrainConfig) -> int:
         notes.leave_for_supervisor(notes.WAITED_OUT)
         return exit_codes.LOST_PEER
     if metrics is None:
+        feed = config.selected.cluster.checkpoint_feed() if config.selected.cluster else None
         raise RoleError(
             f"evaluator: no checkpoint appeared in {config.model_dir} while the master was reachable "
-            f"(or within {config.wait_timeout} s); is the master training into the same --model_dir?"
+            f"(or within {config.wait_timeout} s); "
+            + (
+                f"none came from the master's checkpoint feed at {feed} either"
+                if feed
+                else "the master writes them on its own machine: give the cluster file a checkpoint_port "
+                "(the master then serves them to the evaluator), or give both the same shared folder"
+            )
         )
     return 0
+
+
+@contextlib.contextmanager
+def _checkpoint_feed(config: TrainConfig):
+    """The lead's checkpoint feed (the cluster file's checkpoint_port) while it trains, else None."""
+    from od_dist.protocol import checkpoint_feed
+
+    cluster, task = config.selected.cluster, config.selected.task
+    at = cluster.checkpoint_feed() if cluster is not None and task == cluster.lead_task() else None
+    if at is None:
+        yield None
+        return
+    try:
+        feed = checkpoint_feed.Feed(config.model_dir, at.host, at.port, cluster.job_id())
+    except OSError as e:
+        raise RoleError(
+            f"checkpoint_port: {at.port}: cannot serve the checkpoints on {at} ({e.strerror or e}); "
+            "free the port, or give checkpoint_port another one in the cluster file"
+        ) from None
+    with feed:
+        print(
+            f"{task.name}: serving the newest checkpoint of {config.model_dir} on {at}, read-only", flush=True
+        )
+        yield feed
+
+
+def _serve_final(feed, config: TrainConfig) -> None:
+    """Training is done: the feed stays up until the evaluator holds the final checkpoint (it
+    may be on a machine without the folder), at most --wait_timeout."""
+    from od_dist.protocol import checkpoint_feed
+
+    cluster = config.selected.cluster
+    final = checkpoint_feed.newest(config.model_dir)
+    if not cluster.tasks_of("evaluator") or final is None:
+        return
+    if feed.fetched(final[0]):
+        return
+    print(
+        f"{config.selected.task.name}: serving {final[1]} until the evaluator has it "
+        f"(at most --wait_timeout, {config.wait_timeout} s)",
+        flush=True,
+    )
+    if not feed.wait_fetched(final[0], config.wait_timeout):
+        print(
+            f"{config.selected.task.name}: the evaluator did not fetch {final[1]} within --wait_timeout; "
+            f"it is in {config.model_dir} on this machine",
+            flush=True,
+        )
 
 
 def run(config: TrainConfig) -> int:
@@ -478,7 +554,11 @@ def run(config: TrainConfig) -> int:
             return run_server(config)
         if config.role == "evaluator":
             return run_evaluator(config)
-        return run_trainer(config, beacon)
+        with _checkpoint_feed(config) as feed:
+            code = run_trainer(config, beacon)
+            if feed is not None and code == 0:
+                _serve_final(feed, config)
+            return code
     except BaseException as e:
         if beacon is not None and beacon.fileno() != -1:  # still ours: TensorFlow never connected
             _stopped_before_training(config, beacon, e)

@@ -1,0 +1,311 @@
+"""The lead's newest checkpoint, fetched whole by a machine that does not share its folder.
+
+On a LAN of separate disks the checkpoints are on the trainers' machines only. With the cluster
+file's `checkpoint_port`, the lead (the master, or worker 0 without one) serves its model_dir's
+newest checkpoint on that port of its own address, read-only: a listing (`GET /`: the job, the
+step, each file's size and SHA-256) and the listed files (`GET /<file>`), nothing else, and it
+accepts no write. The evaluator on another machine fetches each new one into its own model_dir:
+every file into a temporary name, checked against the listing's size and SHA-256, renamed into
+place, then named in the `checkpoint` state file, as TensorFlow names a save it finished; a
+reader sees a whole checkpoint or none. No TensorFlow here: the evaluator's continuous evaluation
+finds the checkpoint as it finds any other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+STATE_FILE = "checkpoint"  # TensorFlow's: names the newest checkpoint of a folder
+_NAMED = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
+_FILE = re.compile(r"^ckpt-(\d+)(\.index|\.data-\d{5}-of-\d{5})$")
+_CHUNK = 1 << 20
+TIMEOUT_S = 30.0  # a request, or a read of its answer, that takes longer is a lost peer
+FETCH_PART = ".od-dist-fetching-"  # + the file's name: what a fetch writes before the rename
+
+
+def newest(model_dir: str) -> tuple[int, str] | None:
+    """(step, prefix) of the checkpoint `model_dir`'s state file names, or None."""
+    try:
+        with open(os.path.join(model_dir, STATE_FILE), encoding="utf-8") as f:
+            named = _NAMED.search(f.read())
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not named:
+        return None
+    prefix = os.path.basename(named.group(1))
+    m = re.fullmatch(r"ckpt-(\d+)", prefix)
+    return (int(m.group(1)), prefix) if m else None
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Feed:
+    """Serves the newest checkpoint of `model_dir` on (host, port), in a thread of this process.
+    `job`: the job's id (cluster.job_id()): a fetcher of another job refuses what it reads."""
+
+    def __init__(self, model_dir: str, host: str, port: int, job: str):
+        self.model_dir, self.job = model_dir, job
+        self._sums: dict[tuple[str, int, int], str] = {}  # (name, size, mtime) -> SHA-256
+        self._lock = threading.Lock()
+        self._served: set[int] = set()  # steps whose every file went out whole
+        self._sent: dict[int, set[str]] = {}
+        self._have = 0  # the newest step a fetcher said it holds
+        feed = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the name http.server calls
+                feed._answer(self)
+
+            def log_message(self, *args):  # no line per request on the console
+                pass
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        class Server(http.server.ThreadingHTTPServer):
+            address_family = family
+            daemon_threads = True
+
+        self._server = Server((host, port), Handler)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="checkpoint-feed", daemon=True
+        )
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._server.shutdown()
+        self._server.server_close()
+
+    def listing(self) -> dict:
+        """What `GET /` answers: the job, the newest checkpoint's step and its files."""
+        named = newest(self.model_dir)
+        if named is None:
+            return {"job": self.job, "step": 0, "files": []}
+        step, prefix = named
+        files = []
+        for name in sorted(os.listdir(self.model_dir)):
+            if name.startswith(prefix + ".") and _FILE.match(name):
+                path = os.path.join(self.model_dir, name)
+                stat = os.stat(path)
+                key = (name, stat.st_size, stat.st_mtime_ns)
+                with self._lock:
+                    if key not in self._sums:
+                        self._sums[key] = _sha256(path)
+                    files.append({"name": name, "size": stat.st_size, "sha256": self._sums[key]})
+        return {"job": self.job, "step": step, "files": files}
+
+    def _answer(self, request) -> None:
+        path, _, query = request.path.partition("?")
+        name = path.lstrip("/")
+        if not name:
+            have = re.fullmatch(r"have=(\d{1,12})", query)
+            if have:  # the fetcher's newest step: a number it reports, nothing is written
+                with self._lock:
+                    self._have = max(self._have, int(have.group(1)))
+            body = json.dumps(self.listing()).encode()
+            request.send_response(200)
+            request.send_header("Content-Type", "application/json")
+            request.send_header("Content-Length", str(len(body)))
+            request.end_headers()
+            request.wfile.write(body)
+            return
+        m = _FILE.match(name)
+        path = os.path.join(self.model_dir, name)
+        if not m or not os.path.isfile(path):  # only checkpoint files, of this folder, by their name
+            request.send_error(404)
+            return
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            request.send_response(200)
+            request.send_header("Content-Length", str(size))
+            request.end_headers()
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                request.wfile.write(chunk)
+        step = int(m.group(1))
+        with self._lock:
+            self._sent.setdefault(step, set()).add(name)
+
+    def fetched(self, step: int) -> bool:
+        """Whether a fetcher holds checkpoint `step`: it said so, or took its every file."""
+        listed = {f["name"] for f in self.listing()["files"]}
+        with self._lock:
+            return self._have >= step or (bool(listed) and listed <= self._sent.get(step, set()))
+
+    def wait_fetched(self, step: int, timeout_s: float) -> bool:
+        """Waits up to `timeout_s` for a fetcher to hold checkpoint `step`."""
+        deadline = time.monotonic() + timeout_s
+        while not self.fetched(step):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
+
+class FeedError(Exception):
+    """A fetch that failed: said in one line; the next poll tries again."""
+
+
+def read_listing(host: str, port: int, timeout: float = TIMEOUT_S, have: int = 0) -> dict:
+    """The feed's listing (`have`: the newest step the caller holds); raises FeedError (not
+    reachable, not a feed)."""
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/?have={have}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            listing = json.loads(answer.read(1 << 20))
+    except (OSError, ValueError) as e:
+        raise FeedError(str(getattr(e, "reason", None) or e)) from None
+    if not isinstance(listing, dict) or not isinstance(listing.get("files"), list):
+        raise FeedError("not an od-dist checkpoint listing")
+    return listing
+
+
+def fetch(host: str, port: int, job: str, model_dir: str, timeout: float = TIMEOUT_S) -> int | None:
+    """Fetches the feed's newest checkpoint into `model_dir` when it is newer than the one there;
+    returns its step, or None when there was nothing newer. Raises FeedError: another job's feed,
+    a file that did not arrive whole (nothing of it is then named; the next call tries again)."""
+    listing = read_listing(host, port, timeout, (newest(model_dir) or (0,))[0])
+    if listing.get("job") != job:
+        raise FeedError(
+            f"it serves the checkpoints of another job ({listing.get('job')}, this one is {job}): "
+            "give every machine the same cluster file"
+        )
+    step = int(listing.get("step") or 0)
+    if not step or step <= (newest(model_dir) or (0,))[0]:
+        return None
+    prefix = f"ckpt-{step}"
+    files = listing["files"]
+    names = [f.get("name") for f in files]
+    if not any(n == prefix + ".index" for n in names) or not all(
+        isinstance(n, str) and n.startswith(prefix + ".") and _FILE.match(n) for n in names
+    ):
+        raise FeedError(f"the listing of step {step} is not a checkpoint's files: {names}")
+    os.makedirs(model_dir, exist_ok=True)
+    arrived = []
+    try:
+        for entry in files:
+            arrived.append(_fetch_file(host, port, entry, model_dir, timeout))
+        # The index last, as TensorFlow writes it: a reader that lists the folder meanwhile
+        # finds shards without an index, which no restore reads.
+        for name, part in sorted(arrived, key=lambda a: a[0].endswith(".index")):
+            os.replace(part, os.path.join(model_dir, name))
+        arrived = []
+    finally:
+        for _, part in arrived:
+            _remove(part)
+    _name_newest(model_dir, prefix)
+    return step
+
+
+def _fetch_file(host: str, port: int, entry: dict, model_dir: str, timeout: float) -> tuple[str, str]:
+    name, size, want = entry["name"], int(entry["size"]), entry["sha256"]
+    part = os.path.join(model_dir, FETCH_PART + name)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/{name}"
+    digest, got = hashlib.sha256(), 0
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer, open(part, "wb") as out:
+            while got <= size:
+                chunk = answer.read(_CHUNK)
+                if not chunk:
+                    break
+                digest.update(chunk)
+                out.write(chunk)
+                got += len(chunk)
+    except (OSError, urllib.error.URLError) as e:
+        _remove(part)
+        raise FeedError(f"{name}: {getattr(e, 'reason', None) or e}") from None
+    if got != size or digest.hexdigest() != want:
+        _remove(part)
+        raise FeedError(
+            f"{name}: {got} bytes with SHA-256 {digest.hexdigest()[:12]}..., the listing said "
+            f"{size} bytes, {want[:12]}... (rotated away, or damaged on the way): not used"
+        )
+    return name, part
+
+
+def _name_newest(model_dir: str, prefix: str, keep: int = 3) -> None:
+    """Names `prefix` the newest in the state file, as TensorFlow does (a temporary file renamed
+    over it), and removes the fetched checkpoints past the newest `keep`."""
+    steps = sorted({int(m.group(1)) for m in map(_FILE.match, os.listdir(model_dir)) if m}, reverse=True)
+    kept = [f"ckpt-{s}" for s in steps[:keep]]
+    for step in steps[keep:]:
+        for name in os.listdir(model_dir):
+            m = _FILE.match(name)
+            if m and int(m.group(1)) == step:
+                _remove(os.path.join(model_dir, name))
+    lines = [f'model_checkpoint_path: "{prefix}"'] + [
+        f'all_model_checkpoint_paths: "{p}"' for p in reversed(kept) if p != prefix
+    ]
+    lines.append(f'all_model_checkpoint_paths: "{prefix}"')
+    tmp = os.path.join(model_dir, f"{STATE_FILE}.{FETCH_PART}{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, os.path.join(model_dir, STATE_FILE))
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+class Follower:
+    """Fetches the lead's newest checkpoint into `model_dir` every `every_s` seconds, in a thread,
+    saying each one (and each change between reachable and not) in one line through `say`."""
+
+    def __init__(self, host: str, port: int, job: str, model_dir: str, say, every_s: float = 2.0):
+        self.host, self.port, self.job, self.model_dir, self.say = host, port, job, model_dir, say
+        self.every_s = every_s
+        self.reachable: bool | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="checkpoint-follower", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(TIMEOUT_S)
+
+    def poll(self) -> int | None:
+        """One fetch; the step fetched, or None."""
+        where = f"the checkpoint feed at {self.host}:{self.port}"
+        try:
+            step = fetch(self.host, self.port, self.job, self.model_dir)
+        except FeedError as e:
+            if self.reachable is None:
+                self.say(f"waiting for {where} ({e})")
+            elif self.reachable:
+                self.say(f"{where}: {e}; trying again every {self.every_s:.0f} s")
+            self.reachable = False
+            return None
+        if not self.reachable:
+            self.say(f"{where} is up")
+        self.reachable = True
+        if step is not None:
+            self.say(f"fetched ckpt-{step} from {where} into {self.model_dir}, checked whole")
+        return step
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.poll()
+            self._stop.wait(max(0.0, self.every_s - (time.monotonic() - started)))

@@ -1,0 +1,111 @@
+"""The lead's checkpoint feed (protocol/checkpoint_feed.py) on loopback, without TensorFlow: a
+checkpoint fetched whole into another folder and named there, nothing else served, nothing
+accepted, a file damaged on the way or another job's feed refused with nothing named."""
+
+import os
+import urllib.error
+import urllib.request
+
+import pytest
+
+from od_dist.cluster import hostinfo
+from od_dist.protocol import checkpoint_feed
+
+
+def _free_port():
+    s = hostinfo.bind_port("127.0.0.1", 0)
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _save(folder, step, data=b"weights"):
+    """A checkpoint as TensorFlow leaves it: its shard, its index, then the state file names it."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"ckpt-{step}.data-00000-of-00001"), "wb") as f:
+        f.write(data * 1000)
+    with open(os.path.join(folder, f"ckpt-{step}.index"), "wb") as f:
+        f.write(b"index %d" % step)
+    with open(os.path.join(folder, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}"\n')
+
+
+@pytest.fixture
+def feed(tmp_path):
+    port = _free_port()
+    with checkpoint_feed.Feed(str(tmp_path / "lead"), "127.0.0.1", port, "job1") as served:
+        served.port = port
+        yield served
+
+
+def test_fetched_whole_named_once_and_reported(feed, tmp_path):
+    here = str(tmp_path / "evaluator")
+    assert checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", here) is None  # no checkpoint yet
+    _save(feed.model_dir, 4)
+    assert not feed.fetched(4)
+    assert checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", here) == 4
+    for name in ("ckpt-4.index", "ckpt-4.data-00000-of-00001"):
+        with open(os.path.join(here, name), "rb") as a, open(os.path.join(feed.model_dir, name), "rb") as b:
+            assert a.read() == b.read()
+    assert checkpoint_feed.newest(here) == (4, "ckpt-4")
+    assert feed.fetched(4)
+    assert checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", here) is None  # nothing newer
+    _save(feed.model_dir, 6)
+    assert checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", here) == 6
+    assert checkpoint_feed.newest(here) == (6, "ckpt-6")
+    assert not [n for n in os.listdir(here) if checkpoint_feed.FETCH_PART in n]
+
+
+def test_a_folder_that_has_it_fetches_nothing_and_says_so(feed):
+    """A shared folder: the evaluator's folder is the lead's; its report ends the lead's wait."""
+    _save(feed.model_dir, 8)
+    before = sorted(os.listdir(feed.model_dir))
+    assert checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", feed.model_dir) is None
+    assert sorted(os.listdir(feed.model_dir)) == before
+    assert feed.fetched(8) and feed.wait_fetched(8, 0)
+
+
+def test_damaged_on_the_way_or_another_job_is_not_named(feed, tmp_path):
+    here = str(tmp_path / "evaluator")
+    _save(feed.model_dir, 4)
+    with pytest.raises(checkpoint_feed.FeedError, match="another job"):
+        checkpoint_feed.fetch("127.0.0.1", feed.port, "job2", here)
+    feed.listing()  # its sums are taken; then a shard changes without changing its size or time
+    shard = os.path.join(feed.model_dir, "ckpt-4.data-00000-of-00001")
+    stat = os.stat(shard)
+    with open(shard, "r+b") as f:
+        f.write(b"X")
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(checkpoint_feed.FeedError, match="SHA-256 .*not used"):
+        checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", here)
+    assert checkpoint_feed.newest(here) is None and os.listdir(here) == []
+
+
+def test_serves_checkpoint_files_only_and_accepts_nothing(feed):
+    _save(feed.model_dir, 4)
+    with open(os.path.join(os.path.dirname(feed.model_dir), "secret"), "w") as f:
+        f.write("x")
+    url = f"http://127.0.0.1:{feed.port}"
+    for path in ("/checkpoint", "/../secret", "/%2e%2e/secret", "/ckpt-4.index/../../secret", "/params.yaml"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + path, timeout=10)
+        assert e.value.code == 404, path
+    for method in ("PUT", "POST", "DELETE"):
+        request = urllib.request.Request(url + "/ckpt-4.index", data=b"x", method=method)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=10)
+        assert e.value.code == 501, method
+    with open(os.path.join(feed.model_dir, "ckpt-4.index"), "rb") as f:
+        assert f.read() == b"index 4"
+
+
+def test_follower_says_each_fetch_in_one_line(feed, tmp_path):
+    lines = []
+    follower = checkpoint_feed.Follower("127.0.0.1", feed.port, "job1", str(tmp_path / "e"), lines.append)
+    assert follower.poll() is None and follower.reachable
+    _save(feed.model_dir, 2)
+    assert follower.poll() == 2
+    assert lines == [
+        f"the checkpoint feed at 127.0.0.1:{feed.port} is up",
+        f"fetched ckpt-2 from the checkpoint feed at 127.0.0.1:{feed.port} into {tmp_path / 'e'}, checked whole",
+    ]
