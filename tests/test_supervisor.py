@@ -529,6 +529,17 @@ def test_a_server_that_waited_out_its_master_is_not_restarted():
     assert sorted(job.started) == [("ps:0", 0), ("worker:0", 0)]
 
 
+def test_a_task_behind_a_launcher_is_heard():
+    """On Windows a venv's python.exe is a launcher that runs the interpreter as its child: the
+    supervisor knows the task by the launcher's PID. A server that waited out its master behind
+    one is heard all the same, and not restarted. (The other way, its supervisor's word reaching
+    it: test_stop.py.)"""
+    launcher = f"import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-c', {WAITED_OUT!r}]))"
+    job = Job(PS, [PS0], lambda t, n: launcher)
+    assert job.run() == 138, job.lines
+    assert job.started == [("ps:0", 0)]
+
+
 def test_a_reused_pid_does_not_make_a_restarted_task_look_waited_out():
     """A child's word to its supervisor outlives it no longer than its exit: the evaluator that
     left "waited out" and failed, then a worker given its PID again (Linux reuses PIDs) and lost

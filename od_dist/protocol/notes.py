@@ -57,33 +57,38 @@ WAITED_OUT = "waited-out"  # exit 138 after --wait_timeout without a peer: a res
 SYSTEM_STOP = "system-stop"
 
 
+def _started_as() -> tuple[int, int]:
+    """The PIDs the supervisor may know this process by: its own, or on Windows its parent's, as a
+    venv's python.exe is a launcher that runs the interpreter as its child. The notes folder is
+    this start's alone, so the parent's PID there can mean nothing else."""
+    return os.getpid(), os.getppid()
+
+
 def leave_for_supervisor(note: str) -> None:
     """Leaves `note` for this process's supervisor, if it has one."""
     folder = os.environ.get(NOTES_ENV)
     if folder:
-        try:
-            with open(os.path.join(folder, f"{os.getpid()}.{note}"), "w"):
-                pass
-        except OSError:
-            pass  # the supervisor then restarts it, as for any 138
+        for pid in _started_as():
+            _write(folder, pid, note)  # unwritten, the supervisor restarts it, as for any 138
 
 
 def leave_for_child(notes_dir: str, pid: int, note: str) -> None:
     """Leaves `note` for the child `pid` in its notes folder (the supervisor's side)."""
+    _write(notes_dir, pid, note)  # unwritten, the child takes the signal as it comes
+
+
+def _write(notes_dir: str, pid: int, note: str) -> None:
     try:
         with open(os.path.join(notes_dir, f"{pid}.{note}"), "w"):
             pass
     except OSError:
-        pass  # the child then takes the signal as it comes
+        pass
 
 
 def from_supervisor(note: str) -> bool:
-    """Whether this process's supervisor left it `note` (leave_for_child). Named for the PID the
-    supervisor started, which on Windows may be this one's parent: a venv's python.exe is a
-    launcher that runs the interpreter as its child. The folder is this start's alone, so the
-    parent's PID there can mean nothing else."""
+    """Whether this process's supervisor left it `note` (leave_for_child)."""
     folder = os.environ.get(NOTES_ENV)
-    return bool(folder) and any(left(folder, pid, note) for pid in (os.getpid(), os.getppid()))
+    return bool(folder) and any(left(folder, pid, note) for pid in _started_as())
 
 
 def left(notes_dir: str, pid: int, note: str) -> bool:
