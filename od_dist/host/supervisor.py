@@ -561,7 +561,7 @@ class Supervisor:
                 f"{cause}; no restart left (--max_restarts {self.max_restarts}); stopping every task{root}"
                 f"{self._log_note(task)}"
             )
-            # Retryable all the same: an outer restarter (a script's loop, Kubernetes) tries again.
+            # Retryable all the same: an outer restarter (systemd, a loop of the user's) may try again.
             return exit_codes.normalize(code)
         self.restarts += 1
         now = time.monotonic()
