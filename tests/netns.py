@@ -168,6 +168,10 @@ class Machine:
         else:
             subprocess.run(self.command(["iptables", "-F", "INPUT"]), capture_output=True, timeout=30)
 
+    def power_off(self) -> None:
+        """Every process of this machine killed at once (kill -9), as a power cut leaves it."""
+        _kill_namespace_processes(self.netns)
+
     def cut_off(self) -> None:
         """Pulls this machine's cable: its link goes down, packets to it go nowhere."""
         _ip("-n", self.netns, "link", "set", "eth0", "down")

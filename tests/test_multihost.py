@@ -4,13 +4,14 @@ a real LAN, and real jobs start on each machine from the script `od-dist scripts
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 
 import netns
 import pytest
-from loopback import PIPELINE, ROOT, TINY, checkpoint_step
+from loopback import COCO_LINE, PIPELINE, ROOT, TINY, checkpoint_step
 
 from od_dist.protocol import exit_codes
 
@@ -256,7 +257,7 @@ def test_doctor_names_what_is_wrong_on_this_machine(tmp_path, machines):
 # ----- real jobs, each machine started by its own generated script (slow) ----------------------
 
 
-def job_cluster(tmp_path, net, roles):
+def job_cluster(tmp_path, net, roles, **extra):
     """A cluster file for `roles` ({machine index: 'master' | 'worker' | 'ps'}), whose hosts run
     this test's interpreter from a working directory of their own (the namespaces share the file
     system, as machines with the same install would)."""
@@ -267,6 +268,10 @@ def job_cluster(tmp_path, net, roles):
     lines = [f"master: {by_role['master'][0]}", f"worker: [{', '.join(by_role['worker'])}]"]
     if by_role["ps"]:
         lines.append(f"ps: [{', '.join(by_role['ps'])}]")
+    evaluators = [i for i, role in roles.items() if role == "evaluator"]
+    if evaluators:
+        lines.append(f"evaluator: {net[evaluators[0]].ip}")
+    lines += [f"{k}: {v}" for k, v in extra.items()]
     lines.append("hosts:")
     for i in sorted(roles):
         workdir = tmp_path / net[i].hostname
@@ -275,10 +280,12 @@ def job_cluster(tmp_path, net, roles):
     return write_cluster(tmp_path, "\n".join(lines) + "\n")
 
 
-def write_scripts(tmp_path, cluster, data_dir, steps, wait_timeout, override=None, flags=()):
-    """`od-dist scripts` for `cluster`: a tiny run of `steps` steps, or `override` (--params_override)."""
+def write_scripts(tmp_path, cluster, data_dir, steps, wait_timeout, override=None, flags=(), model_dir=None):
+    """`od-dist scripts` for `cluster`: a tiny run of `steps` steps, or `override` (--params_override).
+    `model_dir`: default one folder that every machine shares; a relative one is each machine's own
+    (under its workdir), as on a LAN of separate disks."""
     out = tmp_path / "scripts"
-    model_dir = tmp_path / "model"
+    model_dir = model_dir or tmp_path / "model"
     r = subprocess.run(
         [
             sys.executable,
@@ -439,3 +446,69 @@ def test_parameter_server_job_on_four_machines_then_the_masters_machine_cut_off(
         assert codes[name] == exit_codes.LOST_PEER, out
         lost = f"{name}: lost the master at {net[0].ip}:{PORT} (unreachable for {wait_timeout} s)"
         assert lost in job.output(name), out
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_on_separate_disks_a_machine_lost_and_its_disk_replaced(
+    tmp_path, machines, data_dir
+):
+    """A LAN as it is: three multi_worker_mirrored trainer machines and an evaluator's machine, each
+    with its own --model_dir (no shared folder), each started by the script `od-dist scripts` wrote
+    for it. Mid-run every process of worker 1's machine is killed (kill -9) and its model_dir wiped
+    (a new disk); the other trainers exit 138 and their scripts restart them; its script started
+    again, it joins with the newest checkpoint the others hold, and the job finishes. The
+    evaluator, on its own disk, fetches the checkpoints from the master's checkpoint_port and prints
+    the COCO line of the final one."""
+    net = machines(4)
+    roles = {0: "master", 1: "worker", 2: "worker", 3: "evaluator"}
+    cluster = job_cluster(tmp_path, net, roles, strategy="multi_worker_mirrored", checkpoint_port=PORT + 1)
+    steps = 40
+    override = TINY.format(steps=steps, data=data_dir) + ",task.train_data.global_batch_size=3"  # 3 trainers
+    scripts, _ = write_scripts(
+        tmp_path, cluster, data_dir, steps, wait_timeout=240, override=override, model_dir="runs/lan"
+    )
+    own = {i: tmp_path / net[i].hostname / "runs" / "lan" for i in roles}
+    job = Job.from_scripts(tmp_path, net, roles, scripts)
+    try:
+        # Killed once worker 1 holds a checkpoint of its own: a copy it would lose with its disk.
+        deadline = time.monotonic() + 420
+        while checkpoint_step(str(own[2])) is None and time.monotonic() < deadline:
+            assert job.procs["worker:1"].poll() is None, job.all_output()
+            time.sleep(0.5)
+        assert checkpoint_step(str(own[2])) is not None, job.all_output()
+        net[2].power_off()
+        killed = time.monotonic()
+        lost_at = checkpoint_step(str(own[1]))
+        shutil.rmtree(own[2])
+        again = Job(tmp_path, {"worker:1 again": (net[2], ["bash", str(scripts / "worker-1.sh")])})
+        job.procs.update(again.procs)
+        job.logs.update(again.logs)
+        assert job.wait_for_line("master:0", r"restart 1/", timeout=120), job.all_output()
+        assert job.wait_for_line(
+            "worker:1 again",
+            r"od-dist train \| resuming at step \d+ from (master|worker):0's checkpoint",
+            300,
+        ), job.all_output()
+        codes = job.wait(["master:0", "worker:0", "worker:1 again", "evaluator:0"], timeout=600)
+    finally:
+        job.kill()
+    out = job.all_output()
+    assert codes == {"master:0": 0, "worker:0": 0, "worker:1 again": 0, "evaluator:0": 0}, out
+    resumed = re.search(
+        r"od-dist train \| resuming at step (\d+) from (master|worker):0's checkpoint, its variables sent over "
+        r"the all-reduce to the trainers whose --model_dir is behind \(worker:1's at step 0; 0: no checkpoint\)",
+        job.output("worker:1 again"),
+    )
+    assert resumed and int(resumed.group(1)) >= (lost_at or 0), out
+    back = re.search(r"od-dist train \| step (\d+)/", job.output("worker:1 again"))
+    print(
+        f"\nworker 1's machine killed at step >= {lost_at}; the job resumed at step {resumed.group(1)} "
+        f"with a new disk there; every trainer done {time.monotonic() - killed:.0f} s after the kill"
+    )
+    assert back and int(back.group(1)) > int(resumed.group(1)), out
+    for i in (0, 1, 2):  # every trainer machine holds the final checkpoint on its own disk
+        assert checkpoint_step(str(own[i])) == steps, (i, out)
+    final = [m for m in COCO_LINE.finditer(job.output("evaluator:0")) if int(m["step"]) == steps]
+    assert final, out
+    assert checkpoint_step(str(own[3])) == steps, out  # fetched, named on the evaluator's own disk
+    assert re.search(rf"fetched ckpt-{steps} from the checkpoint feed at {net[0].ip}:{PORT + 1}", out), out
