@@ -484,11 +484,8 @@ def test_multi_worker_mirrored_on_separate_disks_a_machine_lost_and_its_disk_rep
         job.procs.update(again.procs)
         job.logs.update(again.logs)
         assert job.wait_for_line("master:0", r"restart 1/", timeout=120), job.all_output()
-        assert job.wait_for_line(
-            "worker:1 again",
-            r"od-dist train \| resuming at step \d+ from (master|worker):0's checkpoint",
-            300,
-        ), job.all_output()
+        assert job.wait_for_line("worker:1 again", r"od-dist train \| step \d+/", 300), job.all_output()
+        training_again = time.monotonic() - killed  # loss to the rejoined machine's first loop
         codes = job.wait(["master:0", "worker:0", "worker:1 again", "evaluator:0"], timeout=600)
     finally:
         job.kill()
@@ -503,7 +500,8 @@ def test_multi_worker_mirrored_on_separate_disks_a_machine_lost_and_its_disk_rep
     back = re.search(r"od-dist train \| step (\d+)/", job.output("worker:1 again"))
     print(
         f"\nworker 1's machine killed at step >= {lost_at}; the job resumed at step {resumed.group(1)} "
-        f"with a new disk there; every trainer done {time.monotonic() - killed:.0f} s after the kill"
+        f"with a new disk there; training again {training_again:.0f} s after the kill, done after "
+        f"{time.monotonic() - killed:.0f} s"
     )
     assert back and int(back.group(1)) > int(resumed.group(1)), out
     for i in (0, 1, 2):  # every trainer machine holds the final checkpoint on its own disk
