@@ -37,14 +37,16 @@ def honour_ctrl_c() -> None:
 
 
 def _run_role(run, *args) -> int:
-    """Runs a TensorFlow-side call, turning its user-facing errors into exit 1 with one line."""
+    """Runs a TensorFlow-side call, turning its user-facing errors into one line: exit 2 for invalid
+    input (a pipeline, devices this machine lacks), 1 otherwise."""
     from od_dist.model.pipeline import PipelineError
+    from od_dist.task.devices import DeviceError
     from od_dist.task.errors import TrainerError
     from od_dist.task.roles import RoleError
 
     try:
         return run(*args)
-    except PipelineError as e:
+    except (PipelineError, DeviceError) as e:  # devices this machine does not have: invalid input
         print(f"od-dist: {e}", file=sys.stderr)
         return exit_codes.INVALID
     except (RoleError, TrainerError) as e:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# The install that brings TensorFlow's CUDA libraries (setup.cfg's extra `gpu`; README, GPU
+# machines): said wherever a GPU machine's TensorFlow sees no GPU.
+GPU_INSTALL = 'pip install -e ".[gpu]"'
+
 
 class DeviceError(RuntimeError):
     """This machine cannot give the replicas asked for; the message is for the user."""
@@ -42,19 +46,24 @@ def configure(num_clones: int, clone_on_cpu: bool) -> list[str]:
             )
         return [f"/cpu:{i}" for i in range(num_clones)]
     gpus = tf.config.list_physical_devices("GPU")
+    if num_clones > max(len(gpus), 1):  # one replica without a GPU trains on the CPU (said below)
+        apply_policy()
+        raise DeviceError(
+            f"num_clones {num_clones} asks for {num_clones} GPUs but TensorFlow sees "
+            f"{len(gpus) or 'none'} here; lower num_clones (--num_clones, or the cluster file's), "
+            f"on a GPU machine give TensorFlow CUDA's libraries ({GPU_INSTALL}, README: GPU machines), "
+            "or on one machine without --cluster add --clone_on_cpu"
+        )
     if not gpus:
         apply_policy()
-        if num_clones > 1:
-            raise DeviceError(
-                f"--num_clones={num_clones} asks for {num_clones} GPUs but this machine has none; "
-                "add --clone_on_cpu to run the replicas on logical CPU devices"
-            )
-        return ["/cpu:0"]
-    if num_clones > len(gpus):
-        raise DeviceError(
-            f"--num_clones={num_clones} asks for {num_clones} GPUs but this machine has "
-            f"{len(gpus)}; lower --num_clones"
+        # On the console, not only in the log: a GPU machine whose TensorFlow lacks CUDA's
+        # libraries would otherwise train for hours on the CPU without a word.
+        print(
+            f"od-dist: training on the CPU: TensorFlow sees no GPU here (on a GPU machine: {GPU_INSTALL}, "
+            "README: GPU machines)",
+            flush=True,
         )
+        return ["/cpu:0"]
     tf.config.set_visible_devices(gpus[:num_clones], "GPU")
     apply_policy()
     return [f"/gpu:{i}" for i in range(num_clones)]

@@ -66,7 +66,7 @@ def run_server(config: TrainConfig) -> NoReturn:
             devices=set_up_devices,
             term_to_all=selected.term_to_all,
         )
-    except (server.ServerError, devices.DeviceError) as e:
+    except server.ServerError as e:  # a DeviceError is invalid input: exit 2 (cli/train.py)
         raise RoleError(str(e)) from None
     # TensorFlow's teardown of a server at interpreter exit can crash (SIGSEGV, exit 139, after
     # "exit 143": benchmarks/chaos.py, a SIGTERM to a parameter_server worker), which a supervisor
@@ -77,7 +77,7 @@ def run_server(config: TrainConfig) -> NoReturn:
 def run_trainer(config: TrainConfig, beacon=None) -> int:
     """The master, an all-reduce worker, or a single machine; `beacon`: its port, already bound."""
     from od_dist.model import pipeline
-    from od_dist.task import checkpoints, devices, errors, server, strategy, trainer, watch
+    from od_dist.task import checkpoints, errors, server, strategy, trainer, watch
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
     pipeline.check_inputs(params, config.pipeline, train=True)
@@ -110,7 +110,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         print(f"od-dist: {e}; exit {exit_codes.LOST_PEER}", file=sys.stderr, flush=True)
         notes.leave_for_supervisor(notes.WAITED_OUT)  # its restart would only wait again
         return exit_codes.LOST_PEER
-    except (devices.DeviceError, server.ServerError) as e:
+    except server.ServerError as e:  # a DeviceError is invalid input: exit 2 (cli/train.py)
         raise RoleError(str(e)) from None
     print(
         f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
