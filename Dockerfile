@@ -11,6 +11,11 @@ ENV PIP_NO_CACHE_DIR=1 PATH=/od-dist/.venv/bin:$PATH
 COPY pyproject.toml setup.cfg README.md ./
 COPY od_dist/ od_dist/
 RUN python3 -m venv .venv && .venv/bin/pip install -e .
+# The GPU variant, for GPU nodes: docker build --build-arg EXTRAS=gpu -t registry.example/od-dist:0.1-gpu .
+# It adds TensorFlow's CUDA libraries (setup.cfg's extra `gpu`, README: GPU machines); the NVIDIA
+# driver comes from the node (NVIDIA Container Toolkit: docker run --gpus all; `od-dist k8s --gpus`).
+ARG EXTRAS=""
+RUN if [ -n "$EXTRAS" ]; then .venv/bin/pip install -e ".[$EXTRAS]"; fi
 
 COPY pipelines/ pipelines/
 COPY clusters/ clusters/

@@ -82,3 +82,23 @@ def test_clones_on_cpu_and_one_replica_without_gpu():
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines()[:2] == [CPU_LINE, "one ['/cpu:0']"], r.stdout
     assert "refused: num_clones 3 asks for 3 GPUs but TensorFlow sees none here;" in r.stdout, r.stdout
+
+
+def test_the_gpu_install_is_tensorflow_with_cuda_at_the_same_version():
+    """The install that doctor and the trainers name is setup.cfg's extra `gpu`: TensorFlow with CUDA's
+    libraries (its own extra `and-cuda`, which 2.20 has) at the version od-dist requires, on Linux
+    (WSL2 included); the Dockerfile's GPU variant installs that extra."""
+    import configparser
+    import os
+
+    from od_dist.task.devices import GPU_INSTALL
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    requires = [x.strip() for x in cfg["options"]["install_requires"].splitlines()]
+    (tensorflow,) = [x for x in requires if x.startswith("tensorflow~=")]
+    gpu = [x.strip() for x in cfg["options.extras_require"]["gpu"].splitlines() if x.strip()]
+    assert gpu == [f'tensorflow[and-cuda]{tensorflow[len("tensorflow") :]}; sys_platform == "linux"'], gpu
+    assert GPU_INSTALL == 'pip install -e ".[gpu]"'
+    docker = open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8").read()
+    assert "--build-arg EXTRAS=gpu" in docker and '.venv/bin/pip install -e ".[$EXTRAS]"' in docker
