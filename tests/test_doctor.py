@@ -1,11 +1,13 @@
 """`od-dist doctor` on loopback (any user; the simulated machines in test_multihost.py cover
 peers on other machines, names and firewalls)."""
 
+import os
 import socket
 import subprocess
 import sys
 import time
 
+import pytest
 from loopback import ROOT, free_ports, od_dist
 
 from od_dist.cluster import spec as cluster_mod
@@ -146,12 +148,28 @@ def test_gpus_against_num_clones():
     )
     mw = cluster_mod.from_document({"master": "10.0.0.1:1", "worker": ["10.0.0.2:1"], "num_clones": 2})
 
-    def status(cluster, role, counted):
-        return doctor.check_gpus(cluster, [cluster.task(role)], counted)[0]
+    def status(cluster, role, counted, tf_counted=None):
+        tf_counted = tf_counted or (counted[0], "TensorFlow 2.20.0, tf.config.list_physical_devices")
+        return doctor.check_gpus(cluster, [cluster.task(role)], counted, tf_counted)[0]
 
     assert status(ps, "worker", (1, "nvidia-smi -L")).status == doctor.FIX
-    assert "needs 2 GPUs, found 1 (nvidia-smi -L)" in status(ps, "worker", (1, "nvidia-smi -L")).detail
+    assert (
+        "num_clones 2 for worker:0 needs 2 GPUs, found 1: 1 from the driver (nvidia-smi -L), 1 in "
+        "TensorFlow (TensorFlow 2.20.0, tf.config.list_physical_devices); lower num_clones"
+    ) in status(ps, "worker", (1, "nvidia-smi -L")).detail
     assert status(ps, "worker", (2, "nvidia-smi -L")).status == doctor.OK
+    # What TensorFlow sees counts: the driver shows 2, TensorFlow 1.
+    assert "needs 2 GPUs, found 1:" in status(ps, "worker", (2, "nvidia-smi -L"), (1, "tf")).detail
+    # The driver shows GPUs and TensorFlow none: installed without CUDA's libraries, the install named.
+    fix = status(ps, "worker", (2, "nvidia-smi -L"), (0, "tf"))
+    assert fix.status == doctor.FIX and fix.detail == (
+        "2 from the driver (nvidia-smi -L), 0 in TensorFlow (tf): TensorFlow was installed without CUDA's "
+        'libraries and worker:0 would train on the CPU; on Linux and WSL2 install od-dist with pip install -e ".[gpu]" '
+        "(README: GPU machines)"
+    )
+    # TensorFlow could not be asked: a warning beside the driver's count.
+    checks = doctor.check_gpus(ps, [ps.task("worker")], (2, "nvidia-smi -L"), (None, "did not answer"))
+    assert [c.status for c in checks] == [doctor.WARN, doctor.OK], checks
     # Under parameter_server the ps and the master (coordinator) hold no replicas.
     assert (
         "none needed" in status(ps, "master", (0, "x")).detail
@@ -255,3 +273,107 @@ def test_wsl_with_mirrored_networking_or_no_wsl_is_not_a_fix(tmp_path):
     assert wsl_doctor(tmp_path, {"172.28.113.5"}, kernel="6.1.0-18-amd64 Linux version 6.1.0") == []
     local = "master: 127.0.0.1:2222\nworker: [127.0.0.1:2223]\n"  # every task here: nothing to reach
     assert wsl_doctor(tmp_path, {"172.28.113.5"}, text=local) == []
+
+
+# ----- GPUs TensorFlow sees, beside the driver's ------------------------------------------------------
+
+MWM = "strategy: multi_worker_mirrored\nmaster: 127.0.0.1:{0}\nworker: [127.0.0.1:{1}]\n"
+
+
+def doctor_with_path(tmp_path, cluster, bin_dir):
+    """doctor with PATH holding only `bin_dir` and the system's folders (no real nvidia-smi)."""
+    from loopback import clean_env
+
+    env = clean_env(PATH=os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"]))
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", "doctor", f"--cluster={cluster}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=240,
+    )
+
+
+def test_doctor_without_a_gpu_does_not_import_tensorflow_to_say_so(tmp_path):
+    if os.path.isdir("/proc/driver/nvidia/gpus"):
+        pytest.skip("this machine has an NVIDIA driver")
+    path = tmp_path / "c.yaml"
+    path.write_text(MWM.format(*free_ports(2)))
+    (tmp_path / "bin").mkdir()
+    r = doctor_with_path(tmp_path, path, tmp_path / "bin")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (
+        "  ok    GPUs: 0 from the driver (no NVIDIA driver found: no nvidia-smi, no /proc/driver/nvidia), "
+        "0 in TensorFlow (TensorFlow not asked); worker:0, master:0 will train on the CPU (num_clones 1)"
+    ) in r.stdout.splitlines(), r.stdout
+
+
+def test_doctor_says_fix_when_the_driver_shows_gpus_and_tensorflow_none(tmp_path):
+    """An nvidia-smi stand-in reports two GPUs; this machine's TensorFlow (asked in a child process)
+    sees none, as a GPU machine's does when installed without CUDA's libraries."""
+    path = tmp_path / "c.yaml"
+    path.write_text(MWM.format(*free_ports(2)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA Stand-in (UUID: GPU-0)'\necho 'GPU 1: NVIDIA Stand-in (UUID: GPU-1)'\n"
+    )
+    smi.chmod(0o755)
+    r = doctor_with_path(tmp_path, path, bin_dir)
+    assert r.returncode == 1, r.stdout + r.stderr
+    version = doctor._version("tensorflow")
+    assert (
+        f"  FIX   GPUs: 2 from the driver (nvidia-smi -L), 0 in TensorFlow (TensorFlow {version}, "
+        "tf.config.list_physical_devices): TensorFlow was installed without CUDA's libraries and "
+        'worker:0, master:0 would train on the CPU; on Linux and WSL2 install od-dist with pip install -e ".[gpu]" '
+        "(README: GPU machines)"
+    ) in r.stdout.splitlines(), r.stdout
+    assert r.stdout.splitlines()[-1] == "od-dist doctor: 1 to fix (the FIX lines above)"
+
+
+# ----- model_dir: shared or not, and where the newest checkpoint is -------------------------------
+
+
+def write_checkpoint(folder, step):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"x" * 10)
+    (folder / f"ckpt-{step}.index").write_bytes(b"i")
+    (folder / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+
+
+def test_doctor_says_model_dir_need_not_be_shared_and_where_the_newest_checkpoint_is(tmp_path):
+    from od_dist.protocol import checkpoint_feed
+
+    ports = free_ports(3)
+    path = tmp_path / "c.yaml"
+    path.write_text(MWM.format(*ports) + f"checkpoint_port: {ports[2]}\n")
+    here = tmp_path / "here"
+    write_checkpoint(here, 4)
+
+    def lines(role):
+        checks, _ = doctor.run(str(path), role, 0, False, 1.0, model_dir=str(here))
+        return {c.what: f"{c.status} {c.detail}" for c in checks}
+
+    found = lines("worker")
+    assert found["model_dir shared?"].startswith(
+        "ok --model_dir need not be a shared folder: Every trainer keeps the checkpoints in its own --model_dir"
+    ), found
+    assert found["newest checkpoint"].startswith(
+        f"ok here: step 4; master:0's checkpoint feed at 127.0.0.1:{ports[2]} does not answer"
+    ), found
+    assert lines("master")["newest checkpoint"] == "ok here: step 4"  # the lead is this machine
+    lead = tmp_path / "lead"
+    write_checkpoint(lead, 9)
+    job = cluster_mod.from_document(
+        {
+            "strategy": "multi_worker_mirrored",
+            "master": f"127.0.0.1:{ports[0]}",
+            "worker": [f"127.0.0.1:{ports[1]}"],
+        }
+    ).job_id()
+    with checkpoint_feed.Feed(str(lead), "127.0.0.1", ports[2], job):
+        assert lines("worker")["newest checkpoint"] == (
+            f"ok step 9 on master:0's machine (127.0.0.1, its checkpoint feed at 127.0.0.1:{ports[2]}); here: step 4"
+        )

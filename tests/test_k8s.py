@@ -259,7 +259,9 @@ def test_file_num_clones_reaches_every_trainer_pod(tmp_path):
     assert worker["resources"] == {"limits": {"nvidia.com/gpu": 2}}
     # multi_worker_mirrored: the chief trains too; per-host num_clones count.
     (tmp_path / "m.yaml").write_text(MWMS + "num_clones: 2\nhosts: {10.1.0.1: {num_clones: 4}}\n")
-    args = pod_args(yaml.safe_load(render(str(tmp_path / "m.yaml"))))
+    # 10 replicas in sync: a global batch they share (the demo's 8 is refused before rendering).
+    batch = "--params_override=task.train_data.global_batch_size=20"
+    args = pod_args(yaml.safe_load(render(str(tmp_path / "m.yaml"), batch)))
     assert "--num_clones=4" in args["Chief"] and "--num_clones=2" in args["Worker"]
     assert not any(a.startswith("--num_clones") for a in args["Evaluator"])
     # Worker pods share one template: workers with different num_clones cannot be rendered.

@@ -272,3 +272,80 @@ def test_the_packs_the_master_reports_are_the_packs_tensorflow_makes():
             want = [sum(4 * t.shape.num_elements() for t in pack) for pack in grouped]
             assert strategy.packed(sizes, per_pack) == want, (floats, packs)
     assert strategy.packed([32] * 8, 64) == [96, 96, 64]  # 4 asked, 3 made
+
+
+# ----- a batch the trainers cannot share: refused before anything starts -------------------------
+
+THREE = "strategy: multi_worker_mirrored\nmaster: 127.0.0.1:1\nworker: [127.0.0.1:2, 127.0.0.1:3]\n"
+REFUSED = (
+    "pipeline '{p}': task.train_data.global_batch_size: 8 does not split evenly over 3 replicas in sync "
+    "(3 trainers x 1 clone); set a multiple of 3 (6 or 9) with --params_override "
+    "task.train_data.global_batch_size=N, or pass --fixed_replica_batch to make 8 each replica's batch"
+)
+
+
+def test_the_batch_rule_names_the_trainers_clones_and_the_batches_that_divide():
+    from od_dist.model import pipeline
+
+    assert pipeline.batch_problem(9, 3, [1, 1, 1]) is None and pipeline.batch_problem(8, 1) is None
+    assert "over 3 replicas in sync (3 trainers x 1 clone); set a multiple of 3 (6 or 9)" in (
+        pipeline.batch_problem(8, 3, [1, 1, 1])
+    )
+    assert "over 10 replicas in sync (4 trainers with 2+2+2+4 clones); set a multiple of 10 (10)" in (
+        pipeline.batch_problem(8, 10, [2, 2, 2, 4])
+    )
+    assert "(2 trainers x 2 clones); set a multiple of 4 (4 or 8)" in pipeline.batch_problem(6, 4, [2, 2])
+    # The file's batch, or --params_override's (as a list of keys, YAML, or a file), no TensorFlow.
+    three = cluster(THREE)
+    assert pipeline.check_batch_split(three, PIPELINE)[0] == REFUSED.format(p=PIPELINE)
+    override = "task.train_data.global_batch_size=12,trainer.train_steps=5"
+    assert pipeline.check_batch_split(three, PIPELINE, override) == (
+        None,
+        "global batch 12 over 3 replicas in sync, 4 each",
+        True,
+    )
+    assert pipeline.check_batch_split(three, PIPELINE, "{task: {train_data: {global_batch_size: 7}}}")[0]
+    # Every trainer's --num_clones counts; parameter_server and a lone trainer split nothing.
+    assert (
+        "(3 trainers x 2 clones); set a multiple of 6 (6 or 12)"
+        in pipeline.check_batch_split(three, PIPELINE, "task.train_data.global_batch_size=10", num_clones=2)[
+            0
+        ]
+    )
+    ps = cluster("master: 127.0.0.1:1\nworker: [127.0.0.1:2, 127.0.0.1:3]\nps: [127.0.0.1:4]\n")
+    assert pipeline.check_batch_split(ps, PIPELINE) == (None, "", False)
+    assert pipeline.in_sync_clones(ps) == [] and pipeline.in_sync_clones(three) == [1, 1, 1]
+
+
+def test_validate_scripts_k8s_slurm_and_doctor_refuse_a_batch_the_trainers_cannot_share(tmp_path):
+    """Three multi_worker_mirrored trainers and the demo's batch of 8: one line, exit 2, nothing
+    written (doctor: its FIX line); a batch they share, or --fixed_replica_batch, passes."""
+    path = tmp_path / "three.yaml"
+    path.write_text(THREE)
+    common = [f"--cluster={path}", f"--pipeline={PIPELINE}"]
+    out = tmp_path / "out"
+    runs = {
+        "validate": common,
+        "scripts": [*common, "--model_dir=runs/x", f"--out={out}"],
+        "k8s": [*common, "--model_dir=runs/x", "--image=i"],
+        "slurm": [*common, "--model_dir=runs/x", f"--out={out / 'job.sh'}"],
+    }
+    for name, args in runs.items():
+        r = od_dist_cmd(name, *args)
+        assert r.returncode == 2, (name, r.stdout, r.stderr)
+        assert r.stderr.splitlines() == [f"od-dist {name}: " + REFUSED.format(p=PIPELINE)], (name, r.stderr)
+        assert not out.exists() and not (name == "k8s" and r.stdout), name
+    r = od_dist_cmd("validate", *common, "--params_override=task.train_data.global_batch_size=9")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == f"pipeline {PIPELINE}: global batch 9 over 3 replicas in sync, 3 each"
+    r = od_dist_cmd("scripts", *runs["scripts"][1:], f"--cluster={path}", "--fixed_replica_batch")
+    assert r.returncode == 0 and out.is_dir(), r.stderr
+    r = od_dist_cmd("doctor", *common)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "  FIX   global batch: " + REFUSED.format(p=PIPELINE) in r.stdout.splitlines(), r.stdout
+
+
+def od_dist_cmd(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "od_dist", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from absl import flags
 
-from od_dist.cli.flags import define_model_dir, define_pipeline, define_task_flags, require, select_task
-from od_dist.cli.registry import command
+from od_dist.cli.flags import (
+    define_model_dir,
+    define_params_override,
+    define_pipeline,
+    define_task_flags,
+    require,
+    select_task,
+)
+from od_dist.cli.registry import UsageError, command
 from od_dist.protocol import exit_codes
 
 
@@ -22,6 +29,33 @@ def _summary(selected) -> str:
     return "\n".join(lines)
 
 
+def batch_split(cluster, pipeline_path: str, params_override: str | None = None, num_clones=None) -> str:
+    """Refuses (exit 2, one line) a global batch the cluster's trainers in sync cannot share, as
+    every trainer would at start (pipeline.check_batch_split); else what was found ('' when no
+    replicas step in sync)."""
+    from od_dist.model import pipeline
+
+    if cluster is None:
+        return ""
+    try:
+        problem, said, _ = pipeline.check_batch_split(cluster, pipeline_path, params_override, num_clones)
+    except pipeline.PipelineError as e:
+        raise UsageError(str(e)) from None
+    if problem:
+        raise UsageError(problem)
+    return said
+
+
+def define_validate_flags(fv: flags.FlagValues) -> None:
+    define_task_flags(fv)
+    define_pipeline(
+        fv,
+        "Also check that the pipeline's global batch (task.train_data.global_batch_size, as the file "
+        "and --params_override write it) can be shared by the cluster's trainers in sync.",
+    )
+    define_params_override(fv)
+
+
 @command(
     "validate",
     "Check a cluster file (and this machine's place in it) without starting anything.",
@@ -31,13 +65,18 @@ the entry at --role/--index is an address of this machine. Prints a summary, or 
 its fix (exit 2). Without --role it says which entry is this machine, or that none is (exit 0: a
 file is checked on any machine before it is copied out).
 
+With --pipeline, also that the trainers in sync can share its global batch evenly (exit 2 naming
+the batches that divide), as every trainer checks at start.
+
 Example:
-  od-dist validate --cluster clusters/lan-example.yaml
+  od-dist validate --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml
 """,
-    define_task_flags,
+    define_validate_flags,
 )
 def cmd_validate(fv) -> int:
-    print(_summary(select_task(fv, require_task=False, several=True)))
+    selected = select_task(fv, require_task=False, several=True)
+    said = batch_split(selected.cluster, fv.pipeline, fv.params_override) if fv.pipeline else ""
+    print(_summary(selected) + (f"\npipeline {fv.pipeline}: {said}" if said else ""))
     return exit_codes.OK
 
 
@@ -92,10 +131,14 @@ Run it on any machine of the cluster before starting the job. One line per check
 its addresses), every peer's host name resolving, every peer's port reachable from here ("connection
 refused" = nothing listening yet, fine before the job starts; no answer = a firewall drops it),
 this machine's ports free (they listen on every interface: a public one is a warning), the od-dist /
-TensorFlow / Model Garden versions installed here, and the GPUs here (nvidia-smi) against
-num_clones, with --pipeline the records this machine's tasks read (paths resolve in the working
-directory, as in training), and with --model_dir that they can write it; inside WSL2, NAT networking
-(the machine's address on none of WSL's interfaces: the .wslconfig lines to set). Does not import TensorFlow. Exit 0 when nothing needs
+TensorFlow / Model Garden versions installed here, and the GPUs here against num_clones: the
+driver's (nvidia-smi) and, where it shows some, those TensorFlow lists (asked in a child process;
+FIX with the GPU install when it lists none), with --pipeline the records this machine's tasks read
+(paths resolve in the working directory, as in training) and the global batch against the trainers
+in sync, and with --model_dir that they can write it, whether it must be shared, and on which
+machine the newest checkpoint is (the lead's checkpoint feed, when it answers); inside WSL2, NAT networking
+(the machine's address on none of WSL's interfaces: the .wslconfig lines to set). Does not import
+TensorFlow itself. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:

@@ -8,6 +8,7 @@ import sys
 
 from absl import flags
 
+from od_dist.cli.checks import batch_split
 from od_dist.cli.flags import (
     LAUNCH_MAX_RESTARTS,
     ONE_TASK,
@@ -38,6 +39,8 @@ def _render_input(fv, what: str):
         check_task_args(
             cluster, task, fv.cluster, commandline.train_args(passed_on, cluster, task), files_here=False
         )
+    if os.path.isfile(fv.pipeline) and not fv.fixed_replica_batch:  # a batch the trainers would refuse
+        batch_split(cluster, fv.pipeline, fv.params_override, fv.num_clones)
     config.warn(unchecked)  # once the input is accepted: refused input gets its one message
     return cluster, passed_on
 

@@ -4,8 +4,10 @@ One line per check, each `ok`, `warn` (worth a look, not a blocker) or `FIX` (wi
 this machine's entry in the cluster file, every peer's host name resolving, the port of every peer
 this machine's tasks connect to reachable from here, this machine's own ports free (and listening on
 every interface, as TensorFlow's server does: a public one is worth a look), the installed
-versions, GPUs vs num_clones, with --pipeline the records its tasks read, and with --model_dir
-that its tasks can write there; inside WSL2, NAT networking, which hides its ports from the LAN.
+versions, the GPUs the driver shows and those TensorFlow lists (asked in a child process) vs
+num_clones, with --pipeline the records its tasks read and the global batch against the trainers
+in sync, and with --model_dir that its tasks can write there, whether it must be shared and where
+the newest checkpoint is; inside WSL2, NAT networking, which hides its ports from the LAN.
 
 A peer's port is probed with a plain TCP connect; the answer tells the cases apart:
   connected            something accepts connections there (its task, or another
@@ -16,7 +18,8 @@ A peer's port is probed with a plain TCP connect; the answer tells the cases apa
   no route to host     the machine is off or on another network                 -> FIX
 
 Fast on purpose: no TensorFlow import (seconds); versions come from the installed packages'
-metadata and GPUs from the NVIDIA driver (`nvidia-smi -L`, else /proc/driver/nvidia/gpus).
+metadata and GPUs from the NVIDIA driver (`nvidia-smi -L`, else /proc/driver/nvidia/gpus). Only
+where the driver shows GPUs does a child process import TensorFlow to list its own.
 """
 
 from __future__ import annotations
@@ -345,32 +348,80 @@ def count_gpus() -> tuple[int, str]:
     return 0, "no NVIDIA driver found: no nvidia-smi, no /proc/driver/nvidia"
 
 
-def check_gpus(cluster: Cluster, mine, counted=None) -> list[Check]:
+# TensorFlow's own view, in a child: importing it takes seconds here and more on a busy machine.
+TF_GPUS_TIMEOUT_S = 120.0
+_LIST_GPUS = """
+import os
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf
+print("od-dist GPUs:", len(tf.config.list_physical_devices("GPU")), tf.__version__)
+"""
+
+
+def tensorflow_gpus(timeout: float = TF_GPUS_TIMEOUT_S) -> tuple[int | None, str]:
+    """(the GPUs TensorFlow lists here, how it went): a child process asks it (the host side never
+    imports TensorFlow). None when it could not be asked."""
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", _LIST_GPUS],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"TensorFlow did not answer within {timeout:.0f} s"
+    except OSError as e:
+        return None, f"could not start Python to ask TensorFlow: {e}"
+    for line in r.stdout.splitlines():
+        if line.startswith("od-dist GPUs: "):
+            count, version = line.split()[2:4]
+            return int(count), f"TensorFlow {version}, tf.config.list_physical_devices"
+    last = [line for line in (r.stderr or "").splitlines() if line.strip()]
+    return None, f"could not ask TensorFlow (exit {r.returncode}: {last[-1][:200] if last else 'no output'})"
+
+
+def check_gpus(cluster: Cluster, mine, counted=None, tf_counted=None) -> list[Check]:
+    """The GPUs the driver shows (nvidia-smi) beside those TensorFlow lists, against num_clones.
+    `counted`/`tf_counted` (count, how) stand in for asking them."""
+    from od_dist.task.devices import GPU_INSTALL
+
     trainers = [t for t in mine if cluster.runs_replicas(t.role)]
     gpus, how = counted or count_gpus()
+    if gpus:
+        tf_gpus, tf_how = tf_counted or tensorflow_gpus()
+    else:  # TensorFlow sees no NVIDIA GPU that the driver does not show: not worth its import
+        tf_gpus, tf_how = 0, "TensorFlow not asked"
+    shown = f"{gpus} from the driver ({how}), {'?' if tf_gpus is None else tf_gpus} in TensorFlow ({tf_how})"
     if not trainers:
-        return [Check(OK, "GPUs", f"{gpus} here ({how}); none needed: no task here holds replicas")]
-    need = max(cluster.clones_for(t.address.host) for t in trainers)
+        return [Check(OK, "GPUs", f"{shown}; none needed: no task here holds replicas")]
     names = ", ".join(t.name for t in trainers)
-    if need > gpus:
-        if gpus == 0 and need == 1:
-            return [Check(OK, "GPUs", f"none here ({how}); {names} will train on the CPU (num_clones 1)")]
+    if gpus and tf_gpus == 0:
         return [
             Check(
                 FIX,
                 "GPUs",
-                f"num_clones {need} for {names} needs {need} GPUs, found {gpus} ({how}): lower "
+                f"{shown}: TensorFlow was installed without CUDA's libraries and {names} would train on "
+                f"the CPU; on Linux and WSL2 install od-dist with {GPU_INSTALL} (README: GPU machines)",
+            )
+        ]
+    usable = gpus if tf_gpus is None else tf_gpus
+    need = max(cluster.clones_for(t.address.host) for t in trainers)
+    checks = [Check(WARN, "TensorFlow's GPUs", tf_how)] if tf_gpus is None else []
+    if need > usable:
+        if usable == 0 and need == 1:
+            return checks + [Check(OK, "GPUs", f"{shown}; {names} will train on the CPU (num_clones 1)")]
+        return checks + [
+            Check(
+                FIX,
+                "GPUs",
+                f"num_clones {need} for {names} needs {need} GPUs, found {usable}: {shown}; lower "
                 "num_clones (hosts.<host>.num_clones in the cluster file, or --num_clones) or add GPUs",
             )
         ]
-    return [
-        Check(
-            OK,
-            "GPUs",
-            f"{gpus} here ({how}) for num_clones {need} ({names}); TensorFlow's own CUDA "
-            "libraries are not checked (that needs importing TensorFlow)",
-        )
-    ]
+    return checks + [Check(OK, "GPUs", f"{shown} for num_clones {need} ({names})")]
 
 
 # ----- the pipeline's records ---------------------------------------------------------------------
@@ -451,6 +502,67 @@ def check_model_dir(cluster: Cluster, mine, model_dir: str) -> list[Check]:
         ]
     shown_dir = where if "://" not in model_dir else f"{where} (remote, not checked from here)"
     return [Check(OK, "model_dir", f"{shown_dir}: writable here, for {names}")]
+
+
+def check_batch(cluster: Cluster, pipeline_path: str) -> list[Check]:
+    """The global batch against the trainers in sync, as they check it at start
+    (pipeline.check_batch_split, the rule validate, scripts, k8s and slurm apply)."""
+    from od_dist.model import pipeline
+
+    try:
+        problem, said, read = pipeline.check_batch_split(cluster, pipeline_path)
+    except pipeline.PipelineError as e:
+        return [Check(FIX, "pipeline", str(e))]
+    if problem:
+        return [Check(FIX, "global batch", problem)]
+    return [Check(OK if read else WARN, "global batch", said)] if said else []
+
+
+def check_checkpoints(cluster: Cluster, mine, model_dir: str, timeout: float) -> list[Check]:
+    """Whether --model_dir must be shared (the scripts' README says it in the same words), and
+    where the newest checkpoint is: here, or on the lead's machine when its checkpoint feed (the
+    cluster file's checkpoint_port) answers with a newer one."""
+    from od_dist.protocol import checkpoint_feed
+    from od_dist.render.readme import _model_dir_line
+
+    if all(duties.of(cluster.strategy, t.role).is_server for t in mine):
+        return []  # no task here writes or reads checkpoints
+    checks = [Check(OK, "model_dir shared?", _model_dir_line(cluster).replace("`", ""))]
+    here = checkpoint_feed.newest(model_dir)
+    has = f"step {here[0]}" if here else "none"
+    lead, feed = cluster.lead_task(), cluster.checkpoint_feed()
+    if lead is None or lead in mine:
+        return checks + [Check(OK, "newest checkpoint", f"here: {has}")]
+    if feed is None:
+        return checks + [
+            Check(
+                OK,
+                "newest checkpoint",
+                f"here: {has}; {lead.name}'s are on its machine ({lead.address.host})",
+            )
+        ]
+    try:
+        listing = checkpoint_feed.read_listing(feed.host, feed.port, timeout)
+    except checkpoint_feed.FeedError as e:
+        return checks + [
+            Check(
+                OK,
+                "newest checkpoint",
+                f"here: {has}; {lead.name}'s checkpoint feed at {feed} does not answer ({e}): it serves "
+                "its newest only while the job trains",
+            )
+        ]
+    if listing.get("job") != cluster.job_id():
+        return checks + [
+            Check(WARN, "newest checkpoint", f"here: {has}; {feed} serves another job's checkpoints")
+        ]
+    step = int(listing.get("step") or 0)
+    if step and step > (here[0] if here else 0):
+        where = f"on {lead.name}'s machine ({lead.address.host}, its checkpoint feed at {feed})"
+        return checks + [Check(OK, "newest checkpoint", f"step {step} {where}; here: {has}")]
+    return checks + [
+        Check(OK, "newest checkpoint", f"here: {has} ({lead.name}'s feed serves step {step or 'none'})")
+    ]
 
 
 # ----- WSL2 ----------------------------------------------------------------------------------------
@@ -564,6 +676,8 @@ def run(
     checks += check_layout(cluster)
     if pipeline:
         checks += check_data(cluster, mine, pipeline)
+        checks += [c for c in check_batch(cluster, pipeline) if c not in checks]  # one line per bad file
     if model_dir:
         checks += check_model_dir(cluster, mine, model_dir)
+        checks += check_checkpoints(cluster, mine, model_dir, connect_timeout)
     return checks, head

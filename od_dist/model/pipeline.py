@@ -27,7 +27,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import yaml
@@ -471,26 +471,106 @@ def file_name_ids(params, path: str) -> str | None:
     )
 
 
+BATCH_KEY = "task.train_data.global_batch_size"
+
+
+def batch_problem(batch: int, replicas: int, clones: Sequence[int] = ()) -> str | None:
+    """The one rule for replicas in sync: each step's global batch is shared out evenly over them
+    (TensorFlow fails inside the first dataset otherwise). None when `batch` divides; else the
+    one-line problem with the nearest batches that do. `clones`: each trainer's clones, when known,
+    to name them (the trainers themselves know only the sum)."""
+    if replicas <= 1 or batch % replicas == 0:
+        return None
+    below = batch // replicas * replicas
+    multiples = f"{below} or {below + replicas}" if below else f"{replicas}"
+    by = ""
+    if clones:
+        each = f"x {clones[0]} clone{'s' if clones[0] > 1 else ''}"
+        if len(set(clones)) > 1:
+            each = f"with {'+'.join(map(str, clones))} clones"
+        by = f" ({len(clones)} trainer{'s' if len(clones) > 1 else ''} {each})"
+    return (
+        f"{BATCH_KEY}: {batch} does not split evenly over {replicas} replicas in sync{by}; set a "
+        f"multiple of {replicas} ({multiples}) with --params_override {BATCH_KEY}=N, or pass "
+        f"--fixed_replica_batch to make {batch} each replica's batch"
+    )
+
+
 def split_over_replicas(params, replicas: int) -> str:
     """The default when `replicas` train in sync: the pipeline's global_batch_size is each step's
     whole batch, shared out evenly, with the learning rate and steps as written; the same training
     as on one machine, each step's examples computed in parallel. Raises PipelineError when the
-    batch does not split evenly (TensorFlow would fail inside the first dataset). Returns a
-    one-line description."""
+    batch does not split evenly (batch_problem). Returns a one-line description."""
     batch = params.task.train_data.global_batch_size
-    if batch % replicas:
-        below = batch // replicas * replicas
-        multiples = f"{below} or {below + replicas}" if below else f"{replicas}"
-        raise PipelineError(
-            f"task.train_data.global_batch_size: {batch} does not split evenly over {replicas} "
-            f"replicas in sync; set a multiple of {replicas} ({multiples}) with --params_override "
-            f"task.train_data.global_batch_size=N, or pass --fixed_replica_batch to make {batch} "
-            "each replica's batch"
-        )
+    problem = batch_problem(batch, replicas)
+    if problem:
+        raise PipelineError(problem)
     return (
         f"global batch {batch} split over {replicas} replicas, {batch // replicas} each; learning rate "
         f"and steps as written (--fixed_replica_batch: {batch} per replica instead)"
     )
+
+
+def _written_override(text: str):
+    """The global batch a --params_override sets, read without Model Garden (whose parser imports
+    TensorFlow): None when it does not name it, "?" when it does in a form not read here."""
+    if BATCH_KEY.rsplit(".", 1)[1] not in text:
+        return None
+    try:
+        if os.path.isfile(text):
+            safe_yaml.load_file(text)  # size cap, no aliases, no duplicate keys
+            with open(text, encoding="utf-8") as f:
+                doc = yaml.load(f, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        else:
+            flat = re.search(rf"(?:^|,)\s*{re.escape(BATCH_KEY)}\s*=\s*([^,]*)", text)
+            if flat:
+                return yaml.load(flat.group(1), Loader=_Loader)  # noqa: S506
+            doc = yaml.load(text, Loader=_Loader)  # noqa: S506
+    except (safe_yaml.YamlError, yaml.YAMLError, OSError, UnicodeDecodeError):
+        return "?"
+    value = _get(doc, BATCH_KEY) if isinstance(doc, dict) else None
+    return "?" if value is None else value
+
+
+def in_sync_clones(cluster, num_clones: int | None = None) -> list[int]:
+    """Each trainer's clones, for the trainers that step in sync (none under parameter_server):
+    `num_clones` when given on the command line (every trainer's), else its host's in the file."""
+    from od_dist.cluster import duties
+
+    return [
+        num_clones or cluster.clones_for(t.address.host)
+        for t in cluster.server_tasks()
+        if duties.of(cluster.strategy, t.role).is_trainer
+        and duties.of(cluster.strategy, t.role).runs_replicas
+    ]
+
+
+def check_batch_split(
+    cluster, path: str, params_override: str | None = None, num_clones: int | None = None
+) -> tuple[str | None, str, bool]:
+    """batch_problem for a cluster and a pipeline file, before anything starts, without TensorFlow
+    (validate, doctor, scripts, k8s, slurm), on the batch as the file and `params_override` write
+    it: (the problem or None, what was found ('' when no replicas step in sync), whether the batch
+    was read). A batch the file leaves to the experiment's default is known only to Model Garden:
+    the trainers check it at start. Raises PipelineError for an unreadable file."""
+    clones = in_sync_clones(cluster, num_clones)
+    replicas = sum(clones)
+    if replicas <= 1:
+        return None, "", False
+    batch = _written_override(params_override) if params_override else None
+    if batch is None:
+        batch = _get(_read_file(path), BATCH_KEY)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
+        # Not set, or not a batch (loading the pipeline says what is wrong with it).
+        return (
+            None,
+            f"{BATCH_KEY} not read here (the experiment's default?): the trainers check it at start",
+            False,
+        )
+    problem = batch_problem(batch, replicas, clones)
+    if problem:
+        return f"pipeline '{path}': {problem}", "", True
+    return None, f"global batch {batch} over {replicas} replicas in sync, {batch // replicas} each", True
 
 
 def scale_for_replicas(params, replicas: int) -> str:
