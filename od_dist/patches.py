@@ -6,7 +6,10 @@ private names. `check()` runs at the start of every TensorFlow task (trainer, se
 eval, export): when an attribute a patch needs is missing, as after a library upgrade, it ends the
 task with one line naming the patch and the installed version (exit 2, INVALID: nothing was
 started) instead of letting the patch fail silently mid-run (a renamed `Controller._train_n_steps`
-would drop the save on stop, the loop guard and the progress lines without an error).
+would drop the save on stop, the loop guard and the progress lines without an error). An attribute
+that a library sets on its instances (`held`) cannot be seen on the class: `check()` sees its class,
+and the patch reads it through `_held`, which ends the task the same way where the instance is first
+at hand, before any step (no getattr default: a rename would be other behaviour, not an error).
 
 The libraries are imported inside the functions: od_dist's host side imports this module without
 TensorFlow. Not here: `sys._getframe` (host/console.py), the standard library's own and documented.
@@ -36,6 +39,7 @@ class Patch:
     needs: tuple[str, ...]  # "module:attribute.attribute": what must exist
     touches: str
     why: str
+    held: tuple[str, ...] = ()  # "module:Class.attribute" set on instances: its class checked by check()
 
 
 PATCHES = (
@@ -59,16 +63,19 @@ PATCHES = (
         "orbit-save-now",
         MODEL_GARDEN,
         ("orbit:Controller._sync_on_async_checkpointing",),
-        "reads Controller._checkpoint_options and calls _sync_on_async_checkpointing (save_now)",
+        "reads and sets Controller._checkpoint_options, calls _sync_on_async_checkpointing (save_now, "
+        "save_io_on, sync_saves)",
         "a stop saves a checkpoint at once, with the options and the async wait orbit's own save uses",
+        held=("orbit:Controller._checkpoint_options",),
     ),
     Patch(
         "checkpoint-next-save",
         TENSORFLOW,
-        ("tensorflow:train.CheckpointManager",),
+        (),
         "sets CheckpointManager._last_checkpoint_step (count_saves_from)",
         "a multi_worker_mirrored worker restored from model_dir (not its own folder) counts its next "
         "save from that step, as the master does: saves are collective",
+        held=("tensorflow:train.CheckpointManager._last_checkpoint_step",),
     ),
     Patch(
         "optimizer-slots",
@@ -80,7 +87,10 @@ PATCHES = (
     Patch(
         "sync-on-read-reads",
         TENSORFLOW,
-        ("tensorflow.python.distribute.values:SyncOnReadVariable._get_cross_replica",),
+        (
+            "tensorflow.python.distribute.values:SyncOnReadVariable._get_cross_replica",
+            "tensorflow.python.distribute.values:SyncOnReadVariable._get_on_device_or_primary",
+        ),
         "rebinds SyncOnReadVariable._get_cross_replica for a while (replica_copies_read, "
         "reading_batch_norm_once)",
         "batch-norm statistics read while the model is built, and for each save, take one batched "
@@ -89,16 +99,20 @@ PATCHES = (
     Patch(
         "strategy-resolver",
         TENSORFLOW,
-        ("tensorflow:distribute.experimental.ParameterServerStrategy",),
-        "reads a strategy's _cluster_resolver and _num_workers (cluster_resolver, ps_workers)",
-        "which trainer this is and how many parameter_server workers run the steps",
+        (),
+        "reads a ParameterServerStrategy's _cluster_resolver (cluster_resolver)",
+        "which trainer this is and how many parameter_server workers run the steps: its public "
+        "cluster_resolver is None (TensorFlow's looks on the strategy's extended, as 2.20 sets it for "
+        "multi_worker_mirrored only)",
+        held=("tensorflow:distribute.experimental.ParameterServerStrategy._cluster_resolver",),
     ),
     Patch(
         "trainer-is-async",
         MODEL_GARDEN,
-        ("official.core.base_trainer:Trainer",),
+        (),
         "reads Model Garden's Trainer._is_async (is_async)",
         "parameter_server: each loop is spread over every worker only when it runs asynchronously",
+        held=("official.core.base_trainer:Trainer._is_async",),
     ),
     Patch(
         "checkpoint-state",
@@ -110,9 +124,13 @@ PATCHES = (
     Patch(
         "communication-options",
         TENSORFLOW,
-        ("tensorflow:distribute.MultiWorkerMirroredStrategy",),
+        (),
         "merges into a strategy's extended._communication_options (merge_communication_options)",
         "--all_reduce_packs: the pack size is known only once the model is built, after the strategy",
+        held=(
+            "tensorflow.python.distribute.collective_all_reduce_strategy:"
+            "CollectiveAllReduceExtended._communication_options",
+        ),
     ),
     Patch(
         "model-garden-all-reduce",
@@ -127,9 +145,10 @@ PATCHES = (
     Patch(
         "moving-average-inner",
         MODEL_GARDEN,
-        ("official.modeling.optimization:ExponentialMovingAverage",),
+        (),
         "reads Model Garden's ExponentialMovingAverage._optimizer (inner_optimizer)",
         "--all_reduce_dtype sets the gradient aggregator of the optimizer that all-reduces",
+        held=("official.modeling.optimization:ExponentialMovingAverage._optimizer",),
     ),
     Patch(
         "eager-executor",
@@ -185,23 +204,33 @@ def installed(distribution: str) -> str:
         return "not installed"
 
 
+def _line(patch: Patch, need: str) -> str:
+    distribution, written_for = patch.library
+    return (
+        f"od-dist: patch '{patch.name}' needs {need.replace(':', '.')}, missing in "
+        f"{distribution} {installed(distribution)} (written against {written_for}); install "
+        f"{distribution}=={written_for}, or update od_dist/patches.py; exit {exit_codes.INVALID}"
+    )
+
+
 def problems(libraries=None) -> list[str]:
     """One line for each patch (of `libraries`, distribution names; None: all) whose attribute is
-    missing here."""
+    missing here (for a `held` attribute, its class)."""
     found = []
     for patch in PATCHES:
-        distribution, written_for = patch.library
-        if libraries is not None and distribution not in libraries:
+        if libraries is not None and patch.library[0] not in libraries:
             continue
-        for need in patch.needs:
+        for need in patch.needs + tuple(h.rsplit(".", 1)[0] for h in patch.held):
             if _missing(need):
-                found.append(
-                    f"od-dist: patch '{patch.name}' needs {need.replace(':', '.')}, missing in "
-                    f"{distribution} {installed(distribution)} (written against {written_for}); install "
-                    f"{distribution}=={written_for}, or update od_dist/patches.py; exit {exit_codes.INVALID}"
-                )
+                found.append(_line(patch, need))
                 break
     return found
+
+
+def _end(line: str):
+    sys.stdout.flush()
+    print(line, file=sys.stderr, flush=True)
+    raise SystemExit(exit_codes.INVALID)
 
 
 def check(libraries=None) -> None:
@@ -209,9 +238,29 @@ def check(libraries=None) -> None:
     patch needs is missing (the first such patch)."""
     found = problems(libraries)
     if found:
-        sys.stdout.flush()
-        print(found[0], file=sys.stderr, flush=True)
-        raise SystemExit(exit_codes.INVALID)
+        _end(found[0])
+
+
+_ABSENT = object()
+
+
+def _held(patch_name: str, instance, attribute: str):
+    """`instance.attribute`, which patch `patch_name` declares `held`: a missing one ends the task
+    with check()'s line and exit 2, here, rather than fail or change what the patch does."""
+    value = getattr(instance, attribute, _ABSENT)
+    if value is _ABSENT:
+        patch = next(p for p in PATCHES if p.name == patch_name)
+        _end(_line(patch, next(h for h in patch.held if h.endswith(f".{attribute}"))))
+    return value
+
+
+def check_controller(controller) -> None:
+    """orbit-save-now, checkpoint-next-save: an orbit.Controller just made holds what its saves read
+    and set later (a stop's save comes mid-run): a renamed one ends the task now, before any step."""
+    _held("orbit-save-now", controller, "_checkpoint_options")
+    manager = controller.checkpoint_manager
+    if manager is not None and manager.checkpoint_interval:  # TensorFlow sets it only then
+        _held("checkpoint-next-save", manager, "_last_checkpoint_step")
 
 
 # ----- orbit ----------------------------------------------------------------------------------
@@ -239,10 +288,24 @@ def quiet_orbit_log(to_log) -> None:
 def save_now(controller, step: int):
     """orbit-save-now: a checkpoint at `step`, now, as orbit's own save makes it; its path."""
     path = controller.checkpoint_manager.save(
-        checkpoint_number=step, check_interval=False, options=controller._checkpoint_options
+        checkpoint_number=step,
+        check_interval=False,
+        options=_held("orbit-save-now", controller, "_checkpoint_options"),
     )
     controller._sync_on_async_checkpointing()
     return path
+
+
+def save_io_on(controller, device: str):
+    """orbit-save-now: orbit's saves read and write every file on `device` (its CheckpointOptions),
+    and those options, for a restore."""
+    import tensorflow as tf
+
+    enable_async = _held("orbit-save-now", controller, "_checkpoint_options").enable_async
+    controller._checkpoint_options = tf.train.CheckpointOptions(
+        experimental_io_device=device, enable_async=enable_async
+    )
+    return controller._checkpoint_options
 
 
 def sync_saves(controller) -> None:
@@ -255,6 +318,7 @@ def sync_saves(controller) -> None:
 
 def count_saves_from(manager, step: int) -> None:
     """checkpoint-next-save: `manager` counts its next save's interval from `step`."""
+    _held("checkpoint-next-save", manager, "_last_checkpoint_step")
     manager._last_checkpoint_step = step
 
 
@@ -319,13 +383,12 @@ def reading_batch_norm_once(save, strategy, variables):
 
 
 def cluster_resolver(strategy):
-    """strategy-resolver: a strategy's cluster resolver (TF 2.20 sets _cluster_resolver), or None."""
-    return getattr(strategy, "_cluster_resolver", None) or getattr(strategy, "cluster_resolver", None)
+    """strategy-resolver: a strategy's cluster resolver (None for one machine's)."""
+    import tensorflow as tf
 
-
-def ps_workers(strategy) -> int:
-    """strategy-resolver: the workers of a ParameterServerStrategy without a resolver."""
-    return int(getattr(strategy, "_num_workers", 1))
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return _held("strategy-resolver", strategy, "_cluster_resolver")
+    return strategy.cluster_resolver
 
 
 def update_checkpoint_state(*args, **kwargs) -> None:
@@ -339,7 +402,8 @@ def merge_communication_options(dist, options) -> None:
     """communication-options: `options` merged into every all-reduce of `dist` (its options are
     fixed when the strategy is built)."""
     extended = dist.extended
-    extended._communication_options = extended._communication_options.merge(options)
+    merged = _held("communication-options", extended, "_communication_options").merge(options)
+    extended._communication_options = merged
 
 
 @contextlib.contextmanager
@@ -389,12 +453,16 @@ def mirrored_cross_device_ops(all_reduce_alg: str | None, num_packs: int):
 
 def inner_optimizer(optimizer):
     """moving-average-inner: the optimizer Model Garden's moving average wraps, else None."""
-    return getattr(optimizer, "_optimizer", None)
+    from official.modeling.optimization import ExponentialMovingAverage
+
+    if not isinstance(optimizer, ExponentialMovingAverage):
+        return None
+    return _held("moving-average-inner", optimizer, "_optimizer")
 
 
 def is_async(trainer) -> bool:
     """trainer-is-async: whether Model Garden's Trainer runs its loops asynchronously."""
-    return bool(getattr(trainer, "_is_async", False))
+    return bool(_held("trainer-is-async", trainer, "_is_async"))
 
 
 def registered_experiments():

@@ -36,10 +36,7 @@ def _num_ps_workers(strategy) -> int:
 
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return 0
-    resolver = patches.cluster_resolver(strategy)
-    if resolver is None:
-        return patches.ps_workers(strategy)
-    return resolver.cluster_spec().num_tasks("worker")
+    return patches.cluster_resolver(strategy).cluster_spec().num_tasks("worker")
 
 
 def _spread_trainer_cls():
@@ -196,6 +193,7 @@ def _run(
 
     def make_controller(**kwargs):
         holder["controller"] = controller_cls(**kwargs)
+        patches.check_controller(holder["controller"])  # before the first step, not at a stop's save
         return holder["controller"]
 
     train_lib.run_experiment(
