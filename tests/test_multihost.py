@@ -10,6 +10,7 @@ import sys
 import time
 
 import netns
+import psutil
 import pytest
 from loopback import COCO_LINE, PIPELINE, ROOT, TINY, checkpoint_step
 
@@ -313,11 +314,13 @@ class Job:
     """Tasks started inside their machines ({name: (machine, argv)}); output to one log per task."""
 
     def __init__(self, tmp_path, commands, cwd=None):
+        """`cwd`: one working directory for all, or {name: its own} (a machine's own disk)."""
         self.procs, self.logs = {}, {}
         for name, (machine, argv) in commands.items():
             self.logs[name] = tmp_path / f"{name.replace(':', '-')}.log"
+            here = cwd.get(name) if isinstance(cwd, dict) else cwd
             with open(self.logs[name], "w") as log:
-                self.procs[name] = machine.popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
+                self.procs[name] = machine.popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=here)
 
     @classmethod
     def from_scripts(cls, tmp_path, net, roles, scripts):
@@ -368,10 +371,12 @@ class Job:
 def test_the_same_train_line_on_three_machines_trains_with_a_ps_on_each_worker_machine(
     tmp_path, machines, data_dir
 ):
-    """The same `od-dist train` line on each machine, no --role: the master's machine finds its one
+    """The same `od-dist train` line on each machine, no --role, each machine its own disk (the
+    same relative --model_dir in its own working directory): the master's machine finds its one
     entry and trains in its own process; each worker machine holds a ps and a worker and starts both
-    under one supervisor, as launch does. The job trains to the final step and every machine's
-    od-dist exits 0."""
+    under one supervisor, as launch does. Worker 1 is killed for good (kill -9, no restart left)
+    once the master trains: it ends alone, ps 1 and the master go on, the job trains to the final
+    step, and every machine's od-dist exits 0, the third naming what it lost."""
     net = machines(3)
     workers = [f"{net[i].ip}:{PORT}" for i in (1, 2)]
     servers = [f"{net[i].ip}:{PORT + 1}" for i in (1, 2)]
@@ -379,6 +384,7 @@ def test_the_same_train_line_on_three_machines_trains_with_a_ps_on_each_worker_m
         tmp_path,
         f"master: {net[0].ip}:{PORT}\nworker: [{', '.join(workers)}]\nps: [{', '.join(servers)}]\n",
     )
+    steps = 40
     train = [
         sys.executable,
         "-m",
@@ -386,26 +392,48 @@ def test_the_same_train_line_on_three_machines_trains_with_a_ps_on_each_worker_m
         "train",
         f"--cluster={cluster}",
         f"--pipeline={PIPELINE}",
-        f"--model_dir={tmp_path / 'model'}",
-        "--params_override=" + TINY.format(steps=10, data=data_dir),
+        "--model_dir=runs/lan",
+        "--params_override=" + TINY.format(steps=steps, data=data_dir),
         "--wait_timeout=120",
     ]
-    job = Job(tmp_path, {"master:0": (net[0], train), "node2": (net[1], train), "node3": (net[2], train)})
+    disks = {name: tmp_path / name for name in ("master:0", "node2", "node3")}
+    for disk in disks.values():
+        disk.mkdir()
+    job = Job(
+        tmp_path,
+        {"master:0": (net[0], train), "node2": (net[1], train), "node3": (net[2], train)},
+        cwd={name: str(disk) for name, disk in disks.items()},
+    )
     try:
+        assert job.wait_for_line("master:0", r"od-dist train \| step \d+/", timeout=300), job.all_output()
+        (victim,) = [
+            c
+            for c in psutil.Process(job.procs["node3"].pid).children(recursive=True)
+            if "--role=worker" in c.cmdline() and "--index=1" in c.cmdline()
+        ]
+        victim.kill()
         codes = job.wait(list(job.procs), timeout=480)
     finally:
         job.kill()
     out = job.all_output()
     assert codes == {"master:0": 0, "node2": 0, "node3": 0}, out
     assert "master:0: training with ParameterServerStrategy" in job.output("master:0"), out
-    assert re.search(r"od-dist train \| step 10/10 ", job.output("master:0")), out
+    assert re.search(rf"od-dist train \| step {steps}/{steps} ", job.output("master:0")), out
     for i, machine in enumerate(("node2", "node3")):
         text = job.output(machine)
         assert f"od-dist train: starting ps:{i}, worker:{i}; logs in " in text, out
         assert f"[ps:{i}] ps:{i} serving on {servers[i]}\n" in text, out
         assert f"[worker:{i}] worker:{i} serving on {workers[i]}\n" in text, out
-        assert text.rstrip().endswith("od-dist train: every task finished"), out
-    assert checkpoint_step(str(tmp_path / "model")) == 10
+    assert job.output("node2").rstrip().endswith("od-dist train: every task finished"), out
+    assert (
+        job.output("node3")
+        .rstrip()
+        .endswith(
+            "od-dist train: every task finished but worker:1 (exit 137, killed), lost with no restart left: "
+            "the master trained on the workers left"
+        )
+    ), out
+    assert checkpoint_step(str(disks["master:0"] / "runs" / "lan")) == steps  # on the master's own disk
 
 
 @pytest.mark.slow

@@ -29,3 +29,27 @@ def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
 def feed_readers(cluster: Cluster) -> tuple[Task, ...]:
     """The tasks that fetch the lead's checkpoints from its checkpoint_port: the evaluator."""
     return cluster.tasks_of("evaluator") if cluster.checkpoint_feed() else ()
+
+
+def model_dir_line(cluster: Cluster) -> str:
+    """Whether --model_dir must be a shared folder (it need not: task/controller.py,
+    protocol/checkpoint_feed.py), in the words of the scripts' README and doctor."""
+    if cluster.strategy == PARAMETER_SERVER:
+        kept = "The master writes the checkpoints into its own `--model_dir`"
+    else:
+        kept = (
+            "Every trainer keeps the checkpoints in its own `--model_dir`, and one whose folder is new "
+            "or behind resumes from the others' newest"
+        )
+    line = f"`--model_dir` need not be a shared folder: {kept}."
+    evaluators = cluster.tasks_of("evaluator")
+    lead = cluster.lead_task()
+    if evaluators and lead and evaluators[0].address.host != lead.address.host:
+        line += (
+            f" The evaluator fetches each new checkpoint from the {lead.role}'s checkpoint_port "
+            f"({cluster.checkpoint_port})."
+            if cluster.checkpoint_feed()
+            else " The evaluator's machine does not see them: add `checkpoint_port` to the cluster file "
+            "(the master then serves them to it), or give both the same shared folder."
+        )
+    return line + " A shared folder works too: nothing is written into it twice."

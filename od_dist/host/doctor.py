@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from od_dist.cluster import duties, hostinfo, hostport, messages, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
-from od_dist.cluster.topology import connecting_peers
+from od_dist.cluster.topology import connecting_peers, model_dir_line
 
 OK, WARN, FIX = "ok", "warn", "FIX"
 CONNECT_TIMEOUT_S = 3.0
@@ -523,11 +523,10 @@ def check_checkpoints(cluster: Cluster, mine, model_dir: str, timeout: float) ->
     where the newest checkpoint is: here, or on the lead's machine when its checkpoint feed (the
     cluster file's checkpoint_port) answers with a newer one."""
     from od_dist.protocol import checkpoint_feed
-    from od_dist.render.readme import _model_dir_line
 
     if all(duties.of(cluster.strategy, t.role).is_server for t in mine):
         return []  # no task here writes or reads checkpoints
-    checks = [Check(OK, "model_dir shared?", _model_dir_line(cluster).replace("`", ""))]
+    checks = [Check(OK, "model_dir shared?", model_dir_line(cluster).replace("`", ""))]
     here = checkpoint_feed.newest(model_dir)
     has = f"step {here[0]}" if here else "none"
     lead, feed = cluster.lead_task(), cluster.checkpoint_feed()

@@ -20,6 +20,7 @@ import shutil
 from od_dist import patches
 from od_dist.data import errors, writing
 from od_dist.data.records import LABEL_MAP_FILE
+from od_dist.protocol import checkpoint_feed
 
 # What an export writes into --out (a SavedModel, Model Garden's params.yaml beside it, the label
 # map): replaced by the next export.
@@ -78,7 +79,7 @@ def export(
     if not ckpt:
         raise ExportError(
             f"--model_dir: '{model_dir}': no checkpoint to export; train first "
-            "(od-dist train ... --model_dir) or pass --checkpoint"
+            f"(od-dist train ... --model_dir) or pass --checkpoint; {checkpoint_feed.ELSEWHERE}"
         )
     try:  # reads the index only: an empty or foreign file fails here, before the model is built
         tf.train.load_checkpoint(ckpt)

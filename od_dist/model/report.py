@@ -12,6 +12,8 @@ import glob
 import os
 import tempfile
 
+from od_dist.protocol import checkpoint_feed
+
 LOSS_TAGS = ("total_loss", "cls_loss", "box_loss")
 
 
@@ -64,7 +66,7 @@ def report(model_dir: str, out: str | None = None, title: str | None = None) -> 
     if not train and not val:
         raise ReportError(
             f"--model_dir: '{model_dir}': no event files in train/ or validation/; train "
-            "first (summaries are written every trainer.summary_interval steps)"
+            f"first (summaries are written every trainer.summary_interval steps); {checkpoint_feed.ELSEWHERE}"
         )
     import matplotlib
 

@@ -24,6 +24,13 @@ import time
 import urllib.error
 import urllib.request
 
+# Said by eval, export and report when a model_dir here holds nothing: where a LAN job without a
+# shared folder left it.
+ELSEWHERE = (
+    "without a shared folder a job's checkpoints and training summaries are on the machines that "
+    "trained (the master's --model_dir; under multi_worker_mirrored every trainer's too) and the "
+    "evaluator's (the checkpoints it fetched, its evaluations): run this there, or copy that folder here"
+)
 STATE_FILE = "checkpoint"  # TensorFlow's: names the newest checkpoint of a folder
 _NAMED = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
 _FILE = re.compile(r"^ckpt-(\d+)(\.index|\.data-\d{5}-of-\d{5})$")

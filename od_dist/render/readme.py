@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from od_dist.cluster import duties
 from od_dist.cluster.spec import Cluster, Task
-from od_dist.cluster.topology import connecting_peers, feed_readers
+from od_dist.cluster.topology import connecting_peers, feed_readers, model_dir_line
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.render import quote
 from od_dist.render.machines import Launch
@@ -126,29 +126,6 @@ def _firewall_section(cluster: Cluster, launch: Launch, rules: list[InboundRule]
     return md
 
 
-def _model_dir_line(cluster: Cluster) -> str:
-    """Whether --model_dir must be a shared folder: it need not (task/controller.py, checkpoint_feed)."""
-    if cluster.strategy == PARAMETER_SERVER:
-        kept = "The master writes the checkpoints into its own `--model_dir`"
-    else:
-        kept = (
-            "Every trainer keeps the checkpoints in its own `--model_dir`, and one whose folder is new "
-            "or behind resumes from the others' newest"
-        )
-    line = f"`--model_dir` need not be a shared folder: {kept}."
-    evaluators = cluster.tasks_of("evaluator")
-    lead = cluster.lead_task()
-    if evaluators and lead and evaluators[0].address.host != lead.address.host:
-        line += (
-            f" The evaluator fetches each new checkpoint from the {lead.role}'s checkpoint_port "
-            f"({cluster.checkpoint_port})."
-            if cluster.checkpoint_feed()
-            else " The evaluator's machine does not see them: add `checkpoint_port` to the cluster file "
-            "(the master then serves them to it), or give both the same shared folder."
-        )
-    return line + " A shared folder works too: nothing is written into it twice."
-
-
 def render_readme(
     cluster: Cluster,
     cluster_path: str,
@@ -208,7 +185,7 @@ def render_readme(
         "Copy each script to its machine. It changes to the working directory, activates the Python "
         "environment and runs `od-dist train`; the cluster file "
         f"({quote.md(cluster_path)}), the pipeline and `--model_dir` are resolved from that working directory, "
-        "so each machine needs them there. " + _model_dir_line(cluster),
+        "so each machine needs them there. " + model_dir_line(cluster),
         "",
         "The pipeline's records (its input files) must be on every trainer machine ("
         + ", ".join(quote.md_word(h) for h in readers)

@@ -90,6 +90,7 @@ def _controller_cls():
                     kwargs["checkpoint_manager"] = self._od_own_manager(
                         strategy, kwargs["trainer"], kwargs["checkpoint_manager"]
                     )
+            self._od_io_options = None
             super().__init__(*args, **kwargs)
             if self.trainer is not None and self.checkpoint_manager is not None:
                 self.checkpoint_manager.save = patches.reading_batch_norm_once(
@@ -141,12 +142,31 @@ def _controller_cls():
                     return checkpoint_path
             return super().restore_checkpoint(checkpoint_path)
 
+        def _od_coordinator_io(self):
+            """Under parameter_server TensorFlow saves each ps's variables on that ps (into its
+            machine's folder) and restores them there: on machines of separate disks the save's
+            shards end up on other disks and the master cannot merge them. Every checkpoint file is
+            read and written by the master instead, on its own disk (CheckpointOptions'
+            experimental_io_device), for its saves and its restore."""
+            if self._od_io_options is None:
+                self._od_io_options = patches.save_io_on(self, _COORDINATOR_CPU)
+            return self._od_io_options
+
         def _od_resume(self, latest: str | None):
             """Training starts: every trainer resumes from the newest checkpoint any of them holds
             in its model_dir. Under multi_worker_mirrored a trainer whose model_dir is behind (a
             new disk, a machine that was down at a save) restores nothing and receives the
             variables from the lowest trainer that holds it, in one all-reduce, as Horovod
             broadcasts rank 0's state: no shared folder is needed."""
+            if isinstance(self.strategy, tf.distribute.experimental.ParameterServerStrategy):
+                options = self._od_coordinator_io()
+                if not latest:
+                    return super().restore_checkpoint(None)  # nothing to read: initialise
+                with self.strategy.scope():
+                    self.checkpoint_manager.checkpoint.restore(latest, options=options)
+                print(f"restored model from {latest}.", flush=True)
+                self._od_count_saves_from(self._od_step(latest))
+                return latest
             starts = self._od_check_same_start(latest)
             # Created now on every trainer, in the same order: a restore creates it otherwise, and
             # creating a variable is collective under multi_worker_mirrored (the master's initial value).
@@ -378,6 +398,10 @@ def _gather(strategy, *values: int) -> dict:
     return {i: tuple(int(v) for v in r[2 : 2 + r[1]]) for i, r in enumerate(summed.tolist()) if r[0]}
 
 
+_COORDINATOR_CPU = (
+    "/job:chief/replica:0/task:0/device:CPU:0"  # the parameter_server master (task/strategy.py)
+)
+FOLDERS_COMPARED = "od-dist: the trainers compare their folders and checkpoints"
 _FOLDER_TOKEN = ".od-dist-trainer-"  # + a random number: which trainers share a folder
 
 
@@ -389,7 +413,9 @@ def _folder_writer(strategy, model_dir: str) -> int:
     import secrets
 
     import tensorflow as tf
+    from absl import logging
 
+    logging.info("%s", FOLDERS_COMPARED)  # the trainers' first all-reduce of their own
     tf.io.gfile.makedirs(model_dir)
     token = secrets.randbits(62)
     mine = os.path.join(model_dir, f"{_FOLDER_TOKEN}{token}")

@@ -25,6 +25,7 @@ import math
 import time
 
 from od_dist import patches
+from od_dist.protocol import checkpoint_feed
 from od_dist.task.controller import _controller_cls
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import TrainerError
@@ -296,7 +297,7 @@ def evaluate_latest(params, model_dir: str, pipeline_path: str = "the pipeline")
     if not latest:
         raise TrainerError(
             f"model_dir '{model_dir}': no checkpoint to evaluate; train first "
-            "(or pass the model_dir the trainer writes)"
+            f"(or pass the model_dir the trainer writes); {checkpoint_feed.ELSEWHERE}"
         )
     controller = _run(_eval_params(params), model_dir, None, "eval", pipeline_path=pipeline_path)
     if controller.last_eval is None:
