@@ -305,6 +305,9 @@ def test_the_batch_rule_names_the_trainers_clones_and_the_batches_that_divide():
         True,
     )
     assert pipeline.check_batch_split(three, PIPELINE, "{task: {train_data: {global_batch_size: 7}}}")[0]
+    # The key given twice: the last one trains, as Model Garden applies the overrides in order.
+    twice = "task.train_data.global_batch_size=2,task.model.input_size=[64,64,3],task.train_data.global_batch_size=3"
+    assert pipeline.check_batch_split(three, PIPELINE, twice)[0] is None
     # Every trainer's --num_clones counts; parameter_server and a lone trainer split nothing.
     assert (
         "(3 trainers x 2 clones); set a multiple of 6 (6 or 12)"

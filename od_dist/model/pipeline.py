@@ -522,9 +522,10 @@ def _written_override(text: str):
             with open(text, encoding="utf-8") as f:
                 doc = yaml.load(f, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
         else:
-            flat = re.search(rf"(?:^|,)\s*{re.escape(BATCH_KEY)}\s*=\s*([^,]*)", text)
+            # Model Garden applies the overrides in order: the last one of the key is what trains.
+            flat = re.findall(rf"(?:^|,)\s*{re.escape(BATCH_KEY)}\s*=\s*([^,]*)", text)
             if flat:
-                return yaml.load(flat.group(1), Loader=_Loader)  # noqa: S506
+                return yaml.load(flat[-1], Loader=_Loader)  # noqa: S506
             doc = yaml.load(text, Loader=_Loader)  # noqa: S506
     except (safe_yaml.YamlError, yaml.YAMLError, OSError, UnicodeDecodeError):
         return "?"
