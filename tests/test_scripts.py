@@ -465,15 +465,25 @@ def test_wine_harness_catches_broken_quoting(wine, tmp_path, monkeypatch):
 
 
 # How Windows starts a .cmd: from a console, cmd runs it in the console's own process, whose command
-# line (%CMDCMDLINE%) does not name it; a double-click (Explorer, like any program that starts the
-# file itself) runs `cmd.exe /c ""<full path>" "`. Wine's cmd has no CMDCMDLINE of its own; an
-# environment variable of that name stands in for it, as it overrides the dynamic one on Windows.
+# line (%CMDCMDLINE%) does not name it; a double-click (Explorer's ShellExecute) runs
+# `cmd.exe /c ""<full path>" "`; a program that starts the file with its own command line
+# (PowerShell, Task Scheduler) `cmd.exe /c "<full path>"`, OpenSSH's server `cmd.exe /c <path>`.
+# Wine's cmd has no CMDCMDLINE of its own; an environment variable of that name stands in for it, as
+# it overrides the dynamic one on Windows.
 CONSOLE = '"C:\\WINDOWS\\system32\\cmd.exe"'
 PAUSED = "Press a key to close this window."
 
 
 def double_click(script):
     return f'C:\\WINDOWS\\system32\\cmd.exe /c ""{win(script)}" "'
+
+
+def started_by_a_program(script):
+    return f'C:\\WINDOWS\\system32\\cmd.exe /c "{win(script)}"'
+
+
+def started_over_ssh(script):
+    return f'"c:\\windows\\system32\\cmd.exe" /c {win(script)}'
 
 
 def start_cmd_script(wine, script, tree, record, cmdcmdline, exit_code, out):
@@ -494,10 +504,11 @@ def start_cmd_script(wine, script, tree, record, cmdcmdline, exit_code, out):
 
 @pytest.mark.slow
 def test_a_double_clicked_cmd_keeps_its_window_open_after_a_failure(wine, tmp_path):
-    """Started from a console, the .cmd returns at once whatever the exit; started by a double-click,
-    it returns at once after success and waits for a key after a failure (od-dist's or its own), so
-    the window, which closes with it, still shows the last line. Its own path holds characters that
-    cmd would parse (the check reads cmd's command line inside quotes)."""
+    """Started from a console, or by a program (PowerShell, Task Scheduler, OpenSSH's server: no person
+    may be there to press a key), the .cmd returns at once whatever the exit; started by a
+    double-click, it returns at once after success and waits for a key after a failure (od-dist's or
+    its own), so the window, which closes with it, still shows the last line. Its own path holds
+    characters that cmd would parse (the check reads cmd's command line inside quotes)."""
     tree = make_tree(tmp_path)
     shutil.copy(wine.stand_in, tree["bin"] / "od-dist.exe")
     cluster = make_cluster(tree)
@@ -514,7 +525,13 @@ def test_a_double_clicked_cmd_keeps_its_window_open_after_a_failure(wine, tmp_pa
     lost = folder / "lost.cmd"
     lost.write_bytes(scripts.render_cmd(gone).encode())
     record, out = tmp_path / "record", tmp_path / "out"
-    for cmdcmdline, code in [(None, "7"), (CONSOLE, "7"), (double_click(script), "0")]:
+    for cmdcmdline, code in [
+        (None, "7"),
+        (CONSOLE, "7"),
+        (started_by_a_program(script), "7"),
+        (started_over_ssh(script), "7"),
+        (double_click(script), "0"),
+    ]:
         proc = start_cmd_script(wine, script, tree, record, cmdcmdline, code, out)
         try:
             assert proc.wait(timeout=60) == int(code), out.read_bytes()  # at once, its input still open

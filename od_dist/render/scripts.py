@@ -82,15 +82,20 @@ def render_sh(launch: Launch) -> str:
 # (twice: where cmd has no CMDCMDLINE, as Wine's, the first leaves a quote behind). `call` expands
 # the line a second time to put the path into the search-and-replace; a path with `%` or `^` (which
 # that expands or doubles) may not be recognised.
+# Explorer starts a file as `cmd.exe /c ""<its path>" "`: its quotes become ` below, so the line
+# names the script and ends in "` `" (then the # appended). Programs that start it with their own
+# command line (PowerShell, OpenSSH's server, Task Scheduler: `cmd /c "<path>"` or unquoted) leave
+# no "` `" there, and no person may be at the window to press a key: no pause for them.
 _CMD_CLICKED = [
-    "rem Started by a double-click (cmd's command line names this script): keep the window open after",
-    "rem a failure, so that its last line can be read. Started from a console: return at once.",
+    "rem Started by a double-click (Explorer's command line for this script): keep the window open",
+    "rem after a failure, so that its last line can be read. Started otherwise: return at once.",
     'set "OD_DIST_SELF=%~f0"',
     'set "OD_DIST_PAUSE="',
-    'set "OD_DIST_LINE=%CMDCMDLINE:"=%"',
-    'set "OD_DIST_LINE=%OD_DIST_LINE:"=%"',
+    'set "OD_DIST_LINE=%CMDCMDLINE:"=`%"',
+    'set "OD_DIST_LINE=%OD_DIST_LINE:"=`%#"',
     'call set "OD_DIST_REST=%%OD_DIST_LINE:%OD_DIST_SELF%=%%"',
-    'if /i not "%OD_DIST_REST%"=="%OD_DIST_LINE%" set "OD_DIST_PAUSE=1"',
+    'set "OD_DIST_END=%OD_DIST_LINE:` `#=%"',
+    'if /i not "%OD_DIST_REST%"=="%OD_DIST_LINE%" if not "%OD_DIST_END%"=="%OD_DIST_LINE%" set "OD_DIST_PAUSE=1"',
 ]
 
 
