@@ -766,7 +766,10 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
         < windows.index("New-NetFirewallRule")
         < windows.index("Or cmd:")
         < windows.index("netsh")
+        # Windows Defender Firewall's first-run prompt: Cancel blocks Python over the port rules.
+        < windows.index("choose Allow. Cancel adds rules that block Python and win over the ones above")
     )
+    assert readme.count("choose Allow") == 1  # the Windows machine's section only
     assert "### 192.168.1.116 (ps 0): port 2224" in readme
     assert "Linux: one of these, with sudo." in readme
     assert "No inbound port: 192.168.1.120 (evaluator 0)." in readme

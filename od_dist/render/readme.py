@@ -123,6 +123,13 @@ def _firewall_section(cluster: Cluster, launch: Launch, rules: list[InboundRule]
         md.append("")
         for n, (how, lines) in enumerate(ways.items()):
             md += [f"{'Or ' if n else ''}{how}:", "", "```", *lines, "```", ""]
+        if os_name == "windows":  # Windows Defender Firewall's block rules win over any allow rule
+            md += [
+                "The first time Python listens on a port, Windows may ask whether to allow it on "
+                "networks: choose Allow. Cancel adds rules that block Python and win over the ones above: "
+                "delete them in `wf.msc` (Inbound Rules, the Python entries marked blocked).",
+                "",
+            ]
     return md
 
 
