@@ -109,3 +109,15 @@ def test_follower_says_each_fetch_in_one_line(feed, tmp_path):
         f"the checkpoint feed at 127.0.0.1:{feed.port} is up",
         f"fetched ckpt-2 from the checkpoint feed at 127.0.0.1:{feed.port} into {tmp_path / 'e'}, checked whole",
     ]
+
+
+def test_a_name_of_no_address_here_listens_everywhere(tmp_path):
+    """192.0.2.1 (TEST-NET-1) is none of this machine's addresses, as a WSL2 machine's LAN name
+    behind a port proxy: the feed listens on every interface, as TensorFlow's server does."""
+    port = _free_port()
+    with checkpoint_feed.Feed(str(tmp_path / "lead"), "192.0.2.1", port, "job1") as feed:
+        assert feed.everywhere
+        _save(feed.model_dir, 2)
+        assert checkpoint_feed.fetch("127.0.0.1", port, "job1", str(tmp_path / "e")) == 2
+    with checkpoint_feed.Feed(str(tmp_path / "lead"), "127.0.0.1", port, "job1") as feed:
+        assert not feed.everywhere

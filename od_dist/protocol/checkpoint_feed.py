@@ -13,6 +13,7 @@ finds the checkpoint as it finds any other.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.server
 import json
@@ -87,7 +88,16 @@ class Feed:
             address_family = family
             daemon_threads = True
 
-        self._server = Server((host, port), Handler)
+        try:
+            self._server = Server((host, port), Handler)  # the lead's address only
+            self.everywhere = False
+        except OSError as e:
+            if e.errno != errno.EADDRNOTAVAIL:
+                raise
+            # A name that resolves to an address this machine does not hold (WSL2 behind a port
+            # proxy): every interface, as TensorFlow's server on the lead's own port listens.
+            self._server = Server(("::" if family == socket.AF_INET6 else "0.0.0.0", port), Handler)
+            self.everywhere = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="checkpoint-feed", daemon=True
         )

@@ -498,8 +498,10 @@ def _checkpoint_feed(config: TrainConfig):
             "free the port, or give checkpoint_port another one in the cluster file"
         ) from None
     with feed:
+        where = f"port {at.port} of every interface ({at.host} is none of them)" if feed.everywhere else at
         print(
-            f"{task.name}: serving the newest checkpoint of {config.model_dir} on {at}, read-only", flush=True
+            f"{task.name}: serving the newest checkpoint of {config.model_dir} on {where}, read-only",
+            flush=True,
         )
         yield feed
 
