@@ -162,7 +162,6 @@ def accuracy_override(case: Case, args, data_dir: str) -> str:
         f"trainer.summary_interval={max(1, steps // 10)}",
         f"trainer.checkpoint_interval={max(1, steps // 10)}",
         "trainer.max_to_keep=100",
-        f"trainer.validation_interval={steps}",
         f"trainer.optimizer_config.learning_rate.cosine.decay_steps={steps}",
         f"trainer.optimizer_config.warmup.linear.warmup_steps={100 if split else max(1, 100 // case.n)}",
         f"task.train_data.global_batch_size={PER_MACHINE_BATCH}",

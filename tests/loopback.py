@@ -24,7 +24,7 @@ SMALL = (
 # A few steps, a checkpoint every loop: enough to prove the wiring, not to learn.
 TINY = (
     "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
-    "trainer.checkpoint_interval=5,trainer.validation_interval=5,"
+    "trainer.checkpoint_interval=5,"
     "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord,"
     + SMALL
 )

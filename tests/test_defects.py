@@ -35,7 +35,6 @@ def small_override(data_dir: str) -> str:
                 "steps_per_loop": 1,
                 "summary_interval": 1,
                 "checkpoint_interval": 1,
-                "validation_interval": 1,
             },
         },
         default_flow_style=True,

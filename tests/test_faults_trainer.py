@@ -19,7 +19,7 @@ from loopback import PIPELINE, SMALL, checkpoint_step, clean_env, site_hook, wri
 
 OVERRIDE = (
     "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
-    "trainer.checkpoint_interval={interval},trainer.validation_interval=1000,"
+    "trainer.checkpoint_interval={interval},"
     "task.train_data.input_path={data}/train.tfrecord,task.validation_data.input_path={data}/val.tfrecord,"
     + SMALL
 )

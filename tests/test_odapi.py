@@ -557,6 +557,7 @@ def test_import_zoo_configs(tmp_path, capsys, text, experiment, size, batch, ste
         assert params.task.model.backbone.resnet.model_id == 50
     assert experiment in open(out).read() and f"experiment {experiment}" in stdout
     assert os.listdir(out.parent) == ["imported.yaml"]  # no temporary file left
+    assert "validation_interval" not in open(out).read()  # training never evaluates: it would do nothing
 
 
 def test_import_bad_input(tmp_path):

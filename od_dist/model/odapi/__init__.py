@@ -147,7 +147,6 @@ def _convert(cfg: walk.Config, data_dir: str | None) -> Imported:
         "checkpoint_interval": checkpoint,
         "max_to_keep": 7,  # model_main_tf2's default
         "validation_steps": -1,
-        "validation_interval": checkpoint,
         "optimizer_config": optimizer,
     }
     doc = {
