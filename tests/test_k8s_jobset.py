@@ -543,10 +543,11 @@ def test_the_readme_installs_the_jobset_release_the_tests_check_against(capsys):
 
 @pytest.mark.parametrize("which", ["lan-example", "ps"])
 def test_the_budget_of_workers_restarted_alone_is_shared_as_under_launch(which, tmp_path, capsys):
-    """--max_restarts 2, parameter_server: launch restarts lost workers alone twice in all, then
-    fails the job (supervisor: no restart left). On Kubernetes the worker Job's backoffLimit is
-    shared by its pods: the third lost worker, whichever its index, fails the JobSet too, rather
-    than restarting every pod."""
+    """--max_restarts 2, parameter_server: lost workers are restarted alone twice in all, as launch
+    restarts them. The worker Job's backoffLimit is shared by its pods: the third lost worker,
+    whichever its index, fails the JobSet rather than restarting every pod. (Past its budget launch
+    lets that worker end alone and trains on; a JobSet's failure policy has no action that lets one
+    of its Jobs fail while the others go on.)"""
     path = cluster_file(tmp_path, which)
     _, doc = write(capsys, path, "--max_restarts=2")
     k = Kubernetes(doc)
