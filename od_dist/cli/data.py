@@ -290,6 +290,9 @@ def cmd_data_check(fv) -> int:
         raise UsageError(
             "--pipeline/--records: pass exactly one: the pipeline whose data to check, or a records glob"
         )
+    from od_dist.cli import quiet_tensorflow_errors
+
+    quiet_tensorflow_errors()  # TensorFlow is imported below
     if fv.pipeline:
         from od_dist.model.pipeline import PipelineError, load_pipeline
 
