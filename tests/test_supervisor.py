@@ -267,6 +267,102 @@ def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
     )
 
 
+def test_the_restart_budget_counts_restarts_in_a_row():
+    """--max_restarts is a budget of restarts in a row: a newer checkpoint since the last restart,
+    or the tasks running healthy_s, starts the count over; nothing else does."""
+    b = policy.Budget(2, since=0.0, step=10, healthy_s=600.0)
+    assert [b.take(t, 10) for t in (5.0, 10.0)] == [True, True] and b.used == 2
+    assert not b.take(15.0, 10)  # a third in a row, no progress: none left
+    assert not b.take(16.0, None)  # a state file unreadable for a moment is no progress either
+    assert b.take(20.0, 30) and b.used == 1  # training saved step 30 since: the count starts over
+    b.started(25.0)
+    assert b.take(30.0, 30) and b.used == 2
+    b.started(35.0)
+    assert b.take(35.0 + 600.0, 30) and b.used == 1  # the tasks ran 10 minutes without a loss
+    assert not policy.Budget(0, since=0.0).take(1000.0, 5)  # 0: never a restart
+    assert policy.HEALTHY_S == 600.0  # the help, the scripts' README and docs/commands.md say 10 minutes
+
+
+def saves_then_dies(model_dir, step, after=0.2):
+    """A trainer that saved `step` (TensorFlow's state file naming ckpt-<step>) and is then lost."""
+    state = f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}"\n'
+    return (
+        f"import os, time\nopen(os.path.join({str(model_dir)!r}, 'checkpoint'), 'w').write({state!r})\n"
+        + kill_self(after)
+    )
+
+
+def test_restarts_that_each_follow_a_new_checkpoint_never_use_up_the_budget(tmp_path):
+    """A long run's occasional faults: the trainer is lost five times with --max_restarts 1, each
+    time after a checkpoint newer than at its last restart, and the job finishes (exit 0); the
+    lines count the restarts in a row and in all. A trainer lost twice with no checkpoint between
+    stops the job at once: restarts that bring no progress are what the budget counts."""
+
+    def scripts(t, n):
+        return saves_then_dies(tmp_path, 10 * (n + 1)) if n < 5 else exits(0)
+
+    job = Job(MWMS, [MASTER], scripts, max_restarts=1, model_dir=str(tmp_path))
+    assert job.run() == 0, job.lines
+    assert len(job.started) == 6
+    assert job.lines[0] == "master:0 died (exit 137, killed); restart 1/1 in 0 s"
+    assert job.lines[1:5] == [
+        f"master:0 died (exit 137, killed); restart 1/1 ({n} in all) in 0 s" for n in (2, 3, 4, 5)
+    ]
+
+    job = Job(
+        MWMS, [MASTER], lambda t, n: saves_then_dies(tmp_path, 60), max_restarts=1, model_dir=str(tmp_path)
+    )
+    assert job.run() == 137, job.lines
+    assert len(job.started) == 2
+    assert job.lines[-1].startswith("master:0 died (exit 137, killed); no restart left (--max_restarts 1)")
+
+
+def test_a_task_that_ran_the_healthy_period_starts_the_count_over_and_a_crash_loop_stops():
+    """No checkpoint seen here (a ps's machine on its own disk): a task that ran healthy_s before
+    each loss is restarted again and again within --max_restarts 1; one that dies at every start
+    stops the job after one restart, naming the first failure of the streak."""
+
+    def scripts(t, n):
+        return kill_self(1.0) if n < 3 else exits(0, 2.0)
+
+    job = Job(
+        PS, [PS0, MASTER], lambda t, n: scripts(t, n) if t.role == "ps" else exits(0, 4.0), max_restarts=1
+    )
+    job.sup.healthy_s = 0.8
+    assert job.run() == 0, job.lines
+    assert [line for line in job.lines if "restart" in line] == [
+        "ps:0 died (exit 137, killed); restart 1/1 of every task in 0 s",
+        "ps:0 died (exit 137, killed); restart 1/1 (2 in all) of every task in 0 s",
+        "ps:0 died (exit 137, killed); restart 1/1 (3 in all) of every task in 0 s",
+    ]
+
+    job = Job(PS, [PS0, MASTER], lambda t, n: kill_self(0.1) if t.role == "ps" else SERVE, max_restarts=1)
+    job.sup.healthy_s = 5.0  # far longer than its life: no refill
+    assert job.run() == 137, job.lines
+    assert job.lines[-1] == (
+        "ps:0 died (exit 137, killed); no restart left (--max_restarts 1); stopping every task; the first "
+        "failure (root cause): ps:0 died (exit 137, killed). Its log: logs/ps-0.log"
+    )
+
+
+def test_the_evaluators_own_budget_starts_over_with_time_not_with_checkpoints(tmp_path):
+    """An evaluator that fails at once whenever a newer checkpoint appears is not restarted once per
+    checkpoint: a checkpoint is no sign that it evaluated one. With --max_restarts 1 it gives up at
+    its second failure; training goes on."""
+
+    def scripts(t, n):
+        if t.role == "evaluator":
+            return saves_then_dies(tmp_path, 10 * (n + 1), after=0.1)
+        return exits(0, 3.0)
+
+    job = Job(MWMS, [MASTER, EVAL], scripts, max_restarts=1, model_dir=str(tmp_path))
+    assert job.run() == 0, job.lines
+    assert [name for name, _ in job.started].count("evaluator:0") == 2
+    assert any(
+        line.startswith("evaluator:0 died (exit 137, killed); no restart left for it") for line in job.lines
+    )
+
+
 def test_a_killed_tasks_temporary_files_are_removed(tmp_path):
     """A task killed cannot remove its temporary files (TensorFlow's autograph sources, a
     multi_worker_mirrored worker's checkpoint copy), and each restart would leave more: each start
@@ -344,6 +440,78 @@ def test_a_second_interrupt_kills_at_once(tmp_path):
     assert job.run() == 143
     assert time.monotonic() - start < 10
     assert "second interrupt: stopping every task now" in job.lines
+
+
+def stubborn_trainer(ready, on_stop=""):
+    """A trainer that overruns any grace period: SIGINT and SIGTERM run `on_stop`, then it goes on."""
+    return (
+        "import os, signal, time\n"
+        f"def stop(*a):\n    {on_stop or 'pass'}\n"
+        "signal.signal(signal.SIGTERM, stop)\nsignal.signal(signal.SIGINT, stop)\n"
+        f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)"
+    )
+
+
+def stop_once_started(job, signum, *ready):
+    def go():
+        wait_until(lambda: all(r.exists() for r in ready))
+        job.sup.on_signal(signum)
+
+    in_background(go)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_trainer_killed_after_the_grace_period_is_said_with_the_newest_checkpoint(tmp_path, signum, code):
+    """130/143 say a trainer saved a checkpoint first. One that overran --grace_period was killed
+    before its save: the job's last line says so and names the step on disk a restart resumes from,
+    read from the state file (no TensorFlow in the supervisor)."""
+    model_dir, ready = tmp_path / "model", tmp_path / "ready"
+    model_dir.mkdir()
+    (model_dir / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-20"\nall_model_checkpoint_paths: "ckpt-20"\n'
+    )
+    job = Job(MWMS, [MASTER], lambda t, n: stubborn_trainer(ready), grace_s=1.0, model_dir=str(model_dir))
+    stop_once_started(job, signum, ready)
+    assert job.run() == code, job.lines
+    assert job.lines[-2] == "master:0 still running after 1 s (--grace_period); killing them"
+    assert job.lines[-1] == (
+        f"master:0 killed after --grace_period (1 s), before its save: the newest checkpoint on disk is step 20 "
+        f"({model_dir / 'ckpt-20'}), where a restart resumes; exit {code}"
+    )
+
+
+def test_a_trainer_killed_after_saving_during_the_stop_or_with_no_checkpoint_says_so(tmp_path):
+    """Killed later than its save (in an export, TensorFlow's shutdown): the line names the step
+    saved during the stop. Killed before the first checkpoint: a restart starts from step 0."""
+    model_dir, ready = tmp_path / "model", tmp_path / "ready"
+    model_dir.mkdir()
+    state = 'model_checkpoint_path: "ckpt-35"\n'
+    save = f"open(os.path.join({str(model_dir)!r}, 'checkpoint'), 'w').write({state!r})"
+    job = Job(
+        MWMS, [MASTER], lambda t, n: stubborn_trainer(ready, save), grace_s=1.0, model_dir=str(model_dir)
+    )
+    stop_once_started(job, signal.SIGTERM, ready)
+    assert job.run() == 143, job.lines
+    assert job.lines[-1] == (
+        "master:0 killed after --grace_period (1 s), after a checkpoint was saved: the newest on disk is step 35 "
+        f"({model_dir / 'ckpt-35'}), where a restart resumes; exit 143"
+    )
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    job = Job(
+        MWMS,
+        [MASTER, W0],
+        lambda t, n: stubborn_trainer(tmp_path / t.role),
+        grace_s=1.0,
+        model_dir=str(empty),
+    )
+    stop_once_started(job, signal.SIGTERM, tmp_path / "master", tmp_path / "worker")
+    assert job.run() == 143, job.lines
+    assert job.lines[-1] == (
+        f"master:0, worker:0 killed after --grace_period (1 s), before their save; no checkpoint in {empty}: a "
+        "restart starts from step 0; exit 143"
+    )
 
 
 def test_no_child_left_when_the_supervisor_fails():

@@ -9,6 +9,7 @@ from od_dist.cli.registry import UsageError
 from od_dist.cluster import commandline
 from od_dist.cluster.validate import MAX_CLONES
 from od_dist.host.config import ALL_REDUCE_DTYPES, ALL_REDUCE_PACKS
+from od_dist.host.policy import HEALTHY_S
 from od_dist.protocol.peers import LOST_PEER_TIMEOUT_S
 
 # The help of every flag that takes several files: one wording, as `records.expand_paths` reads them.
@@ -202,9 +203,10 @@ def define_train_flags(fv: flags.FlagValues) -> None:
 ONE_TASK = ("role", "index")
 
 
-# launch's default: enough for the occasional lost process of a long run (an OOM kill, a preempted
-# or rebooted task) while a task that dies at every start stops the job after 2 + 4 + 8 s of
-# backoff instead of looping. `train` defaults to 0: see its help.
+# launch's and the scripts' default, in a row (host/policy.py's Budget): the occasional lost
+# process of a long run (an OOM kill, a preempted or rebooted task) never uses it up, while a task
+# that dies at every start stops the job after 2 + 4 + 8 s of backoff instead of looping. `train`
+# defaults to 0: see its help.
 LAUNCH_MAX_RESTARTS = 3
 
 
@@ -213,11 +215,15 @@ def define_restart_flags(fv: flags.FlagValues, max_restarts: int) -> None:
     flags.DEFINE_integer(
         "max_restarts",
         max_restarts,
-        "Restarts after a task is lost (a retryable exit: "
+        "Restarts in a row after a task is lost (a retryable exit: "
         "lost peer, SIGTERM, SIGKILL), by TensorFlow's rules: a parameter_server worker or an "
         "evaluator alone, anything else every task together from the last checkpoint; "
-        "2 s backoff, doubling. Permanent errors (exit 1, 2) and a person's stop (exit 130: "
-        "Ctrl+C on any machine of the job) are never retried.",
+        "2 s backoff, doubling. The count starts over when the job progressed since the last "
+        f"restart: a newer checkpoint in --model_dir, or {HEALTHY_S / 60:.0f} minutes without a "
+        "loss (the evaluator's own count: those minutes only), so a long run's occasional faults "
+        "never use it up, while a task that fails at every start stops after N. Permanent errors "
+        "(exit 1, 2) and a person's stop (exit 130: Ctrl+C on any machine of the job) are never "
+        "retried.",
         lower_bound=0,
         flag_values=fv,
     )

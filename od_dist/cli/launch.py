@@ -16,7 +16,7 @@ as clusters/local.yaml) as child processes with the given train flags. Their lin
 ([worker:1] ...) and each writes <model_dir>/logs/<role>-<index>.log (./od-dist-logs/ for a remote
 gs://... model_dir). Exits 0 when the master has
 finished and the others have stopped. A lost task (a retryable exit: lost peer, signal) is
-restarted by TensorFlow's rules, up to --max_restarts times: a parameter_server worker or the
+restarted by TensorFlow's rules, up to --max_restarts times in a row: a parameter_server worker or the
 evaluator alone, a ps, the master or any multi_worker_mirrored trainer with every task, from the
 last checkpoint. A permanent error (exit 1, 2) stops every task at once, exit 1 (2) naming it.
 Ctrl+C (SIGTERM) asks the trainers to save and stop, then stops the rest: exit 130 (143); a second

@@ -77,8 +77,8 @@ Examples:
       --model_dir runs/lan                                 # this machine's entries, found by its address
   od-dist train --cluster clusters/lan-example.yaml --role ps --index 0
   od-dist train --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/one --num_clones 2 --clone_on_cpu
-With --max_restarts N the task runs as a child that is restarted (up to N times, 2 s backoff,
-doubling) when it is lost (a retryable exit: lost peer, signal), so a job whose machines each run
+With --max_restarts N the task runs as a child that is restarted (up to N times in a row, 2 s
+backoff, doubling; see the flag) when it is lost (a retryable exit: lost peer, signal), so a job whose machines each run
 their generated script heals itself; the default 0 runs a single task in this process, as an
 orchestrator (Kubernetes) that restarts pods itself expects (the evaluator always runs under a
 supervisor of its own: its failures are never the job's).
@@ -122,6 +122,7 @@ def cmd_train(fv) -> int:
             tf_config if selected.source == "TF_CONFIG" else None,
             lead=selected.cluster is None or selected.task == selected.cluster.lead_task(),
             eval_command=eval_command(fv),
+            model_dir=fv.model_dir,
         )
     from od_dist.host import console
 

@@ -200,12 +200,13 @@ def run(
         finish=finish,
         lead=lead,
         eval_command=eval_command,
+        model_dir=model_dir,
     )
     previous = handle_signals(sup.on_signal)
     try:
         say(
             f"starting {', '.join(t.name for t in tasks)}; logs in {log_dir}; up to {max_restarts} "
-            f"restart(s) (--max_restarts)"
+            f"restart(s) in a row (--max_restarts)"
         )
         return sup.run()
     finally:
@@ -222,10 +223,11 @@ def run_task(
     tf_config: str | None = None,
     lead: bool = True,
     eval_command: str | None = None,
+    model_dir: str | None = None,
 ) -> int:
     """`od-dist train --max_restarts N`: this machine's one task as a child (its output straight to
     the console), restarted by the same rules and messages as under launch. `lead`: the task writes
-    the final checkpoint."""
+    the final checkpoint; `model_dir`: its --model_dir."""
 
     def say(message: str) -> None:
         print(f"od-dist train: {message}", file=sys.stderr, flush=True)
@@ -239,6 +241,7 @@ def run_task(
         grace_s,
         lead=task.name if lead else None,
         eval_command=eval_command,
+        model_dir=model_dir,
     )
     previous = handle_signals(sup.on_signal)
     try:

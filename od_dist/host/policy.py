@@ -11,15 +11,16 @@ The rules (TensorFlow's fault tolerance for parameter-server and multi-worker tr
   - "lost" means a retryable exit (exit_codes.RETRYABLE: a lost peer, a signal). A permanent exit
     (1: a bug, 2: invalid input, anything else) is never retried: it would only fail again.
   - the evaluator is a sidecar: whatever its exit (a pycocotools error, no checkpoint yet), it is
-    restarted alone, up to --max_restarts times of its own; past them training goes on without
+    restarted alone, within a --max_restarts budget of its own; past it training goes on without
     it. It never stops the trainers.
   - a person's stop (a trainer or server that exits 130, SIGINT: Ctrl+C on this machine or, passed
     on through the job, on another) is never restarted: every task here is stopped, trainers
     first, and the job exits 130.
 Each restart waits a backoff (2 s, doubling while restarts follow each other within a minute) and
-counts against --max_restarts; past it (a parameter_server worker aside) the job stops and exits
-with the retryable code it gave up on, for an outer restarter, naming the first failure (the root
-cause, as torchrun reports it).
+counts against --max_restarts, a budget of restarts in a row (Budget): progress since the last
+restart starts the count over. Past it (a parameter_server worker aside) the job stops and exits
+with the retryable code it gave up on, for an outer restarter, naming the first failure of the
+streak (the root cause, as torchrun reports it).
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ BACKOFF_MAX_S = 30.0
 # this long since their last restart are not in such a loop: the next restart waits BACKOFF_S
 # again, rather than BACKOFF_MAX_S for every fault of a long job.
 BACKOFF_RESET_S = 2 * BACKOFF_MAX_S
+
+# --max_restarts counts restarts in a row, not in a run: a long run's occasional losses (a
+# preempted machine, an OOM kill days apart) must not use it up, while a task that fails at every
+# start must stop the job. Progress since the last restart starts the count over: a newer
+# checkpoint in --model_dir (the restart paid off), or, where none is seen (a ps's or a
+# parameter_server worker's own disk, the evaluator), the tasks running this long without a loss,
+# longer than any start-up (TensorFlow's, a wait for peers).
+HEALTHY_S = 600.0
 
 MEANINGS = {
     exit_codes.FAILED: "a permanent failure",
@@ -105,6 +114,35 @@ def plan(strategy: str, tasks: list[Task], exits: list[tuple[Task, int]]) -> Pla
 def backoff_s(restart: int) -> float:
     """Seconds to wait before restart number `restart` (1-based): 2, 4, 8, 16, 30, 30, ..."""
     return min(BACKOFF_S * 2 ** (restart - 1), BACKOFF_MAX_S)
+
+
+@dataclass
+class Budget:
+    """--max_restarts: at most `limit` restarts in a row. A restart starts the count over when
+    training progressed since the one before (a newer checkpoint on disk: `take`'s `step`) or the
+    tasks then ran `healthy_s` without a loss."""
+
+    limit: int
+    since: float  # when the tasks last started (the job, or the last restart)
+    step: int | None = None  # the newest checkpoint's step then, None for none
+    healthy_s: float = HEALTHY_S
+    used: int = 0  # restarts in a row so far
+
+    def take(self, now: float, step: int | None = None) -> bool:
+        """One restart at `now`, the newest checkpoint on disk at `step` (None: none, or not seen
+        here); False when none is left. `started` says when the restarted tasks start."""
+        progressed = step is not None and (self.step is None or step > self.step)
+        if progressed or now - self.since >= self.healthy_s:
+            self.used = 0
+        if step is not None:
+            self.step = step
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def started(self, at: float) -> None:
+        self.since = at
 
 
 def k8s_rules(strategy: str, roles) -> tuple[frozenset[str], frozenset[str]]:

@@ -23,16 +23,18 @@ from dataclasses import dataclass, field
 from od_dist.cluster.spec import Task
 from od_dist.host.policy import (
     BACKOFF_RESET_S,
+    HEALTHY_S,
     PERMANENT,
     RESTART_ALL,
     RESTART_TASK,
     STOPPED_BY_PERSON,
+    Budget,
     backoff_s,
     describe,
     is_trainer,
     plan,
 )
-from od_dist.protocol import exit_codes, notes
+from od_dist.protocol import checkpoint_feed, exit_codes, notes
 
 # Stopping every task for a restart: the lost task held the variables (ps), was the one that saves
 # (master) or blocks every all-reduce, so the survivors have nothing consistent to save; they get
@@ -170,29 +172,34 @@ class Supervisor:
     child has exited (e.g. to let its output reader finish). `say` prints one line for the user.
     `lead`: the name of the task here that writes the final checkpoint (the master, or worker 0
     without one), if it runs here. `eval_command`: the `od-dist eval` line that evaluates the
-    final checkpoint, said when an evaluator gave up."""
+    final checkpoint, said when an evaluator gave up. `model_dir`: the tasks' --model_dir on this
+    machine, whose newest checkpoint tells progress (policy.Budget) and, after a stop that killed a
+    trainer, where a restart resumes."""
 
     strategy: str
     tasks: list[Task]
     start: Callable[[Task], Running]
     say: Callable[[str], None]
-    max_restarts: int
+    max_restarts: int  # in a row: policy.Budget
     grace_s: float  # how long trainers get to save a checkpoint after SIGINT/SIGTERM
     finish: Callable[[Running], None] = lambda r: None
     backoff: Callable[[int], float] = backoff_s  # seconds before restart number n (1-based) of a streak
     backoff_reset_s: float = BACKOFF_RESET_S
     lead: str | None = None
     eval_command: str | None = None
+    model_dir: str | None = None
+    healthy_s: float = HEALTHY_S
     progress_every_s: float = PROGRESS_EVERY_S
     stalled_s: float = STALLED_S
     running: dict[str, Running] = field(default_factory=dict)
     pending: dict[str, float] = field(default_factory=dict)  # task name -> when to start it
     signals: list[int] = field(default_factory=list)
-    restarts: int = 0
+    restarts: int = 0  # in all, this run
+    budget: Budget | None = None  # the tasks', made by run()
     streak: int = 0  # restarts since the tasks last ran backoff_reset_s
     restarted_at: float = float("-inf")  # when the last restart started the tasks
-    first_failure: str | None = None
-    evaluator_restarts: dict[str, int] = field(default_factory=dict)  # its own budget, per evaluator
+    first_failure: str | None = None  # of the budget's restarts in a row
+    evaluator_budgets: dict[str, Budget] = field(default_factory=dict)  # its own, per evaluator
     no_evaluation: list[str] = field(default_factory=list)  # evaluators that gave up
     lost: list[tuple[str, int]] = field(
         default_factory=list
@@ -212,6 +219,7 @@ class Supervisor:
         """Starts every task and supervises them; returns the job's exit status."""
         self.notes_root = tempfile.mkdtemp(prefix="od-dist-notes-")
         self.scratch = tempfile.mkdtemp(prefix="od-dist-tasks-")
+        self.budget = Budget(self.max_restarts, time.monotonic(), self._newest_step(), self.healthy_s)
         try:
             for task in self.tasks:
                 self.running[task.name] = self._start(task)
@@ -221,6 +229,15 @@ class Supervisor:
             self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
             shutil.rmtree(self.notes_root, ignore_errors=True)
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _newest(self) -> tuple[int, str] | None:
+        """(step, prefix) of the newest checkpoint in --model_dir here, None for none (or none
+        readable from here: a remote model_dir)."""
+        return checkpoint_feed.newest(self.model_dir) if self.model_dir else None
+
+    def _newest_step(self) -> int | None:
+        newest = self._newest()
+        return newest[0] if newest else None
 
     def _start(self, task: Task) -> Running:
         """Starts `task` with a temporary folder of its own (TMPDIR), removed once it exits: a task
@@ -284,6 +301,8 @@ class Supervisor:
             for r in self.running.values()
             if is_trainer(self.strategy, r.task.role) and r.proc.poll() is None
         ]
+        killed: list[str] = []  # trainers killed before they exited: their save may be missing
+        before = self._newest_step()
         if trainers:
             self.say(
                 f"{why}: asking {', '.join(trainers)} to save a checkpoint and stop (up to "
@@ -292,9 +311,10 @@ class Supervisor:
             for r in self._runs(trainers=True):
                 send(r, signal.SIGINT if person else signal.SIGTERM)
             if not wait_all(self._procs(trainers=True), self.grace_s, lambda: len(self.signals) > 1):
+                killed = [r.task.name for r in self._runs(trainers=True) if r.proc.poll() is None]
                 if len(self.signals) <= 1:
                     self.say(
-                        f"{', '.join(trainers)} still running after {self.grace_s:.0f} s "
+                        f"{', '.join(killed)} still running after {self.grace_s:.0f} s "
                         "(--grace_period); killing them"
                     )
                 kill_all(self._procs(trainers=True))
@@ -311,7 +331,37 @@ class Supervisor:
         else:
             self.say(f"{why}: stopping every task")
         self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
-        return exit_codes.for_signal(signum)
+        code = exit_codes.for_signal(signum)
+        if killed:
+            self.say(self._killed_line(killed, before, code))
+        return code
+
+    def _killed_line(self, killed: list[str], before: int | None, code: int) -> str:
+        """The last line of a stop that killed trainers: 130/143 says a trainer saved a checkpoint
+        first, which these may not have; so, from the state file, what a restart resumes from."""
+        names, its = ", ".join(killed), "their" if len(killed) > 1 else "its"
+        how = (
+            "at the second interrupt"
+            if len(self.signals) > 1
+            else f"after --grace_period ({self.grace_s:.0f} s)"
+        )
+        newest = self._newest()
+        if not self.model_dir:
+            return f"{names} killed {how}, maybe before {its} save; exit {code}"
+        if newest is None:
+            where = (
+                f"a restart resumes from the newest checkpoint in {self.model_dir} (not read from here)"
+                if "://" in self.model_dir
+                else f"no checkpoint in {self.model_dir}: a restart starts from step 0"
+            )
+            return f"{names} killed {how}, before {its} save; {where}; exit {code}"
+        at = f"step {newest[0]} ({os.path.join(self.model_dir, newest[1])}), where a restart resumes"
+        if before is None or newest[0] > before:
+            # Saved during the stop: killed after it, in an export or TensorFlow's shutdown.
+            return (
+                f"{names} killed {how}, after a checkpoint was saved: the newest on disk is {at}; exit {code}"
+            )
+        return f"{names} killed {how}, before {its} save: the newest checkpoint on disk is {at}; exit {code}"
 
     def _waited_out(self, task: Task) -> bool:
         """The task said it exits 138 after --wait_timeout without its peers (a pause elsewhere
@@ -451,8 +501,12 @@ class Supervisor:
                 self.no_evaluation.append(t.name)
                 self.finished.add(t.name)
                 continue
-            n = self.evaluator_restarts.get(t.name, 0)
-            if n >= self.max_restarts:
+            now = time.monotonic()
+            budget = self.evaluator_budgets.setdefault(
+                t.name, Budget(self.max_restarts, self.budget.since, healthy_s=self.healthy_s)
+            )
+            # Time alone starts its count over: a newer checkpoint is no sign that it evaluated one.
+            if not budget.take(now):
                 self.say(
                     f"{cause}; no restart left for it (--max_restarts {self.max_restarts}); training "
                     f"goes on without evaluation{self._log_note(t)}"
@@ -461,14 +515,14 @@ class Supervisor:
                 self.finished.add(t.name)
                 self._finish(self.running.pop(t.name))
                 continue
-            self.evaluator_restarts[t.name] = n + 1
-            wait = self.backoff(n + 1)
+            wait = self.backoff(budget.used)
             self.say(
-                f"{cause}; restart {n + 1}/{self.max_restarts} of {t.name} alone in {wait:.0f} s; "
+                f"{cause}; restart {budget.used}/{self.max_restarts} of {t.name} alone in {wait:.0f} s; "
                 f"training goes on{self._log_note(t)}"
             )
             self._finish(self.running.pop(t.name))
-            self.pending[t.name] = time.monotonic() + wait
+            self.pending[t.name] = now + wait
+            budget.started(now + wait)
         return None
 
     def _end_alone(self, tasks, exits, root: str) -> int | None:
@@ -551,10 +605,9 @@ class Supervisor:
             return (
                 exit_codes.INVALID if exit_codes.normalize(code) == exit_codes.INVALID else exit_codes.FAILED
             )
-        if self.first_failure is None:
-            self.first_failure = cause
-        if self.restarts >= self.max_restarts:
-            root = "" if self.restarts == 0 else f"; the first failure (root cause): {self.first_failure}"
+        now = time.monotonic()
+        if not self.budget.take(now, self._newest_step()):
+            root = f"; the first failure (root cause): {self.first_failure}" if self.budget.used else ""
             if p.action == RESTART_TASK:
                 return self._end_alone(p.restart, exits, root)
             self.say(
@@ -563,14 +616,18 @@ class Supervisor:
             )
             # Retryable all the same: an outer restarter (systemd, a loop of the user's) may try again.
             return exit_codes.normalize(code)
+        if self.budget.used == 1:  # the first of a streak: the root cause if the budget runs out
+            self.first_failure = cause
         self.restarts += 1
-        now = time.monotonic()
+        count = f"{self.budget.used}/{self.max_restarts}" + (
+            f" ({self.restarts} in all)" if self.restarts != self.budget.used else ""
+        )
         self.streak = self.streak + 1 if now - self.restarted_at < self.backoff_reset_s else 1
         wait = self.backoff(self.streak)
         if p.action == RESTART_ALL:
             # The restart-all message names the lost task first: the others die of it.
             which = " of every task" if len(self.tasks) > 1 else ""
-            self.say(f"{cause}; restart {self.restarts}/{self.max_restarts}{which} in {wait:.0f} s")
+            self.say(f"{cause}; restart {count}{which} in {wait:.0f} s")
             self._stop_all(RESTART_STOP_GRACE_S, trainers_first=False)
             restart = list(self.tasks)
             self.finished.clear()
@@ -578,12 +635,13 @@ class Supervisor:
         else:
             names = ", ".join(t.name for t in p.restart)
             which = f" of {names} alone" if len(self.tasks) > 1 else ""
-            self.say(f"{cause}; restart {self.restarts}/{self.max_restarts}{which} in {wait:.0f} s")
+            self.say(f"{cause}; restart {count}{which} in {wait:.0f} s")
             for t in p.restart:
                 self._finish(self.running.pop(t.name))
             restart = list(p.restart)
         due = now + wait
         self.restarted_at = due
+        self.budget.started(due)
         for t in restart:
             self.pending[t.name] = due
         return None

@@ -17,9 +17,11 @@ LOST_PEER = (
     138  # retryable: a peer was lost (ps, master, an all-reduce trainer, every parameter_server worker)
 )
 # or did not come within --wait_timeout (a late pod or machine is there at the next try)
-INTERRUPTED = 130  # retryable: SIGINT (Ctrl+C); a trainer saved a checkpoint first
+# A trainer stopped by SIGINT or SIGTERM saves a checkpoint first; one that overran --grace_period
+# was killed before its save, and its supervisor's last line names the step a restart resumes from.
+INTERRUPTED = 130  # retryable: SIGINT (Ctrl+C)
 KILLED = 137  # retryable: SIGKILL (128 + 9), as a shell or Kubernetes reports it
-TERMINATED = 143  # retryable: SIGTERM (128 + 15); a trainer saved a checkpoint first
+TERMINATED = 143  # retryable: SIGTERM (128 + 15)
 
 RETRYABLE = frozenset({LOST_PEER, INTERRUPTED, KILLED, TERMINATED})
 

@@ -11,6 +11,7 @@ from od_dist.cluster import duties
 from od_dist.cluster.spec import Cluster, Task
 from od_dist.cluster.topology import connecting_peers, feed_readers, model_dir_line
 from od_dist.cluster.validate import PARAMETER_SERVER
+from od_dist.host.policy import HEALTHY_S
 from od_dist.render import quote
 from od_dist.render.machines import Launch
 
@@ -222,7 +223,9 @@ def render_readme(
         "",
         f"Each script runs its tasks with `--max_restarts {max_restarts}`: when a task is lost (killed, "
         "or it lost a peer: exit 137, 138 or 143) the script's `od-dist train` starts it again, "
-        f"up to {max_restarts} times, after 2 s (doubling), so the job heals itself: a lost "
+        f"up to {max_restarts} times in a row, after 2 s (doubling); the count starts over once training "
+        f"progressed (a newer checkpoint) or the tasks ran {HEALTHY_S / 60:.0f} minutes, so a long run's "
+        "occasional faults never use it up. The job heals itself: a lost "
         + (
             "parameter_server worker rejoins; when a ps or the master is lost, the other tasks exit 138 "
             "naming it and are restarted too, and training resumes from the master's last checkpoint. "
