@@ -8,7 +8,8 @@
 #   scripts\od-dist-node.ps1            # role and index found from this machine's own address
 #
 # ROLE is ps, master (or chief), worker or evaluator; INDEX defaults to 0. Environment:
-#   OD_DIST_CLUSTER    the cluster file (default clusters/cluster.yaml), same on every machine
+#   OD_DIST_CLUSTER    the cluster file (default clusters/lan.yaml, as in the README), same on
+#                      every machine
 #   OD_DIST_PIPELINE   passed as --pipeline     (or give --pipeline=... after ROLE INDEX)
 #   OD_DIST_MODEL_DIR  passed as --model_dir    (or give --model_dir=...); values with spaces or
 #                      quotes are easiest to pass this way
@@ -17,8 +18,10 @@
 #   OD_DIST_VENV       a virtual environment to run od-dist from (default: <workdir>\.venv if it
 #                      has od-dist.exe, else od-dist.exe on PATH)
 #   OD_DIST_PYTHON     run `<python> -m od_dist` instead
-# The order in which machines start does not matter: every task waits for its peers
-# (--wait_timeout). See scripts/README.md.
+# The task runs under od-dist's supervisor with --max_restarts=3 (the generated scripts' default,
+# LAUNCH_MAX_RESTARTS in od_dist/cli/flags.py): a lost task is restarted, as there; a
+# --max_restarts among the flags wins. The order in which machines start does not matter: every
+# task waits for its peers (--wait_timeout). See scripts/README.md.
 #
 # Windows PowerShell 5.1 and PowerShell 7.x alike: the command line is built here by the
 # C-runtime rules that od-dist.exe (Python) splits it with, and handed to the process as is, so
@@ -28,7 +31,7 @@ $ErrorActionPreference = 'Stop'
 
 function ConvertTo-WindowsArgument([string]$Value) {
     # Quoted when empty or holding whitespace or a quote; backslashes doubled only before a quote.
-    # The same rules as windows_arg() in od_dist/scripts.py.
+    # The same rules as windows_arg() in od_dist/render/quote.py.
     if ($Value.Length -gt 0 -and $Value -notmatch '[\s"]') { return $Value }
     $out = New-Object System.Text.StringBuilder
     [void]$out.Append('"')
@@ -48,7 +51,7 @@ function ConvertTo-WindowsArgument([string]$Value) {
 $rest = @($args)
 if ($env:OD_DIST_WORKDIR) { $workdir = $env:OD_DIST_WORKDIR } else { $workdir = Join-Path $PSScriptRoot '..' }
 Set-Location -LiteralPath $workdir
-if ($env:OD_DIST_CLUSTER) { $cluster = $env:OD_DIST_CLUSTER } else { $cluster = 'clusters/cluster.yaml' }
+if ($env:OD_DIST_CLUSTER) { $cluster = $env:OD_DIST_CLUSTER } else { $cluster = 'clusters/lan.yaml' }
 
 $argv = New-Object System.Collections.Generic.List[string]
 $argv.Add('train')
@@ -64,6 +67,8 @@ if ($rest.Count -gt $i -and -not ([string]$rest[$i]).StartsWith('-')) {
 }
 if ($env:OD_DIST_PIPELINE) { $argv.Add("--pipeline=$env:OD_DIST_PIPELINE") }
 if ($env:OD_DIST_MODEL_DIR) { $argv.Add("--model_dir=$env:OD_DIST_MODEL_DIR") }
+# Before the caller's flags: absl takes the last of a flag given twice.
+$argv.Add('--max_restarts=3')
 for (; $i -lt $rest.Count; $i++) { $argv.Add([string]$rest[$i]) }
 
 $prefix = @()

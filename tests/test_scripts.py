@@ -14,6 +14,7 @@
 
 import dataclasses
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 import yaml
 from loopback import ROOT, od_dist
 
+from od_dist.cli.flags import LAUNCH_MAX_RESTARTS
 from od_dist.cluster import spec as cluster_mod
 from od_dist.render import machines, quote, readme, scripts
 
@@ -968,21 +970,25 @@ def test_node_sh(tmp_path):
         OD_DIST_MODEL_DIR=MODEL_DIR,
         OD_DIST_VENV=str(tree["venv"]),
     )
+    # The README's cluster file by default; restarts as the generated scripts have them, before the
+    # caller's flags (a --max_restarts there wins: absl takes the last).
+    restarts = f"--max_restarts={LAUNCH_MAX_RESTARTS}"
     assert argv == [
         "train",
-        "--cluster=clusters/cluster.yaml",
+        "--cluster=clusters/lan.yaml",
         "--role=worker",
         "--index=1",
         "--pipeline=pipelines/p q.yaml",
         f"--model_dir={MODEL_DIR}",
+        restarts,
         "--wait_timeout=5",
         MODEL_DIR,
     ]
     assert venv == str(tree["venv"])
     argv, venv = run("master", OD_DIST_CLUSTER=CLUSTER_PATH)  # od-dist on PATH
-    assert (argv, venv) == (["train", f"--cluster={CLUSTER_PATH}", "--role=master"], "<unset>")
+    assert (argv, venv) == (["train", f"--cluster={CLUSTER_PATH}", "--role=master", restarts], "<unset>")
     argv, _ = run("--num_clones=2", OD_DIST_PYTHON=str(tree["py"] / "python"))  # role from this machine
-    assert argv == ["-m", "od_dist", "train", "--cluster=clusters/cluster.yaml", "--num_clones=2"]
+    assert argv == ["-m", "od_dist", "train", "--cluster=clusters/lan.yaml", restarts, "--num_clones=2"]
     (tree["work"] / ".venv" / "bin").mkdir(parents=True)
     install_sh(tree["work"] / ".venv" / "bin" / "od-dist")
     _, venv = run("ps", "0")  # the checkout's own .venv
@@ -1002,8 +1008,21 @@ def test_node_ps1_text():
         "$start.WorkingDirectory = $PWD.ProviderPath",
         "[System.Diagnostics.Process]::Start($start)",
         "exit $process.ExitCode",
+        # As od-dist-node.sh: the README's cluster file, the generated scripts' restarts, then
+        # the caller's flags.
+        "$cluster = 'clusters/lan.yaml'",
+        f"$argv.Add('--max_restarts={LAUNCH_MAX_RESTARTS}')\r\nfor (; $i -lt $rest.Count; $i++)",
     ):
         assert needle in text, needle
+
+
+def test_node_scripts_name_what_exists():
+    for name in ("od-dist-node.sh", "od-dist-node.ps1"):
+        with open(os.path.join(ROOT, "scripts", name)) as f:
+            text = f.read()
+        for path in re.findall(r"od_dist/[\w/]+\.py", text):
+            assert os.path.isfile(os.path.join(ROOT, path)), (name, path)
+        assert f"--max_restarts={LAUNCH_MAX_RESTARTS} (the generated scripts' default" in text, name
 
 
 def test_scripts_for_a_large_cluster_check_each_task_in_time_linear_in_the_tasks(tmp_path):
