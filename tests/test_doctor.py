@@ -377,3 +377,22 @@ def test_doctor_says_model_dir_need_not_be_shared_and_where_the_newest_checkpoin
         assert lines("worker")["newest checkpoint"] == (
             f"ok step 9 on master:0's machine (127.0.0.1, its checkpoint feed at 127.0.0.1:{ports[2]}); here: step 4"
         )
+
+
+@pytest.mark.parametrize("platform, quoted", [("win32", '"{}"'), ("linux", "'{}'")])
+def test_version_fix_lines_are_quoted_for_the_machines_shell(monkeypatch, platform, quoted):
+    """cmd.exe passes single quotes on to pip (`'numpy<2.4'` is no requirement there, and `<` a
+    redirection outside quotes): on Windows the fix lines use double quotes, which PowerShell takes
+    too."""
+    found = {"tensorflow": "2.19.0", "numpy": "2.4.0", "tf-models-official": "2.20.0"}
+    monkeypatch.setattr(
+        doctor, "_version", lambda *names: next((found[n] for n in names if n in found), None)
+    )
+    monkeypatch.setattr(sys, "platform", platform)
+    lines = {c.what: c.detail for c in doctor.check_versions()}
+    assert lines["TensorFlow"].endswith(
+        f"pip install {quoted.format('tensorflow~=2.20.0')} (or reinstall od-dist)"
+    )
+    assert lines["numpy"].endswith(f"pip install {quoted.format('numpy<2.4')}")
+    if platform == "win32":
+        assert "install '" not in lines["TensorFlow"] + lines["numpy"]

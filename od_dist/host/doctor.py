@@ -272,6 +272,13 @@ def _major_minor(version: str) -> tuple[int, ...]:
 MODEL_GARDEN = "tf-models-official==2.20.0"  # setup.cfg's pin
 
 
+def shell_word(requirement: str) -> str:
+    """A requirement (`numpy<2.4`) quoted for this machine's shell, in a fix line a person types:
+    double quotes on Windows, which cmd and PowerShell both take (cmd passes single quotes on to pip),
+    single quotes elsewhere. od-dist's own requirement strings only: no quote, `$` or `%` inside."""
+    return f'"{requirement}"' if sys.platform == "win32" else f"'{requirement}'"
+
+
 def model_garden_install() -> str:
     """The command that installs Model Garden into this Python. On Windows without its requirements:
     one of them, tensorflow-text, has no Windows wheel, and od-dist's own install brings the others
@@ -303,7 +310,7 @@ def check_versions() -> list[Check]:
                 FIX,
                 "TensorFlow",
                 f"{tf_version or 'not installed'}; od-dist needs 2.20: "
-                "pip install 'tensorflow~=2.20.0' (or reinstall od-dist)",
+                f"pip install {shell_word('tensorflow~=2.20.0')} (or reinstall od-dist)",
             )
         )
     if mg_version is None or _major_minor(mg_version) != (2, 20):
@@ -321,7 +328,7 @@ def check_versions() -> list[Check]:
                 FIX,
                 "numpy",
                 f"{np_version}: Model Garden 2.20's COCO evaluation fails with "
-                "numpy 2.4; pip install 'numpy<2.4'",
+                f"numpy 2.4; pip install {shell_word('numpy<2.4')}",
             )
         )
     shown = ", ".join(f"{k} {v or 'missing'}" for k, v in found.items())
