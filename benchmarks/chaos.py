@@ -6,8 +6,10 @@
 Per strategy, a job on simulated machines (network namespaces, tests/netns.py): parameter_server
 with a master, two workers and a ps, each on its own machine; multi_worker_mirrored with a master
 and a worker. Each machine runs the script `od-dist scripts` wrote for its task, which supervises
-it (`--max_restarts`). The demo detector trains on generated shapes data while a seeded schedule
-injects faults, each a random delay after training progressed again from the one before:
+it (the scripts' own `--max_restarts` unless given), and keeps `--model_dir` on its own disk (a
+relative one, in its working directory: no shared folder) unless `--shared_model_dir`. The demo
+detector trains on generated shapes data while a seeded schedule injects faults, each a random
+delay after training progressed again from the one before:
 
     kill     SIGKILL of a random task (the master included)
     term     SIGTERM of a random task (a drained node)
@@ -58,6 +60,8 @@ KINDS = {
     "parameter_server": ("kill", "term", "ps", "link", "save", "double"),
     "multi_worker_mirrored": ("kill", "term", "link", "save", "double"),
 }
+MASTER = 0  # the master's machine in every layout
+SEPARATE = "runs/chaos"  # --model_dir relative to each machine's working directory: its own disk
 SAID = re.compile(r"died|lost|restart|stopped|unreachable|exit \d+|removed|resuming|no restart")
 
 
@@ -226,7 +230,7 @@ def inject(fault: Fault, job: Job, net, model_dir: str, args) -> None:
         fault.note = f", {fault.seconds:g} s later ".join(notes)
 
 
-def orphans(net, workdirs, model_dir, tmpdir) -> list[str]:
+def orphans(net, workdirs, model_dirs, tmpdir) -> list[str]:
     """Processes, listening ports and temporary files left on any machine after the job."""
     found = []
     for machine in net:
@@ -243,7 +247,11 @@ def orphans(net, workdirs, model_dir, tmpdir) -> list[str]:
         found += [
             f"{machine.hostname}: listening {line.split()[3]}" for line in ports.splitlines() if line.strip()
         ]
-    left = glob.glob(os.path.join(model_dir, "*_temp")) + glob.glob(os.path.join(model_dir, "*tempstate*"))
+    left = []
+    for model_dir in model_dirs:
+        left += glob.glob(os.path.join(model_dir, "*_temp")) + glob.glob(
+            os.path.join(model_dir, "*tempstate*")
+        )
     for d in workdirs:
         left += glob.glob(os.path.join(d, ".od-dist-*"))
     left += glob.glob(os.path.join(tmpdir, "*"))
@@ -257,7 +265,8 @@ def unreadable_checkpoints(model_dir: str) -> tuple[list[int], list[str]]:
         "import glob, json, os, sys\n"
         "from od_dist.task.checkpoints import _complete\n"
         "prefixes = sorted(p[:-6] for p in glob.glob(os.path.join(sys.argv[1], 'ckpt-*.index')))\n"
-        "print(json.dumps([[p, _complete(p)] for p in prefixes]))\n"
+        "names = set(os.listdir(sys.argv[1]))\n"
+        "print(json.dumps([[p, _complete(p, names)] for p in prefixes]))\n"
     )
     r = subprocess.run([PY, "-c", code, model_dir], capture_output=True, text=True, cwd=REPO, timeout=1800)
     if r.returncode:
@@ -312,8 +321,17 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
     job = None
     try:
         cluster = job_cluster(cdir, net, roles)
-        flags = [f"--max_restarts={args.max_restarts}"]
-        scripts, model_dir = write_scripts(cdir, cluster, None, None, args.wait_timeout, override, flags)
+        flags = [] if args.max_restarts is None else [f"--max_restarts={args.max_restarts}"]
+        workdirs = {i: cdir / net[i].hostname for i in roles}
+        if args.shared_model_dir:
+            scripts, model_dir = write_scripts(cdir, cluster, None, None, args.wait_timeout, override, flags)
+            model_dirs = {i: model_dir for i in roles}
+        else:  # each machine's own, in its working directory
+            scripts, _ = write_scripts(
+                cdir, cluster, None, None, args.wait_timeout, override, flags, model_dir=SEPARATE
+            )
+            model_dirs = {i: workdirs[i] / SEPARATE for i in roles}
+        model_dir = model_dirs[MASTER]  # where the master saves: the checkpoints watched and checked
         t0 = time.monotonic()
         job = Job.from_scripts(cdir, net, roles, scripts)
         watch = Watch(job, str(model_dir), t0)
@@ -387,8 +405,12 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             restored = max((s for t, s in watch.ckpts if t <= end), default=0)
             fault.redone = max(0, reached - restored) if restarted else 0
         time.sleep(2)  # what a task leaves behind is left by now
-        workdirs = [str(cdir / net[i].hostname) for i in roles]
-        left = orphans(net, workdirs, str(model_dir), str(tmpdir))
+        left = orphans(
+            net,
+            [str(w) for w in workdirs.values()],
+            sorted({str(d) for d in model_dirs.values()}),
+            str(tmpdir),
+        )
         return {
             "strategy": strategy,
             "wall_s": ended,
@@ -399,6 +421,10 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             "progress": watch.progress(),
             "ckpts": [s for _, s in watch.ckpts],
             "model_dir": str(model_dir),
+            # Each trainer's disk: every multi_worker_mirrored trainer keeps a copy.
+            "trainer_dirs": {
+                f"{roles[i]}@{net[i].hostname}": str(d) for i, d in model_dirs.items() if roles[i] != "ps"
+            },
             "override": override,
             "orphans": left,
             "logs": str(cdir),
@@ -421,14 +447,19 @@ def invariants(
     if bad:
         evidence += "; " + "; ".join(f"{n}: {r['last_lines'][n]}" for n in bad)
     rows.append(("job ends at its final step, every od-dist exit 0", ok, evidence))
-    steps, unreadable = unreadable_checkpoints(r["model_dir"])
     ckpts = r["ckpts"]
     backwards = [(a, b) for a, b in zip(ckpts, ckpts[1:]) if b < a]
+    left, unreadable = {}, []
+    for name, d in r["trainer_dirs"].items():  # the master's, and any other trainer's that holds one
+        if d not in left and (d == r["model_dir"] or checkpoint_step(d) is not None):
+            left[d], bad = unreadable_checkpoints(d)
+            unreadable += [f"{name}: {b}" for b in bad]
+    left = {name: left[d] for name, d in r["trainer_dirs"].items() if d in left}
     rows.append(
         (
             "every ckpt-N left restores",
-            not unreadable and bool(steps),
-            f"ckpt steps left {steps}; unreadable {unreadable}",
+            not unreadable and all(left.values()),
+            f"ckpt steps left {left}; unreadable {unreadable}",
         )
     )
     rows.append(
@@ -439,8 +470,15 @@ def invariants(
         )
     )
     last = checkpoint_step(r["model_dir"])
+    # Under parameter_server only the master's disk holds checkpoints; under multi_worker_mirrored
+    # every trainer's does, and each must end at the final step.
+    held = {name: checkpoint_step(d) for name, d in r["trainer_dirs"].items()}
     rows.append(
-        ("the final checkpoint is the final step", last == args.steps, f"checkpoint file names ckpt-{last}")
+        (
+            "the final checkpoint is the final step",
+            last == args.steps and all(s in (None, args.steps) for s in held.values()),
+            f"the master's checkpoint file names ckpt-{last}; each trainer's disk (None: no checkpoint): {held}",
+        )
     )
     rows.append(
         ("no orphan process, port or temporary file", not r["orphans"], "; ".join(r["orphans"][:8]) or "none")
@@ -520,7 +558,14 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--steps_per_loop", type=int, default=25, help="a checkpoint every two loops")
     parser.add_argument("--strategy", choices=sorted(LAYOUTS), help="run one; default both")
-    parser.add_argument("--max_restarts", type=int, help="passed to each script; default 2 per fault + 3")
+    parser.add_argument(
+        "--max_restarts", type=int, help="passed to each script; default: the scripts' own (od-dist scripts')"
+    )
+    parser.add_argument(
+        "--shared_model_dir",
+        action="store_true",
+        help="one --model_dir every machine shares; default each machine's own, on its own disk",
+    )
     parser.add_argument(
         "--wait_timeout",
         type=int,
@@ -540,8 +585,6 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", help="keep logs and models in this directory")
     args = parser.parse_args(argv)
     args.command = "benchmarks/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    if args.max_restarts is None:
-        args.max_restarts = 2 * args.faults + 3
     prepared = simulated_work("od-dist-chaos-", args.keep, args.num_val)
     if not prepared:
         return 0
