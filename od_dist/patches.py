@@ -21,6 +21,7 @@ import contextlib
 import functools
 import importlib
 import importlib.metadata
+import os
 import sys
 from dataclasses import dataclass
 
@@ -175,6 +176,18 @@ PATCHES = (
         "CenterNet's loss gathers padding at index -1: zeros on GPUs, InvalidArgumentError on a CPU",
     ),
     Patch(
+        "tflite-no-background",
+        MODEL_GARDEN,
+        (
+            "official.vision.modeling.layers.detection_generator:_generate_detections_tflite_implements_signature",
+        ),
+        "rebinds detection_generator._generate_detections_tflite_implements_signature for an export "
+        "(tflite_without_background)",
+        "Model Garden gives TFLite's detection op every score column, its background too, which "
+        "RetinaNet scores high everywhere; one class fewer makes the op skip it (its label offset), "
+        "as Model Garden's own NMS does and as the Object Detection API's TFLite models count classes",
+    ),
+    Patch(
         "keras-no-traces",
         TF_KERAS,
         ("tf_keras.src.saving.legacy.saved_model.utils:keras_option_scope",),
@@ -266,6 +279,14 @@ def check_controller(controller) -> None:
 # ----- orbit ----------------------------------------------------------------------------------
 
 
+_LOGGED_SAVES: list[str] = []  # folders whose saves orbit-quiet-log sends to the log only
+
+
+def log_saves_into(folder: str) -> None:
+    """orbit-quiet-log: orbit's "saved checkpoint to <folder>/..." goes to the log, not the console."""
+    _LOGGED_SAVES.append(os.path.join(folder, ""))
+
+
 def quiet_orbit_log(to_log) -> None:
     """orbit-quiet-log: orbit's messages that carry an output dict go to `to_log`; the others
     (checkpoint saves and restores) still print."""
@@ -278,6 +299,8 @@ def quiet_orbit_log(to_log) -> None:
     def quiet_train_log(message: str):
         if "| output:" in message:  # train and eval dicts; the eval one is a screenful
             to_log(message)
+        elif any(message.startswith(f"saved checkpoint to {folder}") for folder in _LOGGED_SAVES):
+            to_log(message)  # a worker's copy in a temporary folder, dropped: the master's line counts
         else:
             printing_log(message)
 
@@ -479,3 +502,21 @@ def gather_centernet_inside(gather) -> None:
     if not hasattr(loss_ops, "od_dist_gather"):
         loss_ops.od_dist_gather = loss_ops.get_batch_predictions_from_indices
         loss_ops.get_batch_predictions_from_indices = gather
+
+
+@contextlib.contextmanager
+def tflite_without_background():
+    """tflite-no-background: within it, the TFLite detection op a RetinaNet export emits leaves out
+    class 0 (RetinaNet's background): its classes come out from 0 for Model Garden's class 1."""
+    from official.vision.modeling.layers import detection_generator as generator
+
+    signature = generator._generate_detections_tflite_implements_signature
+
+    def without_background(config):
+        return signature({**config, "num_classes": config["num_classes"] - 1})
+
+    generator._generate_detections_tflite_implements_signature = without_background
+    try:
+        yield
+    finally:
+        generator._generate_detections_tflite_implements_signature = signature

@@ -352,6 +352,13 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
     assert "od-dist train | done at step 20" in restarted, restarted[-5000:]
     assert "test: the final save goes on" in restarted and "exit 138" not in restarted, restarted[-5000:]
     assert out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
+    # On one shared model_dir the worker's copy goes to a temporary folder and is dropped: its save
+    # lines stay in its log, off the console (the master's say where the checkpoint is).
+    assert "[master:0] saved checkpoint to " in out and "[worker:0] saved checkpoint to" not in out, out[
+        -3000:
+    ]
+    worker_log = open(os.path.join(model_dir, "logs", "worker-0.log"), errors="replace").read()
+    assert "saved checkpoint to " in worker_log, worker_log[-3000:]
     for name in ("master:0", "worker:0"):
         assert f"[{name}] {name}: training with MultiWorkerMirroredStrategy, 2 replica(s) in sync" in out
 

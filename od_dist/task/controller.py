@@ -18,6 +18,12 @@ from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import StartMismatch, Stopped
 
 
+def eval_line(step: int | None, metrics: dict) -> str:
+    """The line an evaluation ends with, of a checkpoint or of a .tflite (`od-dist eval --model`)."""
+    shown = " | ".join(f"{k} {metrics[k]:.3f}" for k in ("AP", "AP50", "AP75") if k in metrics)
+    return f"{_PREFIX} eval | step {'?' if step is None else step} | {shown}"
+
+
 def _format_eta(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
         return "?"
@@ -92,6 +98,9 @@ def _controller_cls():
                     )
             self._od_io_options = None
             super().__init__(*args, **kwargs)
+            manager = self.checkpoint_manager
+            if manager is not None and os.path.abspath(manager.directory) != os.path.abspath(od_model_dir):
+                patches.log_saves_into(manager.directory)  # a shared folder's worker: its copy is dropped
             if self.trainer is not None and self.checkpoint_manager is not None:
                 self.checkpoint_manager.save = patches.reading_batch_norm_once(
                     self.checkpoint_manager.save, self.strategy, self.trainer.model.variables
@@ -297,8 +306,7 @@ def _controller_cls():
                 if f is not None:
                     metrics[k] = f
             _write_metrics(self._od_model_dir, metrics)
-            shown = " | ".join(f"{k} {metrics[k]:.3f}" for k in ("AP", "AP50", "AP75") if k in metrics)
-            print(f"{_PREFIX} eval | step {step} | {shown}", flush=True)
+            print(eval_line(step, metrics), flush=True)
             self.last_eval = metrics
             return output
 
