@@ -384,7 +384,7 @@ def test_the_same_train_line_on_three_machines_trains_with_a_ps_on_each_worker_m
         tmp_path,
         f"master: {net[0].ip}:{PORT}\nworker: [{', '.join(workers)}]\nps: [{', '.join(servers)}]\n",
     )
-    steps = 40
+    steps = 20
     train = [
         sys.executable,
         "-m",
@@ -490,7 +490,7 @@ def test_multi_worker_mirrored_on_separate_disks_a_machine_lost_and_its_disk_rep
     net = machines(4)
     roles = {0: "master", 1: "worker", 2: "worker", 3: "evaluator"}
     cluster = job_cluster(tmp_path, net, roles, strategy="multi_worker_mirrored", checkpoint_port=PORT + 1)
-    steps = 40
+    steps = 20
     override = TINY.format(steps=steps, data=data_dir) + ",task.train_data.global_batch_size=3"  # 3 trainers
     scripts, _ = write_scripts(
         tmp_path, cluster, data_dir, steps, wait_timeout=240, override=override, model_dir="runs/lan"
