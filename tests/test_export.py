@@ -8,20 +8,21 @@ import os
 import numpy as np
 import pytest
 from labelimg import SIZE, make_voc
+from loopback import COCO_LINE, SMALL, od_dist
 from loopback import PIPELINE as DEMO
-from loopback import SMALL, od_dist
 
 
-@pytest.mark.slow
-def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(tmp_path):
+@pytest.fixture(scope="module")
+def labelimg_run(tmp_path_factory):
+    """A labelImg folder, its records, and a detector trained 6 steps on them: the SavedModel and
+    the TFLite tests export the same checkpoint."""
     import tensorflow as tf
-    from PIL import Image
 
     from od_dist.data import voc
-    from od_dist.model import export, predict
     from od_dist.model.pipeline import load_pipeline
     from od_dist.task import trainer
 
+    tmp_path = tmp_path_factory.mktemp("labelimg_run")
     images, anns, _ = make_voc(str(tmp_path / "src"), count=24)
     data = str(tmp_path / "data")
     written, _ = voc.convert(images, anns, data, val_fraction=0.25)
@@ -33,6 +34,18 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(tmp_path
     )
     model_dir = str(tmp_path / "run")
     trainer.train(load_pipeline(DEMO, override, "mirrored"), model_dir, tf.distribute.MirroredStrategy())
+    return images, written, override, model_dir
+
+
+@pytest.mark.slow
+def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(labelimg_run, tmp_path):
+    import tensorflow as tf
+    from PIL import Image
+
+    from od_dist.model import export, predict
+    from od_dist.model.pipeline import load_pipeline
+
+    images, written, override, model_dir = labelimg_run
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-6")
 
     # After 6 steps every score is near RetinaNet's 0.01 prior, under the pipeline's 0.05: export
@@ -85,6 +98,104 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(tmp_path
     assert r.returncode == 0, r.stderr
     with Image.open(os.path.join(model_dir, "report.png")) as im:
         assert im.size[0] > 400 and im.size[1] > 300
+
+
+@pytest.mark.slow
+def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path):
+    """The same checkpoint to the three .tflite files: each loads in LiteRT's interpreter and
+    returns detections in the documented layout (the Object Detection API's TFLite detectors');
+    predict draws them in the image's pixels, eval computes COCO metrics of them."""
+    from ai_edge_litert.interpreter import Interpreter
+    from PIL import Image
+
+    from od_dist.model import export, predict, tflite
+    from od_dist.model.pipeline import load_pipeline
+    from od_dist.task import controller
+
+    images, written, override, model_dir = labelimg_run
+    outs = {q: str(tmp_path / "phone" / f"model_{q}.tflite") for q in ("none", "fp16", "int8")}
+    # Every score kept: after 6 steps they sit near RetinaNet's 0.01 prior.
+    done = tflite.export_tflite(
+        load_pipeline(DEMO, override), model_dir, outs, calibration_images=4, min_score=0.0
+    )
+    assert done["checkpoint"].endswith("ckpt-6") and done["label_map"] == written.label_map
+    assert os.path.isfile(tmp_path / "phone" / "label_map.pbtxt")
+    size = {q: os.path.getsize(outs[q]) for q in outs}
+    assert {q: done["files"][q] for q in outs} == {q: (outs[q], size[q]) for q in outs}
+    assert size["int8"] * 2.5 < size["none"] and size["fp16"] * 1.8 < size["none"]
+    assert not [p for p in os.listdir(tmp_path / "phone") if p.startswith(".") or p.endswith(".partial")]
+
+    photo = np.asarray(Image.open(os.path.join(images, "photo_001.jpg")).convert("RGB"))
+    for q, path in outs.items():
+        info = tflite.read_info(path)
+        assert (info["quantize"], info["step"], info["min_score"], info["input_size"]) == (
+            q,
+            6,
+            0.0,
+            [64, 64],
+        )
+        assert export.exported_min_score(path) == 0.0
+        run = Interpreter(model_path=path).get_signature_runner("serving_default")
+        ((name, spec),) = run.get_input_details().items()
+        assert (name, list(spec["shape"]), spec["dtype"]) == ("inputs", [1, 64, 64, 3], np.float32)
+        inputs, image_info = tflite.preprocess(photo, [64, 64], info["keep_aspect_ratio"])
+        out = run(inputs=inputs)
+        shapes = {k: (v.shape, v.dtype) for k, v in out.items()}
+        assert shapes == {
+            "detection_boxes": ((1, 100, 4), np.float32),
+            "detection_classes": ((1, 100), np.float32),
+            "detection_scores": ((1, 100), np.float32),
+            "num_detections": ((1,), np.float32),
+        }, q
+        n = int(out["num_detections"][0])
+        assert 0 < n <= 100, q
+        scores, classes = out["detection_scores"][0, :n], out["detection_classes"][0, :n]
+        assert list(scores) == sorted(scores, reverse=True) and ((scores >= 0) & (scores <= 1)).all(), q
+        # From 0 for the label map's id 1; RetinaNet's background (its class 0) is not among them.
+        assert set(classes.astype(int)) <= {0, 1, 2} and (classes == classes.astype(int)).all(), q
+        boxes = tflite.to_original(out["detection_boxes"][0, :n], image_info)
+        assert ((boxes[:, 0] <= boxes[:, 2]) & (boxes[:, 1] <= boxes[:, 3])).all(), q
+
+    pred_dir = str(tmp_path / "pred")
+    result = predict.predict(outs["int8"], [os.path.join(images, "photo_002.jpg")], pred_dir, min_score=0.0)
+    (first,) = result["results"]
+    assert first["detections"] and result["note"] is None
+    for d in first["detections"]:
+        xmin, ymin, xmax, ymax = d["box"]
+        assert 0 <= xmin <= xmax <= first["width"] and 0 <= ymin <= ymax <= first["height"]
+        assert d["class"] in ("circle", "square", "triangle")
+
+    metrics = tflite.evaluate(load_pipeline(DEMO, override), outs["none"])
+    assert metrics["step"] == 6 and 0.0 <= metrics["AP50"] <= 1.0
+    assert COCO_LINE.fullmatch(controller.eval_line(metrics["step"], metrics))
+
+
+def test_tflite_export_refuses_other_families_and_bad_flags_in_one_line(tmp_path):
+    faster = tmp_path / "faster.yaml"
+    faster.write_text("experiment: fasterrcnn_resnetfpn_coco\n")
+    r = od_dist(
+        "export",
+        f"--pipeline={faster}",
+        f"--model_dir={tmp_path}",
+        "--format=tflite",
+        f"--out={tmp_path}/m.tflite",
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"od-dist export: --format tflite: '{faster}' is a Faster R-CNN pipeline; TFLite export converts "
+        "RetinaNet pipelines only (the demo, imported SSD, SSD FPN and EfficientDet configs: "
+        "Model Garden's TFLite detection op is RetinaNet's); export a SavedModel instead "
+        "(leave out --format)"
+    )
+    r = od_dist(
+        "export", f"--pipeline={DEMO}", f"--model_dir={tmp_path}", f"--out={tmp_path}/x", "--quantize=fp16"
+    )
+    assert r.returncode == 2 and "--quantize: 'fp16': applies to --format tflite only" in r.stderr, r.stderr
+    r = od_dist(
+        "export", f"--pipeline={DEMO}", f"--model_dir={tmp_path}", f"--out={tmp_path}/x", "--format=tflite"
+    )
+    assert r.returncode == 2 and "pass a file name ending in .tflite" in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == ["faster.yaml"]  # nothing written
 
 
 def _events(tf, path, series):

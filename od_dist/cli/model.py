@@ -144,6 +144,29 @@ def define_export_flags(fv: flags.FlagValues) -> None:
         upper_bound=1.0,
         flag_values=fv,
     )
+    flags.DEFINE_enum(
+        "format",
+        "saved_model",
+        ["saved_model", "tflite"],
+        "saved_model: a SavedModel folder; tflite: one .tflite file for phones and small boards "
+        "(RetinaNet pipelines: the demo, imported SSD, SSD FPN and EfficientDet configs).",
+        flag_values=fv,
+    )
+    flags.DEFINE_enum(
+        "quantize",
+        "none",
+        ["none", "fp16", "int8"],
+        "--format tflite: none (float32), fp16 (float16 weights, half the size) or int8 (int8 weights "
+        "and activations, calibrated on the pipeline's training records; float32 input and outputs).",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "calibration_images",
+        100,
+        "--quantize int8: how many training images calibrate the int8 ranges.",
+        lower_bound=1,
+        flag_values=fv,
+    )
 
 
 @command(
@@ -156,13 +179,28 @@ and returns detection_boxes ([ymin, xmin, ymax, xmax], normalized to the origina
 detection_scores, detection_classes (ids from 1) and num_detections. The training data's
 label_map.pbtxt is copied beside it for `od-dist predict`.
 
-Example:
+With --format tflite it writes one .tflite (float32; --quantize fp16 or int8) with TFLite's
+detection post-processing op, laid out as the Object Detection API's TFLite detectors: input
+float32 [1, H, W, 3] (the image resized to the pipeline's input size, normalized by the mean and
+std in the .json beside it), outputs detection_boxes ([ymin, xmin, ymax, xmax] normalized to that
+input), detection_classes (from 0 for the label map's id 1), detection_scores and num_detections.
+`od-dist predict --model` and `od-dist eval --model` run it through LiteRT's interpreter.
+
+Examples:
   od-dist export --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo --out exported/demo
+  od-dist export --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo --format tflite --quantize int8 --out exported/demo_int8.tflite
 """,
     define_export_flags,
 )
 def cmd_export(fv) -> int:
     require(fv, "pipeline", "model_dir", "out")
+    if fv.format == "tflite":
+        return _export_tflite(fv)
+    for name in ("quantize", "calibration_images"):
+        if fv[name].present:
+            raise UsageError(
+                f"--{name}: '{fv[name].value}': applies to --format tflite only; add --format tflite"
+            )
     from od_dist.model import export
     from od_dist.model.pipeline import PipelineError, load_pipeline
 
@@ -184,8 +222,59 @@ def cmd_export(fv) -> int:
     return exit_codes.OK
 
 
+def _export_tflite(fv) -> int:
+    from od_dist.model import export, tflite
+    from od_dist.model.pipeline import PipelineError, load_pipeline
+
+    if not fv.out.endswith(tflite.SUFFIX) or os.path.isdir(fv.out):
+        raise UsageError(
+            f"--out: '{fv.out}': --format tflite writes one file; pass a file name ending in {tflite.SUFFIX}"
+        )
+    if fv["calibration_images"].present and fv.quantize != "int8":
+        raise UsageError(
+            f"--calibration_images: '{fv.calibration_images}': calibrates --quantize int8 only; add "
+            "--quantize int8"
+        )
+    try:
+        params = load_pipeline(fv.pipeline, fv.params_override)
+        problem = tflite.unsupported(params, fv.pipeline)
+        if problem:
+            raise UsageError(problem)
+        done = tflite.export_tflite(
+            params,
+            fv.model_dir,
+            {fv.quantize: fv.out},
+            fv.calibration_images,
+            fv.checkpoint,
+            fv.labels,
+            fv.min_score,
+            fv.pipeline,
+        )
+    except PipelineError as e:
+        raise UsageError(str(e)) from None
+    except export.ExportError as e:
+        print(f"od-dist export: {e}", file=sys.stderr)
+        return exit_codes.FAILED if "no checkpoint" in str(e) else exit_codes.INVALID
+    out, size = done["files"][fv.quantize]
+    kind = {"none": "float32", "fp16": "float16 weights", "int8": "int8"}[fv.quantize]
+    print(
+        f"exported {done['checkpoint']} to {out} ({kind}, {size / 1e6:.1f} MB; input: "
+        f"float32 [1, {done['input_size'][0]}, {done['input_size'][1]}, 3], normalized as "
+        f"{tflite.info_path(out)} says; detections scored from {done['min_score']:g}; label map: "
+        f"{done['label_map'] or 'none found, classes will show as ids'})",
+        flush=True,
+    )
+    return exit_codes.OK
+
+
 def define_predict_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("model", None, "The SavedModel folder written by `od-dist export`.", flag_values=fv)
+    flags.DEFINE_string(
+        "model",
+        None,
+        "The SavedModel folder written by `od-dist export`, or a .tflite written by `od-dist export "
+        "--format tflite` (run by LiteRT's interpreter).",
+        flag_values=fv,
+    )
     flags.DEFINE_multi_string("images", None, "Image files or folders of images. " + SEVERAL, flag_values=fv)
     define_out(fv, "Folder for the drawn PNGs and detections.json.")
     flags.DEFINE_float(

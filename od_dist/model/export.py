@@ -49,21 +49,10 @@ def find_label_map(params) -> str | None:
     return None
 
 
-def export(
-    params,
-    model_dir: str,
-    out_dir: str,
-    checkpoint: str | None = None,
-    labels: str | None = None,
-    min_score: float | None = None,
-) -> dict:
-    """Exports the latest checkpoint of ``model_dir`` (or ``checkpoint``) to ``out_dir``. The model
-    drops detections scored under ``min_score`` (default: the pipeline's
-    ``detection_generator.pre_nms_score_threshold``), as its NMS would any later threshold.
-    Returns {'checkpoint', 'out', 'label_map' (or None), 'input_size', 'min_score'}."""
+def checkpoint_and_labels(params, model_dir: str, checkpoint: str | None, labels: str | None):
+    """The checkpoint to export (``checkpoint``, else the latest of ``model_dir``), checked readable,
+    and the label map to ship (``labels``, else the one beside the training records, or None)."""
     import tensorflow as tf
-
-    patches.check()  # a library upgrade that breaks a patch: one line now, not a broken export
 
     if checkpoint:
         ckpt = checkpoint
@@ -93,6 +82,25 @@ def export(
         raise ExportError(
             f"--labels: '{labels}': no such file; pass the label_map.pbtxt of the training data"
         )
+    return ckpt, label_map
+
+
+def export(
+    params,
+    model_dir: str,
+    out_dir: str,
+    checkpoint: str | None = None,
+    labels: str | None = None,
+    min_score: float | None = None,
+) -> dict:
+    """Exports the latest checkpoint of ``model_dir`` (or ``checkpoint``) to ``out_dir``. The model
+    drops detections scored under ``min_score`` (default: the pipeline's
+    ``detection_generator.pre_nms_score_threshold``), as its NMS would any later threshold.
+    Returns {'checkpoint', 'out', 'label_map' (or None), 'input_size', 'min_score'}."""
+    import tensorflow as tf
+
+    patches.check()  # a library upgrade that breaks a patch: one line now, not a broken export
+    ckpt, label_map = checkpoint_and_labels(params, model_dir, checkpoint, labels)
     from official.vision.serving import export_saved_model_lib
 
     tf.get_logger().setLevel("ERROR")  # a page of "Skipping full serialization of layer" warnings
@@ -230,7 +238,12 @@ def _centernet_module(params, size: list[int], min_score: float, model=None):
 
 def exported_min_score(model_dir: str) -> float | None:
     """The score under which an exported model drops detections itself (None: an export that
-    does not say, made before od-dist wrote it)."""
+    does not say, made before od-dist wrote it). ``model_dir`` may be a .tflite (its .json says)."""
+    from od_dist.model import tflite
+
+    if model_dir.endswith(tflite.SUFFIX):
+        value = tflite.read_info(model_dir).get("min_score")
+        return float(value) if isinstance(value, (int, float)) else None
     try:
         with open(os.path.join(model_dir, EXPORT_INFO), encoding="utf-8") as f:
             value = json.load(f).get("min_score")

@@ -1,4 +1,4 @@
-"""`od-dist predict`: an exported SavedModel on the user's own images.
+"""`od-dist predict`: an exported SavedModel, or .tflite (model/tflite.py), on the user's own images.
 
 For each image: ``<out>/<name>.png``, the image with its detections drawn (class name and score,
 Model Garden's ``visualization_utils``), and one ``<out>/detections.json`` for all images:
@@ -122,21 +122,21 @@ def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0
     """Runs the model on each image; writes the drawn PNGs and detections.json into ``out_dir``.
     Returns the JSON document's list, the output paths, and `note`: the line of
     ``below_export_threshold`` or None."""
-    if not os.path.isfile(os.path.join(model_dir, "saved_model.pb")):
+    is_tflite = os.path.isfile(model_dir) and model_dir.endswith(".tflite")
+    if not (is_tflite or os.path.isfile(os.path.join(model_dir, "saved_model.pb"))):
         raise PredictError(
-            f"--model: '{model_dir}': not a SavedModel; pass the folder `od-dist export` wrote"
+            f"--model: '{model_dir}': not a SavedModel or a .tflite; pass the folder `od-dist export` "
+            "wrote, or its .tflite"
         )
     files = image_paths(paths)
     outputs = _check_out(out_dir, paths, files)
     import numpy as np
-    import tensorflow as tf
     from official.vision.utils.object_detection import visualization_utils as viz
     from PIL import Image
 
-    names = read_label_map(model_dir)
+    names = read_label_map(os.path.dirname(model_dir) if is_tflite else model_dir)
     category_index = {i: {"id": i, "name": n} for i, n in names.items()}
-    model = tf.saved_model.load(model_dir)
-    serve = model.signatures["serving_default"]
+    detect = _tflite_detector(model_dir) if is_tflite else _saved_model_detector(model_dir)
     os.makedirs(out_dir, exist_ok=True)
     results, written = [], []
     for path, png in zip(files, outputs):
@@ -148,11 +148,7 @@ def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0
                 f"--images: '{path}': not a readable image ({e}); remove it from --images"
             ) from None
         h, w = image.shape[:2]
-        out = serve(tf.constant(image[None]))
-        n = int(out["num_detections"][0])
-        boxes = out["detection_boxes"][0, :n].numpy()  # normalized to this image (export sets it)
-        scores = out["detection_scores"][0, :n].numpy()
-        classes = out["detection_classes"][0, :n].numpy().astype(int)
+        boxes, scores, classes = detect(image)
         keep = scores >= min_score
         dets = [
             {
@@ -196,3 +192,40 @@ def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0
         "images": written,
         "note": below_export_threshold(model_dir, min_score),
     }
+
+
+def _saved_model_detector(model_dir: str):
+    """image -> (boxes normalized to it, scores, classes) of an exported SavedModel."""
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(model_dir).signatures["serving_default"]
+
+    def detect(image):
+        out = serve(tf.constant(image[None]))
+        n = int(out["num_detections"][0])
+        boxes = out["detection_boxes"][0, :n].numpy()  # normalized to this image (export sets it)
+        return (
+            boxes,
+            out["detection_scores"][0, :n].numpy(),
+            out["detection_classes"][0, :n].numpy().astype(int),
+        )
+
+    return detect
+
+
+def _tflite_detector(model: str):
+    """The same for a .tflite, through LiteRT's interpreter, fed as its export says."""
+    from od_dist.model import export, tflite
+
+    try:
+        detector = tflite.Detector(model)
+    except export.ExportError as e:
+        raise PredictError(str(e)) from None
+    keep_aspect = detector.info.get("keep_aspect_ratio", True)
+
+    def detect(image):
+        inputs, info = tflite.preprocess(image, detector.input_size, keep_aspect)
+        boxes, scores, classes = detector.detect(inputs)
+        return tflite.to_original(boxes, info), scores, classes
+
+    return detect
