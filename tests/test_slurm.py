@@ -8,9 +8,11 @@ node names resolve to them through an /etc/hosts bind-mounted in a private mount
 daemon, which their tasks inherit: this machine's /etc/hosts is never edited."""
 
 import os
+import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from od_dist.cluster.spec import InvalidCluster
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "unshare")
 NODES = ("odn1", "odn2", "odn3")
+CPUS, GPUS = 2, 4  # per node: the box's real cores (task/affinity binds to them), GPUs as on a 4-GPU node
 
 
 # ----- the step layout (no Slurm needed) ---------------------------------------------------------
@@ -115,32 +118,87 @@ def test_layout_refusals(tmp_path):
 
 
 def test_script_shape(tmp_path):
-    """Even counts: block distribution with --ntasks-per-node; GPUs per task from num_clones."""
+    """Machines that ask the same: a plain job, --ntasks-per-node and GPUs per node (the trainers'
+    num_clones); machines that differ: a heterogeneous job, a component of one node per machine,
+    each asking its own tasks and its trainers' GPUs only."""
     path = tmp_path / "c.yaml"
     path.write_text("master: a:2000\nworker: [b:2001]\nnum_clones: 2\n")
     out = tmp_path / "job.sbatch"
     pipeline = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
-    r = od_dist("slurm", f"--cluster={path}", f"--pipeline={pipeline}", "--model_dir=m", f"--out={out}")
+    args = (f"--cluster={path}", f"--pipeline={pipeline}", "--model_dir=m", f"--out={out}")
+    r = od_dist("slurm", *args, "--cpus_per_task=4")
     assert r.returncode == 0, r.stderr
     text = out.read_text()
-    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n" in text
-    assert "#SBATCH --gpus-per-task=2\n" in text and "#SBATCH --signal=TERM@120\n" in text
-    assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --distribution=block" in text
-    assert "SLURM_HOSTFILE" not in text
-    # Uneven (3 entries on one machine, 1 on the other): a host file in block order.
-    path.write_text("ps: [a:2002]\nmaster: a:2000\nworker: [a:2001, b:2003]\n")
-    r = od_dist("slurm", f"--cluster={path}", f"--pipeline={pipeline}", "--model_dir=m", f"--out={out}")
-    assert r.returncode == 0, r.stderr
-    text = out.read_text()
-    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=3\n" in text and "--gpus-per-task" not in text
-    assert "counts=(3 1)" in text and 'export SLURM_HOSTFILE="$OD_DIST_RUN_DIR/hosts"' in text
-    assert "srun --nodes=2 --ntasks=4 --distribution=arbitrary" in text
-    assert "#     2  master:0  node 1, port 2000\n#     3  worker:1  node 2, port 2003\n" in text
-    assert "export OD_DIST_LEAD_RANK=2\n" in text
-    r = od_dist(
-        "slurm", f"--cluster={path}", f"--pipeline={pipeline}", "--model_dir=m", f"--out={out}", "--time=soon"
+    assert (
+        "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=4\n#SBATCH --gres=gpu:2\n"
+        in text
     )
+    assert "#SBATCH --signal=TERM@120\n" in text and "hetjob" not in text
+    assert (
+        "export SRUN_CPUS_PER_TASK=4\nsrun --nodes=2 --ntasks=2 --ntasks-per-node=1 --distribution=block"
+        in text
+    )
+    # The issue's file: ps, master and worker 0 on one machine, worker 1 on another, num_clones 2:
+    # the first node asks 3 tasks and worker 0's 2 GPUs, the second 1 task and 2 GPUs.
+    path.write_text("ps: [a:2002]\nmaster: a:2000\nworker: [a:2001, b:2003]\nnum_clones: 2\n")
+    r = od_dist("slurm", *args)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert (
+        "#SBATCH --open-mode=append\n"
+        "#SBATCH --nodes=1\n#SBATCH --ntasks=3\n#SBATCH --gres=gpu:2\n#SBATCH hetjob\n"
+        "#SBATCH --nodes=1\n#SBATCH --ntasks=1\n#SBATCH --gres=gpu:2\n\n"
+    ) in text
+    assert "srun --het-group=0-1 --label" in text and "SRUN_CPUS_PER_TASK" not in text
+    assert "#     2  master:0  node 1, port 2000\n#     3  worker:1  node 2, port 2003, 2 GPU(s)\n" in text
+    assert "export OD_DIST_LEAD_RANK=2\n" in text
+    # CPU-only nodes: --gpus_per_trainer=0 asks for no GPU.
+    r = od_dist("slurm", *args, "--gpus_per_trainer=0")
+    assert r.returncode == 0 and "--gres" not in out.read_text(), r.stderr
+    r = od_dist("slurm", *args, "--time=soon")
     assert r.returncode == 2 and "--time: 'soon': not a Slurm time limit" in r.stderr, r.stderr
+
+
+def test_task_gpus_and_given_line(tmp_path):
+    """Of its node's GPUs each trainer keeps its num_clones, in its machine's order; a ps, a
+    parameter_server master and an evaluator keep none. The console line says it."""
+    path = tmp_path / "c.yaml"
+    path.write_text("master: a:1\nworker: [a:2, b:3]\nevaluator: a\nnum_clones: 2\n")
+    cluster, _, _ = slurm.select(str(path), step_env(0, "n9", counts="3,1", total="4"))
+    shares = {t.name: slurm.task_gpus(cluster, t, "0,1,2,3") for t, n in slurm.ranks(cluster) if n == 0}
+    assert shares == {"worker:0": "0,1", "master:0": "2,3", "evaluator:0": ""}
+    assert slurm.task_gpus(cluster, cluster.tasks_of("worker")[1], "0,1") == "0,1"  # alone on its node
+    path.write_text("ps: [a:1]\nmaster: a:2\nworker: [a:3]\n")
+    cluster, _, _ = slurm.select(str(path), step_env(0, "n9", nodes="n9", counts="3", total="3"))
+    assert [slurm.task_gpus(cluster, t, "0") for t, _ in slurm.ranks(cluster)] == ["", "0", ""]
+    ps = cluster.tasks_of("ps")[0]
+    assert (
+        slurm.given_line(ps, [0, 1, 2, 5], "")
+        == "ps:0: given 4 cores (CPU 0-2,5) and no GPU (CUDA_VISIBLE_DEVICES='')"
+    )
+    assert slurm.given_line(ps, [3], None).endswith(
+        "1 core (CPU 3) and no GPU (CUDA_VISIBLE_DEVICES not set)"
+    )
+
+
+def test_heterogeneous_step_layout(tmp_path):
+    """In a heterogeneous job the step's node list is sorted; each machine's node is its
+    component's (SLURM_JOB_NODELIST_HET_GROUP_i), its ranks after the earlier components'."""
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER)
+    het = {
+        "SLURM_HET_SIZE": "2",
+        "SLURM_JOB_NODELIST_HET_GROUP_0": "n10",
+        "SLURM_NTASKS_HET_GROUP_0": "3",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "n9",
+        "SLURM_NTASKS_HET_GROUP_1": "2",
+    }
+    cluster, task, _ = slurm.select(str(path), {**step_env(3, "n9", counts="2,3", total="5"), **het})
+    assert (task.name, str(task.address)) == ("worker:1", "n9:2224")
+    assert cluster.cluster_spec()["ps"] == ["n10:2222"]
+    with pytest.raises(InvalidCluster) as e:
+        slurm.select(str(path), {**step_env(0, "n9", counts="2,3", total="5"), **het})
+    assert "rank 0 (ps:0) runs here, but the job's layout puts it on n10" in e.value.problems[0]
 
 
 # ----- a real Slurm cluster ----------------------------------------------------------------------
@@ -174,8 +232,9 @@ def _in_hosts(hosts_file, *argv):
 
 
 class SlurmCluster:
-    def __init__(self, folder):
+    def __init__(self, folder, cpus=CPUS, gpus=GPUS):
         self.folder = folder
+        self.cpus, self.gpus = cpus, gpus
         self.procs = []
         self.conf = folder / "slurm.conf"
         self.env = clean_env(SLURM_CONF=str(self.conf), PATH=os.environ["PATH"] + ":/usr/sbin")
@@ -232,7 +291,8 @@ class SlurmCluster:
             f"SlurmctldLogFile={f}/slurmctld.log",
             f"SlurmdLogFile={f}/slurmd-%n.log",
             "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
+            "TaskPlugin=task/affinity",  # binds each task to its cores, as production clusters do
+            "GresTypes=gpu",
             "MpiDefault=none",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
@@ -242,14 +302,25 @@ class SlurmCluster:
             "ReturnToService=2",
             "KillWait=60",
             "MinJobAge=600",
-            "SchedulerParameters=batch_sched_delay=0",
+            # A heterogeneous job is scheduled by backfill only: every second rather than every 30 s.
+            "SchedulerParameters=batch_sched_delay=0,bf_interval=1",
             "InactiveLimit=0",
             "SlurmdTimeout=300",
         ]
         lines += [
-            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.{11 + i} Port={p} CPUs=8 RealMemory=4000"
+            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.{11 + i} Port={p} CPUs={self.cpus} "
+            f"RealMemory=4000 Gres=gpu:{self.gpus}"
             for i, (n, p) in enumerate(zip(NODES, ports))
         ]
+        # GPUs without a driver: character devices of NVIDIA's major number (slurmd refuses regular
+        # files); Slurm gives them out and sets CUDA_VISIBLE_DEVICES, which is what the tests check.
+        (f / "dev").mkdir()
+        gres = []
+        for n in NODES:
+            for g in range(self.gpus):
+                os.mknod(f / "dev" / f"{n}gpu{g}", 0o600 | stat.S_IFCHR, os.makedev(195, g))
+            gres.append(f"NodeName={n} Name=gpu File={f}/dev/{n}gpu[0-{self.gpus - 1}]")
+        (f / "gres.conf").write_text("\n".join(gres) + "\n")
         lines.append("PartitionName=od Nodes=ALL Default=YES OverSubscribe=FORCE:4 MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
         (f / "cgroup.conf").write_text(
@@ -349,7 +420,7 @@ def _shim(folder, *first):
     }
 
 
-def _write_job(tmp_path, cluster_text, data_dir, steps, name):
+def _write_job(tmp_path, cluster_text, data_dir, steps, name, *more):
     (tmp_path / f"{name}.yaml").write_text(cluster_text)
     script = tmp_path / f"{name}.sbatch"
     r = od_dist(
@@ -359,6 +430,7 @@ def _write_job(tmp_path, cluster_text, data_dir, steps, name):
         f"--model_dir={name}-model",
         tiny(data_dir, steps),
         "--max_restarts=0",
+        *more,
         f"--out={script}",
         cwd=tmp_path,
         env=_shim(tmp_path),
@@ -372,13 +444,131 @@ def _output(tmp_path, job_id):
     return path.read_text() if path.exists() else ""
 
 
+def _given(out):
+    """{rank: (task, cores, GPUs)} from the tasks' `given` lines."""
+    found = {}
+    for m in re.finditer(
+        r"^(\d+): (\S+): given \d+ cores? \(CPU ([\d,-]+)\) and .*\((CUDA_VISIBLE_DEVICES.*)\)$", out, re.M
+    ):
+        found[int(m.group(1))] = (m.group(2), m.group(3), m.group(4))
+    return found
+
+
+def _no_training(tmp_path, more=""):
+    """A folder for PYTHONPATH whose sitecustomize makes each task's training an exit 0 (after all
+    that od-dist does before it: the task's selection, its GPUs, its console line), then `more`."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, sys, types\n"
+        "if os.environ.get('SLURM_STEP_ID'):  # a task of the job\n"
+        "    fake = types.ModuleType('od_dist.task.roles')\n"
+        "    fake.run = lambda cfg: 0\n"
+        "    fake.RoleError = type('RoleError', (Exception,), {})\n"
+        "    sys.modules['od_dist.task.roles'] = fake\n" + more
+    )
+    return hook
+
+
+def test_resources_given(slurm_cluster, tmp_path):
+    """What each task of a generated script is given on nodes of 2 bound cores and 4 GPUs, with
+    --cpus_per_task=1 (the tasks' training replaced by an exit 0: what is checked is what Slurm
+    gave them, which their real code says on its console).
+
+    parameter_server, num_clones 3, ps and worker 0 on one machine, worker 1 and the master on the
+    other: 3 GPUs per node, each worker all of its node's, the ps and the master none; the fullest
+    machine's request (3 GPUs for every task) is refused on these nodes. multi_worker_mirrored,
+    num_clones 2, worker 0 and the master on one machine, worker 1 and the evaluator on one each:
+    a heterogeneous job (4 GPUs, 2 and none), the first node's GPUs split between its trainers."""
+    started = time.monotonic()
+    env = _shim(tmp_path, _no_training(tmp_path))
+    ps = _write_job(
+        tmp_path,
+        "ps: [h1:2000]\nworker: [h1:2001, h2:2002]\nmaster: h2:2003\nnum_clones: 3\n",
+        "data",
+        1,
+        "res-ps",
+        "--cpus_per_task=1",
+    )
+    text = ps.read_text()
+    assert "#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n#SBATCH --gres=gpu:3\n" in text
+    # The fullest machine's request, as od-dist wrote it before: never schedulable on 4-GPU nodes.
+    fullest = tmp_path / "fullest.sbatch"
+    fullest.write_text(
+        "#!/bin/sh\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gpus-per-task=3\ntrue\n"
+    )
+    r = slurm_cluster.run("sbatch", "--test-only", str(fullest), check=False)
+    assert r.returncode != 0 and "Requested node configuration is not available" in r.stderr, r.stderr
+    job = slurm_cluster.sbatch(ps, tmp_path, env)
+    fields = slurm_cluster.wait_end(job, 60)
+    out = _output(tmp_path, job)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (fields, out)
+    given = _given(out)
+    assert {r: (t, g) for r, (t, _, g) in given.items()} == {
+        0: ("ps:0", "CUDA_VISIBLE_DEVICES=''"),
+        1: ("worker:0", "CUDA_VISIBLE_DEVICES='0,1,2'"),
+        2: ("worker:1", "CUDA_VISIBLE_DEVICES='0,1,2'"),
+        3: ("master:0", "CUDA_VISIBLE_DEVICES=''"),
+    }, out
+    # One core each, the two tasks of a node on different ones.
+    assert {given[0][1], given[1][1]} == {given[2][1], given[3][1]} == {"0", "1"}, out
+
+    mwm = _write_job(
+        tmp_path,
+        "master: h1:2010\nworker: [h1:2011, h2:2012]\nevaluator: h3\nnum_clones: 2\n",
+        "data",
+        1,
+        "res-mwm",
+        "--cpus_per_task=1",
+        "--fixed_replica_batch",
+    )
+    assert "#SBATCH hetjob\n" in mwm.read_text()
+    job = slurm_cluster.sbatch(mwm, tmp_path, env)
+    fields = slurm_cluster.wait_end(job, 60)
+    out = _output(tmp_path, job)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (fields, out)
+    given = _given(out)
+    assert {r: (t, g) for r, (t, _, g) in given.items()} == {
+        0: ("worker:0", "CUDA_VISIBLE_DEVICES='0,1'"),
+        1: ("master:0", "CUDA_VISIBLE_DEVICES='2,3'"),
+        2: ("worker:1", "CUDA_VISIBLE_DEVICES='0,1'"),
+        3: ("evaluator:0", "CUDA_VISIBLE_DEVICES not set"),
+    }, out
+    assert {given[0][1], given[1][1]} == {"0", "1"} and given[2][1] in ("0", "1"), out
+    print(f"\nresources given on Slurm (2 jobs): {time.monotonic() - started:.0f} s")
+
+
+def test_lead_never_ran(slurm_cluster, tmp_path):
+    """A lead killed before its wrapper wrote its code (here its wrapper is SIGKILLed; likewise a
+    task srun never started) leaves no code: the job's last line says so, and the job fails with
+    srun's code rather than reporting another task's."""
+    kill = (
+        "    if os.environ.get('SLURM_PROCID') == '1':  # the master: its wrapper killed\n"
+        "        import signal; os.kill(os.getppid(), signal.SIGKILL)\n"
+    )
+    env = _shim(tmp_path, _no_training(tmp_path, kill))
+    script = _write_job(
+        tmp_path, "master: h1:2020\nworker: [h2:2021]\n", "data", 1, "never", "--cpus_per_task=1"
+    )
+    job = slurm_cluster.sbatch(script, tmp_path, env)
+    fields = slurm_cluster.wait_end(job, 60)
+    out = _output(tmp_path, job)
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] not in ("0:0", "1:0"), (fields, out)
+    code = fields["ExitCode"].split(":")[0]
+    assert out.rstrip().endswith(
+        "od-dist: master:0 (rank 1) never ran or was killed before it wrote its exit code "
+        f"(srun exited {code}; the lines above say why); exit {code}"
+    ), out
+    assert not (tmp_path / "never-model" / "slurm" / f"{job}.0" / "1").exists()
+
+
 @pytest.mark.slow
 def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
-    """ps, master and 2 workers, uneven over 2 nodes (ps, worker 0 and the master on one, worker 1
-    alone): scancel mid-training leaves a checkpoint; the job sent again resumes from it and ends
-    COMPLETED, exit 0."""
+    """ps, master and 2 workers, uneven over 3 nodes (ps and worker 0 on one, worker 1 and the
+    master alone: a heterogeneous job): scancel mid-training leaves a checkpoint; the job sent
+    again resumes from it and ends COMPLETED, exit 0."""
     p = free_ports(4)
-    text = f"ps: [h1:{p[0]}]\nworker: [h1:{p[1]}, h2:{p[2]}]\nmaster: h1:{p[3]}\n"
+    text = f"ps: [h1:{p[0]}]\nworker: [h1:{p[1]}, h2:{p[2]}]\nmaster: h3:{p[3]}\n"
     started = time.monotonic()
     script = _write_job(tmp_path, text, data_dir, 15, "ps")
     env = _shim(tmp_path)
@@ -396,8 +586,8 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     assert fields["JobState"] == "CANCELLED", (fields, out)
     saved = checkpoint_step(model_dir)
     # The master saved where SIGTERM stopped it (the end of its loop), through the ps, and exited 143.
-    assert f"2: master:0: stopped at step {saved} (SIGTERM); saved " in out, out[-4000:]
-    assert saved > 5 and (model_dir / "slurm" / f"{job}.0" / "2").read_text().strip() == "143", out
+    assert f"3: master:0: stopped at step {saved} (SIGTERM); saved " in out, out[-4000:]
+    assert saved > 5 and (model_dir / "slurm" / f"{job}.0" / "3").read_text().strip() == "143", out
     # Sent again: resumes at the checkpoint and finishes.
     job = slurm_cluster.sbatch(script, tmp_path, env)
     fields = slurm_cluster.wait_end(job)

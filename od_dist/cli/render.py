@@ -263,13 +263,22 @@ def define_slurm_flags(fv: flags.FlagValues) -> None:
     define_job_name(fv)
     flags.DEFINE_string("partition", None, "#SBATCH --partition.", flag_values=fv)
     flags.DEFINE_string("time", None, "#SBATCH --time: the time limit, e.g. 2-00:00:00.", flag_values=fv)
-    flags.DEFINE_integer("cpus_per_task", None, "#SBATCH --cpus-per-task.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer(
+        "cpus_per_task",
+        None,
+        "Cores per task: #SBATCH --cpus-per-task, and SRUN_CPUS_PER_TASK for the step (srun does not "
+        "take sbatch's by itself). Default: Slurm's (one core on most clusters, where tasks are bound "
+        "to their cores): give a trainer the cores its input pipeline needs.",
+        lower_bound=1,
+        flag_values=fv,
+    )
     flags.DEFINE_string("mem", None, "#SBATCH --mem: memory per node, e.g. 64G.", flag_values=fv)
     flags.DEFINE_integer(
-        "gpus_per_task",
+        "gpus_per_trainer",
         None,
-        "#SBATCH --gpus-per-task; Slurm sets each task's CUDA_VISIBLE_DEVICES to them. Default: the "
-        "trainers' num_clones when above 1 (and not --clone_on_cpu), else none.",
+        "GPUs each trainer (a task that runs replicas) is given; a ps, a parameter_server master and "
+        "an evaluator get none. Default: its num_clones (none with --clone_on_cpu); 0 for nodes "
+        "without GPUs. Each node is asked for the GPUs of its trainers (#SBATCH --gres=gpu:N).",
         lower_bound=0,
         flag_values=fv,
     )
@@ -285,9 +294,13 @@ def define_slurm_flags(fv: flags.FlagValues) -> None:
 Writes a batch script for sbatch: the cluster file's roles and counts as one srun step, a task per
 entry (the file's machines become the nodes of the allocation, their entries the tasks per node),
 each running `od-dist train --slurm` with the given train flags, which takes its role and index
-from its rank and the hosts from the step's nodes (the file's ports are kept). The job's exit code
-is the master's; scancel or the time limit (--signal) saves a checkpoint; sent again (or
-requeued) it resumes. Logs: the job's output file, each line prefixed with its rank.
+from its rank and the hosts from the step's nodes (the file's ports are kept). Each node is asked
+for its machine's tasks and its trainers' GPUs (num_clones each; none for a ps, a parameter_server
+master or an evaluator): a plain job when every machine asks the same, else a heterogeneous job
+(a component per node). Each task's console says the cores and GPUs it was given. The job's exit
+code is the master's; scancel or the time limit (--signal) makes the master save a checkpoint
+while the other tasks serve on; sent again (or requeued) it resumes. Logs: the job's output file,
+each line prefixed with its rank.
 
 Example:
   od-dist slurm --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
@@ -313,7 +326,7 @@ def cmd_slurm(fv) -> int:
             time=fv.time,
             cpus_per_task=fv.cpus_per_task,
             mem=fv.mem,
-            gpus_per_task=fv.gpus_per_task,
+            gpus_per_trainer_given=fv.gpus_per_trainer,
             sbatch_lines=tuple(fv.sbatch or ()),
         )
         writing.write_file(fv.out, text)

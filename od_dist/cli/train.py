@@ -174,8 +174,27 @@ def select_slurm_task(fv: flags.FlagValues):
     if problems:
         raise InvalidCluster(problems, fv.cluster)
     config.warn(unchecked)
+    _take_slurm_resources(cluster, task)
     where = f"rank {step.rank} of the Slurm step, on {step.nodename}"
     return config.TaskConfig(cluster, task, fv.cluster, where, term_to_all=True)
+
+
+def _take_slurm_resources(cluster, task) -> None:
+    """Keeps this task's share of the node's GPUs (before TensorFlow sees any) and says on its
+    console what it was given: a ps on a GPU node would otherwise see every GPU of its node."""
+    from od_dist.cluster import slurm
+    from od_dist.host.cpu_budget import runnable_cores
+
+    given = os.environ.setdefault(slurm.STEP_GPUS, os.environ.get(slurm.GPUS, "unset"))
+    gpus = None if given == "unset" else slurm.task_gpus(cluster, task, given)
+    if gpus is not None:
+        os.environ[slurm.GPUS] = gpus
+    if not os.environ.get(notes.NOTES_ENV):  # a supervised task's child: its supervisor said it
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except AttributeError:
+            cpus = list(range(runnable_cores()))
+        print(slurm.given_line(task, cpus, gpus), flush=True)
 
 
 def define_eval_flags(fv: flags.FlagValues) -> None:

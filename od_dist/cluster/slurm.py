@@ -4,10 +4,17 @@ No TensorFlow, no `scontrol`: a task reads only the variables srun sets in it.
 The cluster file groups its entries on machines: entries with the same host (every loopback entry
 is this one machine) are one machine. Machines are taken in the order of their first task in
 Cluster.tasks() (ps, worker, master, evaluator, each role in list order), and within a machine
-its tasks in that same order. Machine i runs on the i-th node of the step's node list
-(SLURM_STEP_NODELIST, in Slurm's order, never sorted), and ranks follow block distribution: the
-first machine's tasks are ranks 0..k1-1, and so on. The generated srun line fixes that layout
-(render/slurm.py); a task that finds itself on another node refuses to start.
+its tasks in that same order. Ranks follow that order: the first machine's tasks are ranks
+0..k1-1, and so on. Machine i runs on the i-th node of the step: in a job whose machines ask the
+same, the i-th of the step's node list (SLURM_STEP_NODELIST, in Slurm's order, never sorted; block
+distribution); in a heterogeneous job (machines that ask different resources), the node of
+component i (SLURM_JOB_NODELIST_HET_GROUP_i), whose tasks are the ranks that follow component
+i-1's. The generated script fixes that layout (render/slurm.py); a task that finds itself on
+another node refuses to start.
+
+GPUs: Slurm gives a node's GPUs to the step on that node (the job asks, per node, what the
+machine's trainers use: render/slurm.py); each task then keeps its share (task_gpus): a trainer
+the next `num_clones` of them in its machine's order, any other task none.
 """
 
 from __future__ import annotations
@@ -25,6 +32,11 @@ TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
 NUM_TASKS = "SLURM_STEP_NUM_TASKS"
 RANK = "SLURM_PROCID"
 NODENAME = "SLURMD_NODENAME"
+HET_SIZE = "SLURM_HET_SIZE"  # set in a heterogeneous job; its components' variables end in _HET_GROUP_<i>
+GPUS = "CUDA_VISIBLE_DEVICES"
+# The GPUs Slurm gave the step on this node, kept when a task narrows CUDA_VISIBLE_DEVICES to its
+# own, so that a supervised task's child (which selects itself again) slices the same list.
+STEP_GPUS = "OD_DIST_SLURM_GPUS"
 LOOPBACK = "this machine (loopback)"  # the machine of every loopback entry
 # What a refusal tells the user to do instead.
 RUN_IT = "run the task through the batch script `od-dist slurm` writes (sbatch job.sbatch)"
@@ -163,6 +175,28 @@ def _problem(var: str, value, what: str, fix: str = RUN_IT) -> InvalidCluster:
     return InvalidCluster([messages.problem(var, value, what, fix)], "Slurm step")
 
 
+def _het_layout(env: Mapping[str, str]) -> tuple[list[str], list[int]]:
+    """A heterogeneous job's nodes and task counts, component by component (one node each)."""
+    size = env[HET_SIZE]
+    if not size.isdigit():
+        raise _problem(HET_SIZE, size, "not a number")
+    nodes, counts = [], []
+    for i in range(int(size)):
+        node_var, tasks_var = f"SLURM_JOB_NODELIST_HET_GROUP_{i}", f"SLURM_NTASKS_HET_GROUP_{i}"
+        value = env.get(node_var, "")
+        try:
+            hosts = expand_hostlist(value)
+        except HostlistError as e:
+            raise _problem(node_var, value, f"not a Slurm host list ({e})") from None
+        if len(hosts) != 1:
+            raise _problem(node_var, value, "a component of more than one node (each is one machine)")
+        if not env.get(tasks_var, "").isdigit():
+            raise _problem(tasks_var, env.get(tasks_var, ""), "not a number")
+        nodes.append(hosts[0])
+        counts.append(int(env[tasks_var]))
+    return nodes, counts
+
+
 def read_step(env: Mapping[str, str]) -> Step:
     """The step's layout from srun's variables; InvalidCluster (one line) outside a step."""
     if not env.get(NODELIST):
@@ -183,6 +217,8 @@ def read_step(env: Mapping[str, str]) -> Step:
     for var in (NUM_TASKS, RANK):
         if not values[var].isdigit():
             raise _problem(var, values[var], "not a number")
+    if env.get(HET_SIZE):  # the step's node list is sorted there: the components say which is which
+        nodes, counts = _het_layout(env)
     if len(counts) != len(nodes):
         raise _problem(TASKS_PER_NODE, values[TASKS_PER_NODE], f"{len(counts)} counts for {len(nodes)} nodes")
     return Step(tuple(nodes), tuple(counts), int(values[RANK]), values[NODENAME], int(values[NUM_TASKS]))
@@ -235,3 +271,37 @@ def select(path: str | None, env: Mapping[str, str]) -> tuple[Cluster, Task, Ste
     step = read_step(env)
     cluster = step_cluster(path, step)
     return cluster, step_task(cluster, step), step
+
+
+def task_gpus(cluster: Cluster, task: Task, given: str) -> str:
+    """This task's share of the GPUs Slurm gave its node's tasks (`given`, CUDA_VISIBLE_DEVICES'
+    form): a trainer (duties: runs replicas) the next equal part in its machine's task order,
+    any other task none ("")."""
+    gpus = [g for g in given.split(",") if g.strip()]
+    _, here = next((m, tasks) for m, tasks in machines(cluster) if task in tasks)
+    trainers = [t for t in here if cluster.runs_replicas(t.role)]
+    if task not in trainers or not gpus:
+        return ""
+    share = len(gpus) // len(trainers)
+    at = trainers.index(task) * share
+    return ",".join(gpus[at : at + share])
+
+
+def _spans(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            out.append(str(start) if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(out)
+
+
+def given_line(task: Task, cpus: list[int], gpus: str | None) -> str:
+    """What Slurm gave this task, said on its console: the cores it may run on and its GPUs."""
+    cores = f"{len(cpus)} core{'s' * (len(cpus) != 1)} (CPU {_spans(sorted(cpus))})"
+    shown = "no GPU" if not gpus else f"GPU{'s' * (',' in gpus)} {gpus}"
+    env = f"{GPUS} not set" if gpus is None else f"{GPUS}='{gpus}'"
+    return f"{task.name}: given {cores} and {shown} ({env})"

@@ -2,6 +2,13 @@
 grouping of entries on machines becomes the tasks per node: cluster/slurm.py), each running
 `od-dist train --slurm`, which takes its role and index from its rank. No TensorFlow here.
 
+Each machine of the file asks its node for its own tasks and its trainers' GPUs (requests()). When
+every machine asks the same, a plain job (--nodes, --ntasks-per-node, --gres per node); otherwise a
+heterogeneous job, a component of one node per machine, so that no node is asked for the fullest
+machine's tasks and GPUs (which may fit no node at all). One step either way (srun --het-group
+spans the components), so the tasks keep one rank order and one exit-code rule. Slurm gives a
+node's GPUs to all its tasks; each keeps its own (cluster/slurm.py task_gpus).
+
 The job's exit code is the lead's (the master, or worker 0 without one), as under `launch`: srun
 returns the highest code of all tasks, so each task's code is written by a small bash wrapper into
 a folder under model_dir and the script exits with the lead's. A lead that fails cancels the step,
@@ -15,6 +22,7 @@ import re
 from od_dist.cluster import commandline
 from od_dist.cluster import slurm as layout
 from od_dist.cluster.spec import Cluster
+from od_dist.protocol import exit_codes
 from od_dist.render import quote
 
 SIGNAL_AHEAD_S = 120  # --signal=TERM@N: the trainers' loop and save before the time limit
@@ -59,17 +67,32 @@ def check_options(partition, time, mem, sbatch_lines) -> None:
             )
 
 
-def gpus_default(cluster: Cluster, passed_on: list[str]) -> int:
-    """GPUs per task when --gpus_per_task is not given: the trainers' num_clones when they run
-    several replicas on GPUs, else none (a single replica may run on a CPU-only node)."""
+def gpus_per_trainer(cluster: Cluster, passed_on: list[str], host: str, given: int | None) -> int:
+    """The GPUs each trainer on `host` gets: `given` (--gpus_per_trainer), else its num_clones (the
+    flag's, else the file's for that machine), none with --clone_on_cpu (its replicas are CPUs)."""
+    if given is not None:
+        return given
     if "--clone_on_cpu" in passed_on:
         return 0
-    given = [a.split("=", 1)[1] for a in passed_on if a.startswith(commandline.NUM_CLONES)]
-    trainers = [t for t in cluster.tasks() if cluster.runs_replicas(t.role)]
-    clones = (
-        int(given[-1]) if given else max((cluster.clones_for(t.address.host) for t in trainers), default=1)
-    )
-    return clones if clones > 1 else 0
+    flag = [a.split("=", 1)[1] for a in passed_on if a.startswith(commandline.NUM_CLONES)]
+    return int(flag[-1]) if flag else cluster.clones_for(host)
+
+
+def requests(cluster: Cluster, passed_on: list[str], given: int | None) -> list[tuple[int, int]]:
+    """(tasks, GPUs) each machine of the file asks of its node: a task per entry, and the GPUs of
+    its trainers (duties: they run the replicas); a ps, a parameter_server master or an evaluator
+    asks none."""
+    return [
+        (
+            len(tasks),
+            sum(
+                gpus_per_trainer(cluster, passed_on, t.address.host, given)
+                for t in tasks
+                if cluster.runs_replicas(t.role)
+            ),
+        )
+        for _, tasks in layout.machines(cluster)
+    ]
 
 
 def run_dir(model_dir: str) -> str:
@@ -89,7 +112,7 @@ def render(
     time: str | None = None,
     cpus_per_task: int | None = None,
     mem: str | None = None,
-    gpus_per_task: int | None = None,
+    gpus_per_trainer_given: int | None = None,
     sbatch_lines: tuple[str, ...] = (),
 ) -> str:
     """The batch script's text. `passed_on`: the train flags (with --max_restarts) every task gets."""
@@ -102,13 +125,12 @@ def render(
             quote.check(value, what.split("=", 1)[0])
     except quote.QuoteError as e:
         raise SlurmError(str(e)) from None
-    counts = layout.tasks_per_node(cluster)
+    asks = requests(cluster, passed_on, gpus_per_trainer_given)
     placed = layout.ranks(cluster)
-    nodes, total, most = len(counts), sum(counts), max(counts)
-    even = len(set(counts)) == 1
+    nodes, total = len(asks), sum(k for k, _ in asks)
+    same = len(set(asks)) == 1
     lead = cluster.lead_task()
     lead_rank = next(r for r, (t, _) in enumerate(placed) if t == lead)
-    gpus = gpus_default(cluster, passed_on) if gpus_per_task is None else gpus_per_task
     model_dir = next(a.split("=", 1)[1] for a in passed_on if a.startswith("--model_dir="))
 
     task_line = [
@@ -122,18 +144,32 @@ def render(
     rank_lines = "\n".join(
         f"#   {r:>3}  {t.name:<{width}}  node {n + 1}, "
         + (f"port {t.address.port}" if t.address.port else "no port")
+        + (
+            f", {gpus_per_trainer(cluster, passed_on, t.address.host, gpus_per_trainer_given)} GPU(s)"
+            if cluster.runs_replicas(t.role)
+            else ""
+        )
         for r, (t, n) in enumerate(placed)
     )
+    asked = ", ".join(f"{k} task(s) and {g} GPU(s)" for k, g in asks)
     layout_note = (
-        f"# {most} task(s) on each node: block distribution.\n"
-        if even
-        else f"# {','.join(map(str, counts))} tasks on the nodes in the order `scontrol show hostnames` gives them, set\n"
-        "# by SLURM_HOSTFILE (distribution arbitrary): Slurm's block distribution keeps no uneven counts.\n"
+        f"# Each node: {asked.split(', ')[0]}, block distribution.\n"
+        if same
+        else f"# A heterogeneous job: a component per node, each asking its machine's own: {asked}.\n"
+        "# (A plain job asks every node for the fullest machine's tasks and GPUs.)\n"
+    )
+    cores = (
+        f"{cpus_per_task} core(s) per task (--cpus-per-task; srun gets it by SRUN_CPUS_PER_TASK)"
+        if cpus_per_task
+        else "Slurm's default cores per task (one on most clusters: --cpus_per_task)"
     )
     header = f"""#!/bin/bash
 # Slurm batch script for {cluster_path}, generated by `od-dist slurm`. Send it with: sbatch {out}
 # One srun step runs a task per entry of {cluster_path} on {nodes} node(s).
-{layout_note}# Each task runs `od-dist train --slurm`: its rank (SLURM_PROCID) says which entry it is, below.
+{layout_note}# Resources: {cores}.
+# GPUs: the trainers' only, num_clones each; of its node's GPUs (CUDA_VISIBLE_DEVICES) each trainer
+# keeps its share, the other tasks none. Each task's console says the cores and GPUs it was given.
+# Each task runs `od-dist train --slurm`: its rank (SLURM_PROCID) says which entry it is, below.
 # Hosts: the allocation's nodes with the ports of {cluster_path}, not its addresses.
 # Ranks (each output line starts with its rank, `N:`; the output file is slurm-<job id>.out
 # unless an --output line says otherwise; each task also logs to <model_dir>/logs/):
@@ -144,19 +180,27 @@ def render(
 # must leave them a loop and a save). --signal asks for the same {SIGNAL_AHEAD_S} s before the time
 # limit. Sending the job again, or a requeue (--requeue), resumes from the last checkpoint.
 """
-    directives = [f"--job-name={name}", f"--nodes={nodes}", f"--ntasks-per-node={most}"]
-    directives += [f"--signal=TERM@{SIGNAL_AHEAD_S}", "--requeue", "--open-mode=append"]
-    if cpus_per_task:
-        directives.append(f"--cpus-per-task={cpus_per_task}")
-    if mem:
-        directives.append(f"--mem={mem}")
-    if gpus:
-        directives.append(f"--gpus-per-task={gpus}")
+    # The job's own options, first: a heterogeneous job's later components take them from the first.
+    job = [f"--job-name={name}", f"--signal=TERM@{SIGNAL_AHEAD_S}", "--requeue", "--open-mode=append"]
     if time:
-        directives.append(f"--time={time}")
+        job.append(f"--time={time}")
     if partition:
-        directives.append(f"--partition={partition}")
-    directives += list(sbatch_lines)
+        job.append(f"--partition={partition}")
+    job += list(sbatch_lines)
+
+    def node_options(k: int, g: int) -> list[str]:
+        out = [f"--cpus-per-task={cpus_per_task}"] if cpus_per_task else []
+        out += [f"--mem={mem}"] if mem else []
+        return out + ([f"--gres=gpu:{g}"] if g else [])  # per node: every Slurm with GPUs has --gres
+
+    if same:
+        directives = job + [f"--nodes={nodes}", f"--ntasks-per-node={asks[0][0]}", *node_options(*asks[0])]
+        sbatch = "".join(f"#SBATCH {d}\n" for d in directives)
+    else:
+        sbatch = "".join(f"#SBATCH {d}\n" for d in job) + "#SBATCH hetjob\n".join(
+            "".join(f"#SBATCH {d}\n" for d in ["--nodes=1", f"--ntasks={k}", *node_options(k, g)])
+            for k, g in asks
+        )
     body = [
         "",
         "set -u",
@@ -165,31 +209,30 @@ def render(
         f"export OD_DIST_LEAD_RANK={lead_rank}",
         'mkdir -p "$OD_DIST_RUN_DIR"',
     ]
-    srun = ["srun", f"--nodes={nodes}", f"--ntasks={total}"]
-    if even:
-        srun += [f"--ntasks-per-node={most}", "--distribution=block"]
+    if cpus_per_task:
+        # srun does not take sbatch's --cpus-per-task by itself (srun(1) of 22.05): without this a
+        # task bound to its cores (task/affinity, task/cgroup) gets one.
+        body.append(f"export SRUN_CPUS_PER_TASK={cpus_per_task}")
+    if same:
+        srun = ["srun", f"--nodes={nodes}", f"--ntasks={total}", f"--ntasks-per-node={asks[0][0]}"]
+        srun += ["--distribution=block"]
     else:
-        body += [
-            "unset SLURM_NTASKS_PER_NODE  # the allocation's, for the fullest node: the host file places the tasks",
-            f"counts=({' '.join(map(str, counts))})",
-            "i=0",
-            'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
-            '  for ((k = 0; k < ${counts[i]:-0}; k++)); do echo "$node"; done',
-            "  i=$((i + 1))",
-            'done > "$OD_DIST_RUN_DIR/hosts"',
-            'export SLURM_HOSTFILE="$OD_DIST_RUN_DIR/hosts"',
-        ]
-        srun += ["--distribution=arbitrary"]
+        srun = ["srun", f"--het-group=0-{nodes - 1}"]
     srun += ["--label", "--kill-on-bad-exit=0", "bash -c", quote.sh(WRAPPER), "od-dist-task"]
     srun += [quote.sh(a) for a in task_line]
     body += [
         " \\\n    ".join(_wrap(srun)),
         "srun_code=$?",
-        'code=$(cat "$OD_DIST_RUN_DIR/$OD_DIST_LEAD_RANK" 2>/dev/null) || code=$srun_code',
-        f'echo "od-dist: {lead.name} (rank {lead_rank}) exited $code: the job\'s exit code"',
+        'if code=$(cat "$OD_DIST_RUN_DIR/$OD_DIST_LEAD_RANK" 2>/dev/null); then',
+        f'  echo "od-dist: {lead.name} (rank {lead_rank}) exited $code: the job\'s exit code"',
+        "else  # it never ran (srun failed to start it), or was killed before its wrapper wrote a code",
+        f'  code=$srun_code; [ "$code" = 0 ] && code={exit_codes.FAILED}',
+        f'  echo "od-dist: {lead.name} (rank {lead_rank}) never ran or was killed before it wrote its exit code '
+        '(srun exited $srun_code; the lines above say why); exit $code"',
+        "fi",
         'exit "$code"',
     ]
-    return header + "".join(f"#SBATCH {d}\n" for d in directives) + "\n".join(body) + "\n"
+    return header + sbatch + "\n".join(body) + "\n"
 
 
 def _wrap(words: list[str], width: int = 100) -> list[str]:
