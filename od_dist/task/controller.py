@@ -13,6 +13,7 @@ import zlib
 from typing import Any
 
 from od_dist import patches
+from od_dist.cluster.spec import TF_JOB
 from od_dist.protocol import exit_codes
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import StartMismatch, Stopped
@@ -386,13 +387,13 @@ def _gather(strategy, *values: int) -> dict:
         return {me: tuple(values)}
     trainers = len(_trainer_names(strategy))
     if id(strategy) not in _GATHERS:
-        per_trainer = strategy.num_replicas_in_sync // trainers
+        my_first = _first_replica(strategy, me)
 
         @tf.function
         def gather(table):
             def contribute(table):
                 context = tf.distribute.get_replica_context()
-                first = tf.equal(context.replica_id_in_sync_group % per_trainer, 0)
+                first = tf.equal(context.replica_id_in_sync_group, my_first)
                 return context.all_reduce(
                     tf.distribute.ReduceOp.SUM, tf.where(first, table, tf.zeros_like(table))
                 )
@@ -406,9 +407,15 @@ def _gather(strategy, *values: int) -> dict:
     return {i: tuple(int(v) for v in r[2 : 2 + r[1]]) for i, r in enumerate(summed.tolist()) if r[0]}
 
 
-_COORDINATOR_CPU = (
-    "/job:chief/replica:0/task:0/device:CPU:0"  # the parameter_server master (task/strategy.py)
-)
+def _first_replica(strategy, trainer: int) -> int:
+    """The replica id of trainer `trainer`'s first replica: TensorFlow numbers a trainer's
+    replicas after those of the trainers before it, as many each as its own (collective_all_reduce_
+    strategy.py, _get_replica_id_in_sync_group)."""
+    return trainer * len(strategy.extended.worker_devices)
+
+
+# The parameter_server master's CPU: it connects to the cluster as TensorFlow's chief (task/strategy.py).
+_COORDINATOR_CPU = f"/job:{TF_JOB['master']}/replica:0/task:0/device:CPU:0"
 FOLDERS_COMPARED = "od-dist: the trainers compare their folders and checkpoints"
 _FOLDER_TOKEN = ".od-dist-trainer-"  # + a random number: which trainers share a folder
 
@@ -459,7 +466,7 @@ def _broadcast(strategy, variables: list, source: int) -> None:
     replica adds its values, every other replica zeros. Collective: every trainer calls it."""
     import tensorflow as tf
 
-    first = source * (strategy.num_replicas_in_sync // len(_trainer_names(strategy)))
+    first = _first_replica(strategy, source)
 
     def as_sent(v):  # integers (the step counters) travel as float64: exact below 2**53
         return v.read_value() if v.dtype.is_floating else tf.cast(v.read_value(), tf.float64)

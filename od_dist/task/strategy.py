@@ -16,7 +16,7 @@ import faulthandler
 import time
 
 from od_dist import patches
-from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
+from od_dist.cluster.spec import PARAMETER_SERVER, TF_JOB, Cluster, Task
 from od_dist.host.watchdog import Watchdog
 from od_dist.protocol import exit_codes, notes
 from od_dist.task import devices
@@ -128,7 +128,9 @@ def _worker_gpus(cluster: Cluster, resolver) -> int:
     import tensorflow as tf
 
     # make_master_device_default=False keeps ops of this client local; with the default it hangs.
-    tf.config.experimental_connect_to_cluster(resolver, job_name="chief", make_master_device_default=False)
+    tf.config.experimental_connect_to_cluster(
+        resolver, job_name=TF_JOB["master"], make_master_device_default=False
+    )
     gpus = tf.config.list_logical_devices("GPU")
     counts = {
         t.name: sum(f"/job:worker/replica:0/task:{t.index}/" in d.name for d in gpus)
