@@ -221,7 +221,7 @@ def define_restart_flags(fv: flags.FlagValues, max_restarts: int) -> None:
         "2 s backoff, doubling. The count starts over when the job progressed since the last "
         f"restart: a newer checkpoint in --model_dir, or {HEALTHY_S / 60:.0f} minutes without a "
         "loss (the evaluator's own count: those minutes only), so a long run's occasional faults "
-        "never use it up, while a task that fails at every start stops after N. Permanent errors "
+        "never use it up, while a task that fails at every start stops after that many. Permanent errors "
         "(exit 1, 2) and a person's stop (exit 130: Ctrl+C on any machine of the job) are never "
         "retried.",
         lower_bound=0,
