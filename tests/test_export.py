@@ -171,26 +171,30 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path):
 
 
 def test_tflite_export_refuses_other_families_and_bad_flags_in_one_line(tmp_path):
+    from od_dist.model import export, tflite
+    from od_dist.model.pipeline import load_pipeline
+
     faster = tmp_path / "faster.yaml"
     faster.write_text("experiment: fasterrcnn_resnetfpn_coco\n")
-    r = od_dist(
-        "export",
-        f"--pipeline={faster}",
-        f"--model_dir={tmp_path}",
-        "--format=tflite",
-        f"--out={tmp_path}/m.tflite",
+    with pytest.raises(export.ExportError) as refused:
+        tflite.export_tflite(
+            load_pipeline(str(faster)),
+            str(tmp_path),
+            {"none": str(tmp_path / "m.tflite")},
+            pipeline_path=str(faster),
+        )
+    assert str(refused.value) == (
+        f"--format tflite: '{faster}' is a Faster R-CNN pipeline; TFLite export converts RetinaNet "
+        "pipelines only (the demo, imported SSD, SSD FPN and EfficientDet configs: Model Garden's "
+        "TFLite detection op is RetinaNet's); export a SavedModel instead (leave out --format)"
     )
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines()[-1] == (
-        f"od-dist export: --format tflite: '{faster}' is a Faster R-CNN pipeline; TFLite export converts "
-        "RetinaNet pipelines only (the demo, imported SSD, SSD FPN and EfficientDet configs: "
-        "Model Garden's TFLite detection op is RetinaNet's); export a SavedModel instead "
-        "(leave out --format)"
-    )
+    # The command checks its flags before it loads anything.
     r = od_dist(
         "export", f"--pipeline={DEMO}", f"--model_dir={tmp_path}", f"--out={tmp_path}/x", "--quantize=fp16"
     )
-    assert r.returncode == 2 and "--quantize: 'fp16': applies to --format tflite only" in r.stderr, r.stderr
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "od-dist export: --quantize: 'fp16': applies to --format tflite only; add --format tflite"
+    ], r.stderr
     r = od_dist(
         "export", f"--pipeline={DEMO}", f"--model_dir={tmp_path}", f"--out={tmp_path}/x", "--format=tflite"
     )
