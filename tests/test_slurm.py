@@ -420,7 +420,7 @@ def _shim(folder, *first):
     }
 
 
-def _write_job(tmp_path, cluster_text, data_dir, steps, name, *more):
+def _write_job(tmp_path, cluster_text, data_dir, steps, name, *more, restarts=0):
     (tmp_path / f"{name}.yaml").write_text(cluster_text)
     script = tmp_path / f"{name}.sbatch"
     r = od_dist(
@@ -429,7 +429,7 @@ def _write_job(tmp_path, cluster_text, data_dir, steps, name, *more):
         f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}",
         f"--model_dir={name}-model",
         tiny(data_dir, steps),
-        "--max_restarts=0",
+        f"--max_restarts={restarts}",
         *more,
         f"--out={script}",
         cwd=tmp_path,
@@ -565,14 +565,28 @@ def test_lead_never_ran(slurm_cluster, tmp_path):
 @pytest.mark.slow
 def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     """ps, master and 2 workers, uneven over 3 nodes (ps and worker 0 on one, worker 1 and the
-    master alone: a heterogeneous job): scancel mid-training leaves a checkpoint; the job sent
-    again resumes from it and ends COMPLETED, exit 0."""
+    master alone: a heterogeneous job), each task under its supervisor (--max_restarts 1):
+    scancel mid-training leaves a checkpoint, though the master's save, through the ps, is made to
+    take 12 s (more than a supervisor's 10 s for stopping a server); the job sent again resumes
+    from it and ends COMPLETED, exit 0."""
     p = free_ports(4)
     text = f"ps: [h1:{p[0]}]\nworker: [h1:{p[1]}, h2:{p[2]}]\nmaster: h3:{p[3]}\n"
     started = time.monotonic()
-    script = _write_job(tmp_path, text, data_dir, 15, "ps")
+    script = _write_job(tmp_path, text, data_dir, 15, "ps", restarts=1)
     env = _shim(tmp_path)
-    job = slurm_cluster.sbatch(script, tmp_path, env)
+    slow = tmp_path / "slow-save"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(
+        "import os, time\n"
+        "if os.environ.get('SLURM_PROCID') == '3' and os.environ.get('OD_DIST_SUPERVISOR_NOTES'):\n"
+        "    from od_dist import patches  # the master's trainer: its save at a stop takes 12 s more\n"
+        "    save_now = patches.save_now\n"
+        "    def slow(*args):\n"
+        "        time.sleep(12)\n"
+        "        return save_now(*args)\n"
+        "    patches.save_now = slow\n"
+    )
+    job = slurm_cluster.sbatch(script, tmp_path, _shim(tmp_path, slow))
     model_dir = tmp_path / "ps-model"
     deadline = time.monotonic() + 120
     while checkpoint_step(model_dir) is None or checkpoint_step(model_dir) < 5:
@@ -596,6 +610,9 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     assert checkpoint_step(model_dir) == 15, out
     assert f"restored from checkpoint: ps-model/ckpt-{saved}" in out, out[-4000:]
     assert "0: ps:0: SIGTERM; serving until the master has saved and exited" in first, first[-4000:]
+    assert "0: od-dist train: SIGTERM: serving on until the master has saved and exited" in first, first[
+        -4000:
+    ]
     print(
         f"\nparameter_server on Slurm: scancel at ckpt-{saved}, resumed to 15: {time.monotonic() - started:.0f} s"
     )

@@ -17,6 +17,9 @@ def test_a_task_alone_on_its_machine_keeps_tensorflow_defaults():
     assert cpu_budget.budget(2, "single", "mirrored", ["single"]) == Threads(0, 0, 0)
     assert cpu_budget.budget(16, "worker", "parameter_server", ["worker"]) == Threads(0, 0, 0)
     assert cpu_budget.budget(8, "master", "multi_worker_mirrored", ["master"]) == Threads(0, 0, 0)
+    # Bound to one core (a Slurm task under task/affinity): TensorFlow's inter-op pool would be 1
+    # thread, which deadlocks the parameter_server coordinator.
+    assert cpu_budget.budget(1, "master", "parameter_server", ["master"]) == Threads(1, 2, 0)
 
 
 def test_local_parameter_server_cluster_on_two_cores():

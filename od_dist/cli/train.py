@@ -123,6 +123,7 @@ def cmd_train(fv) -> int:
             lead=selected.cluster is None or selected.task == selected.cluster.lead_task(),
             eval_command=eval_command(fv),
             model_dir=fv.model_dir,
+            term_to_all=selected.term_to_all,
         )
     from od_dist.host import console
 

@@ -15,7 +15,9 @@ reason). So a task that knows how many tasks share its machine takes its share o
   threads outnumber the CPU time they get, wait for each other, and waste the rest spinning. The
   limit's whole cores (at least 1) then size the pools. One trainer on a machine capped at 0.6
   cores: 21.8 examples/s with TensorFlow's pools, 36.0 with 1 intra-op thread
-  (benchmarks/scaling.py, BENCHMARKS.md).
+  (benchmarks/scaling.py, BENCHMARKS.md). A task that may run on one core only (bound to it:
+  Slurm's task/affinity, taskset) gets 1 intra-op and 2 inter-op threads, where TensorFlow would
+  size its inter-op pool at 1.
 
 tf.data keeps its own default everywhere: capping its private pool at one thread made a
 multi_worker_mirrored pair on two cores run at 4.6 steps/s against 8.6 uncapped, each trainer
@@ -144,8 +146,10 @@ def budget(cores: int, role: str, strategy: str, roles_here: list[str], limited:
     `roles_here` (this one included); `limited`: the cores are a CPU limit's, fewer than
     TensorFlow sees. Pure: the tests call it with any machine."""
     if len(roles_here) <= 1:
-        # Alone: all of the machine, as TensorFlow sizes it, unless a CPU limit makes it smaller.
-        return Threads(cores, max(MIN_INTER_OP, cores)) if limited else Threads()
+        # Alone: all of the machine, as TensorFlow sizes it, unless a CPU limit makes it smaller,
+        # or it has one core (a task bound to it: Slurm's task/affinity, taskset), where
+        # TensorFlow's own inter-op pool would be of 1 thread.
+        return Threads(cores, max(MIN_INTER_OP, cores)) if limited or cores < MIN_INTER_OP else Threads()
     if mostly_waits(role, strategy):
         return Threads(1, MIN_INTER_OP)
     heavy = sum(1 for r in roles_here if not mostly_waits(r, strategy))

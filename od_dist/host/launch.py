@@ -224,10 +224,12 @@ def run_task(
     lead: bool = True,
     eval_command: str | None = None,
     model_dir: str | None = None,
+    term_to_all: bool = False,
 ) -> int:
     """`od-dist train --max_restarts N`: this machine's one task as a child (its output straight to
     the console), restarted by the same rules and messages as under launch. `lead`: the task writes
-    the final checkpoint; `model_dir`: its --model_dir."""
+    the final checkpoint; `model_dir`: its --model_dir; `term_to_all`: a SIGTERM reaches the
+    master too (a Slurm task), so a server serves on until the master has saved."""
 
     def say(message: str) -> None:
         print(f"od-dist train: {message}", file=sys.stderr, flush=True)
@@ -242,6 +244,7 @@ def run_task(
         lead=task.name if lead else None,
         eval_command=eval_command,
         model_dir=model_dir,
+        term_to_all=term_to_all,
     )
     previous = handle_signals(sup.on_signal)
     try:

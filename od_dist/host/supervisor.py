@@ -188,6 +188,9 @@ class Supervisor:
     lead: str | None = None
     eval_command: str | None = None
     model_dir: str | None = None
+    # A SIGTERM reaches the master too (Slurm's scancel, its time limit): servers here serve on
+    # until it has saved through them, then exit by themselves (server.py), within grace_s.
+    term_to_all: bool = False
     healthy_s: float = HEALTHY_S
     progress_every_s: float = PROGRESS_EVERY_S
     stalled_s: float = STALLED_S
@@ -327,6 +330,16 @@ class Supervisor:
             )
             for r in self._runs():
                 send(r, signal.SIGINT)
+            wait_all(self._procs(), self.grace_s, lambda: len(self.signals) > 1)
+        elif self.term_to_all and not person and any(p.poll() is None for p in self._procs()):
+            # Stopped after SERVER_STOP_GRACE_S, they could die mid-save: the master's variables
+            # are theirs (a ps), its steps their work (a parameter_server worker).
+            self.say(
+                f"{why}: serving on until the master has saved and exited (up to {self.grace_s:.0f} s, "
+                "--grace_period), then stopping"
+            )
+            for r in self._runs():
+                send(r, signal.SIGTERM)
             wait_all(self._procs(), self.grace_s, lambda: len(self.signals) > 1)
         else:
             self.say(f"{why}: stopping every task")
