@@ -1,7 +1,7 @@
 """On a phone: a trained model as a SavedModel and as float32, fp16 and int8 .tflite, side by side.
 
     python benchmarks/tflite_formats.py --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo \\
-        --out runs/demo_tflite [--params_override ...] [--runs 50] [--calibration_images 100]
+        --out runs/demo_tflite [--params_override ...] [--runs 50] [--calibration_images 100] [--class_agnostic_nms]
 
 Run from the repo root on a trained model_dir. It exports the latest checkpoint with `od-dist
 export` (the SavedModel) and `od-dist export --format tflite` (the three .tflite: one SavedModel of
@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     parser.add_argument("--params_override", default="")
     parser.add_argument("--runs", type=int, default=50, help="timed calls per model and thread count")
     parser.add_argument("--calibration_images", type=int, default=100)
+    parser.add_argument("--class_agnostic_nms", action="store_true", help="as the export flag")
     parser.add_argument("--latency", help=argparse.SUPPRESS)  # a child: time this model
     parser.add_argument("--image", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -175,6 +176,7 @@ def main(argv=None) -> int:
         paths,
         calibration_images=args.calibration_images,
         pipeline_path=args.pipeline,
+        class_agnostic_nms=args.class_agnostic_nms,
     )
     exported = time.monotonic() - started
     info = tflite.read_info(paths["none"])
@@ -197,7 +199,8 @@ def main(argv=None) -> int:
 
     base = rows[0][1]
     print(
-        f"{args.pipeline}, step {info['step']}, input {info['input_size'][0]}x{info['input_size'][1]}; "
+        f"{args.pipeline}, step {info['step']}, input {info['input_size'][0]}x{info['input_size'][1]}, "
+        f"NMS {'over every class' if args.class_agnostic_nms else 'per class'}; "
         f"commit {commit}; {cores} cores, load average {load:.1f} at the start; exports took "
         f"{exported:.0f} s; latency: median of {args.runs} calls"
     )

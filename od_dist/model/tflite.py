@@ -83,6 +83,7 @@ def export_tflite(
     labels: str | None = None,
     min_score: float | None = None,
     pipeline_path: str = "the pipeline",
+    class_agnostic_nms: bool = False,
 ) -> dict:
     """Writes a .tflite of the latest checkpoint of ``model_dir`` (or ``checkpoint``) for each
     ``{quantize: path}`` of ``outs`` (one SavedModel converted as many times), each with its .json,
@@ -127,10 +128,16 @@ def export_tflite(
     post.nms_iou_threshold = generator.nms_iou_threshold
     post.normalize_anchor_coordinates = True  # boxes normalized to the input, as the OD API's
     post.max_classes_per_detection = 1  # one class a box, as the SavedModel and the OD API's
+    # Per class by default, as the SavedModel's NMS: the same detections, so that eval's AP shows
+    # what the conversion cost (an imported SSD after 600 steps: AP 0.634 per class, 0.497 over all
+    # classes, against the SavedModel's 0.635; 56 against 39 ms on one thread).
+    post.use_regular_nms = not class_agnostic_nms
+    post.detections_per_class = generator.max_num_detections
     info = {
         "checkpoint": ckpt,
         "step": _step(ckpt),
         "min_score": min_score,
+        "class_agnostic_nms": class_agnostic_nms,
         "input_size": size,
         "keep_aspect_ratio": bool(params.task.validation_data.parser.keep_aspect_ratio),
         "mean": [round(v, 4) for v in preprocess_ops.MEAN_RGB],
