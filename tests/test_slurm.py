@@ -133,7 +133,7 @@ def test_script_shape(tmp_path):
         "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=4\n#SBATCH --gres=gpu:2\n"
         in text
     )
-    assert "#SBATCH --signal=TERM@120\n" in text and "hetjob" not in text
+    assert "#SBATCH --signal=B:USR1@120\n" in text and "hetjob" not in text
     assert (
         "export SRUN_CPUS_PER_TASK=4\nsrun --nodes=2 --ntasks=2 --ntasks-per-node=1 --distribution=block"
         in text
@@ -150,7 +150,7 @@ def test_script_shape(tmp_path):
         "#SBATCH --nodes=1\n#SBATCH --ntasks=1\n#SBATCH --gres=gpu:2\n\n"
     ) in text
     assert "srun --het-group=0-1 --label" in text and "SRUN_CPUS_PER_TASK" not in text
-    assert "#     2  master:0  node 1, port 2000\n#     3  worker:1  node 2, port 2003, 2 GPU(s)\n" in text
+    assert "#     2  master:0  node 1, port J+2\n#     3  worker:1  node 2, port J+3, 2 GPU(s)\n" in text
     assert "export OD_DIST_LEAD_RANK=2\n" in text
     # CPU-only nodes: --gpus_per_trainer=0 asks for no GPU.
     r = od_dist("slurm", *args, "--gpus_per_trainer=0")
@@ -179,6 +179,42 @@ def test_task_gpus_and_given_line(tmp_path):
     assert slurm.given_line(ps, [3], None).endswith(
         "1 core (CPU 3) and no GPU (CUDA_VISIBLE_DEVICES not set)"
     )
+
+
+def test_job_ports_and_address(tmp_path):
+    """--port_base: each job a block of its own ports (jobs with nearby ids share none), tasks in
+    rank order, then checkpoint_port; --address: the nodes' names in a format. Bad values: one line."""
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER + "checkpoint_port: 2230\n")
+    env = {**step_env(3, "n10", counts="3,2", total="5"), "SLURM_JOB_ID": "41"}
+    env.update({slurm.PORT_BASE_ENV: "20000", slurm.ADDRESS_ENV: "{node}-ib"})
+    cluster, task, _ = slurm.select(str(path), env)
+    first = 20000 + 41 * 5  # 5 ports: ps, 2 workers, the master, checkpoint_port
+    assert cluster.cluster_spec() == {
+        "ps": [f"n9-ib:{first}"],
+        "worker": [f"n9-ib:{first + 1}", f"n10-ib:{first + 3}"],
+        "chief": [f"n9-ib:{first + 2}"],
+    }
+    assert (task.name, cluster.checkpoint_port, cluster.clones_for("n10-ib")) == ("worker:1", first + 4, 1)
+    filed = slurm.step_cluster(str(path), slurm.read_step(env))  # the same every time
+    a, _ = slurm.job_ports(filed, 41, 20000)
+    b, _ = slurm.job_ports(filed, 42, 20000)
+    assert not set(a.values()) & set(b.values())
+    for var, value, said in [
+        (slurm.ADDRESS_ENV, "n-ib", "holds {node} 0 times, not once"),
+        (slurm.ADDRESS_ENV, "{node}:1", "may add only letters, digits, '-' and '.'"),
+        (slurm.PORT_BASE_ENV, "65534", "leaves no room for the job's 5 port(s)"),
+    ]:
+        with pytest.raises(InvalidCluster) as e:
+            slurm.select(str(path), {**env, var: value})
+        assert e.value.problems[0].startswith(f"{var}: '{value}': {said}"), e.value.problems
+    pipeline = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+    args = ("slurm", f"--cluster={path}", f"--pipeline={pipeline}", "--model_dir=m", f"--out={tmp_path}/j")
+    r = od_dist(*args, "--address=ib0")
+    assert r.returncode == 2 and "--address: 'ib0': holds {node} 0 times, not once; write it like" in r.stderr
+    r = od_dist(*args, "--port_base=0")
+    assert r.returncode == 0 and "#SBATCH --exclusive\n" in (tmp_path / "j").read_text(), r.stderr
+    assert "OD_DIST_SLURM_PORT_BASE" not in (tmp_path / "j").read_text()
 
 
 def test_heterogeneous_step_layout(tmp_path):
@@ -272,7 +308,10 @@ class SlurmCluster:
         host = socket.gethostname()
         hosts = f / "hosts"
         with open("/etc/hosts") as src:
-            hosts.write_text(src.read() + "".join(f"127.0.0.{11 + i} {n}\n" for i, n in enumerate(NODES)))
+            # Each node also by a second name, as a fast network's (--address={node}-ib).
+            hosts.write_text(
+                src.read() + "".join(f"127.0.0.{11 + i} {n} {n}-ib\n" for i, n in enumerate(NODES))
+            )
         for d in ("state", "spool"):
             (f / d).mkdir()
         lines = [
@@ -562,17 +601,64 @@ def test_lead_never_ran(slurm_cluster, tmp_path):
     assert not (tmp_path / "never-model" / "slurm" / f"{job}.0" / "1").exists()
 
 
+def test_requeue_at_the_time_limit(slurm_cluster, tmp_path):
+    """A job at --signal's warning before its time limit (--time=1: at once) has its tasks stop as
+    at scancel (SIGTERM, exit 143 once saved), requeues itself, and its restart goes on until done
+    (the tasks' training replaced: the first run waits for the SIGTERM, the restart ends at once)."""
+    fake_run = (
+        "    def run(cfg):\n"
+        "        import signal, time\n"
+        "        if os.environ.get('SLURM_RESTART_COUNT', '0') != '0':\n"
+        "            print('training done', file=sys.stderr, flush=True)  # stdout: the task's log\n"
+        "            return 0\n"
+        "        got = []\n"
+        "        signal.signal(signal.SIGTERM, lambda *a: got.append(1))\n"
+        "        while not got:\n"
+        "            time.sleep(0.1)\n"
+        "        print('saved at the warning', file=sys.stderr, flush=True)\n"
+        "        return 143\n"
+        "    fake.run = run\n"
+    )
+    env = _shim(tmp_path, _no_training(tmp_path, fake_run))
+    script = _write_job(tmp_path, "master: h1:2030\nworker: [h2:2031]\n", "data", 1, "rq", "--time=1")
+    assert "#SBATCH --signal=B:USR1@120\n" in script.read_text()
+    job = slurm_cluster.sbatch(script, tmp_path, env)
+    deadline = time.monotonic() + 120
+    while slurm_cluster.job(job)["Restarts"] == "0":
+        assert time.monotonic() < deadline, _output(tmp_path, job)
+        time.sleep(0.3)
+    # Slurm holds a requeued job a while (Reason=BeginTime): let it start now.
+    slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    fields = slurm_cluster.wait_end(job, 60)
+    out = _output(tmp_path, job)
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), (
+        fields,
+        out,
+    )
+    assert (
+        "od-dist: the time limit is near: the tasks save a checkpoint, then the job requeues itself\n" in out
+    ), out
+    assert (
+        "1: saved at the warning\n" in out
+        and "od-dist: master:0 (rank 1) exited 143: the job's exit code\n" in out
+    )
+    assert "od-dist: requeued: restart 1 goes on from the checkpoint\n" in out, out
+    assert out.rstrip().endswith("od-dist: master:0 (rank 1) exited 0: the job's exit code"), out
+    assert "1: training done\n" in out, out
+    assert (tmp_path / "rq-model" / "slurm" / f"{job}.1" / "1").read_text().strip() == "0"
+
+
 @pytest.mark.slow
 def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     """ps, master and 2 workers, uneven over 3 nodes (ps and worker 0 on one, worker 1 and the
     master alone: a heterogeneous job), each task under its supervisor (--max_restarts 1):
-    scancel mid-training leaves a checkpoint, though the master's save, through the ps, is made to
-    take 12 s (more than a supervisor's 10 s for stopping a server); the job sent again resumes
+    scancel (of every process: the batch shell and srun too) mid-training leaves a checkpoint,
+    though the master's save, through the ps, is made to take 12 s (more than a supervisor's 10 s for stopping a server); the job sent again resumes
     from it and ends COMPLETED, exit 0."""
     p = free_ports(4)
     text = f"ps: [h1:{p[0]}]\nworker: [h1:{p[1]}, h2:{p[2]}]\nmaster: h3:{p[3]}\n"
     started = time.monotonic()
-    script = _write_job(tmp_path, text, data_dir, 15, "ps", restarts=1)
+    script = _write_job(tmp_path, text, data_dir, 15, "ps", "--address={node}-ib", restarts=1)
     env = _shim(tmp_path)
     slow = tmp_path / "slow-save"
     slow.mkdir()
@@ -594,10 +680,12 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
         assert fields["JobState"] in ("PENDING", "RUNNING"), (fields, _output(tmp_path, job))
         assert time.monotonic() < deadline, _output(tmp_path, job)
         time.sleep(0.3)
-    slurm_cluster.run("scancel", job)
+    # --full: the batch shell and srun get the SIGTERM too, as at the time limit; srun's handling of
+    # it must not cut the save short.
+    slurm_cluster.run("scancel", "--full", job)
     fields = slurm_cluster.wait_end(job)
     out = first = _output(tmp_path, job)
-    assert fields["JobState"] == "CANCELLED", (fields, out)
+    assert (fields["JobState"], fields["Restarts"]) == ("CANCELLED", "0"), (fields, out)  # not requeued
     saved = checkpoint_step(model_dir)
     # The master saved where SIGTERM stopped it (the end of its loop), through the ps, and exited 143.
     assert f"3: master:0: stopped at step {saved} (SIGTERM); saved " in out, out[-4000:]
@@ -610,6 +698,7 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     assert checkpoint_step(model_dir) == 15, out
     assert f"restored from checkpoint: ps-model/ckpt-{saved}" in out, out[-4000:]
     assert "0: ps:0: SIGTERM; serving until the master has saved and exited" in first, first[-4000:]
+    assert re.search(r"^0: ps:0 serving on odn\d-ib:\d+$", first, re.M), first[-4000:]
     assert "0: od-dist train: SIGTERM: serving on until the master has saved and exited" in first, first[
         -4000:
     ]
@@ -620,13 +709,14 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_multi_worker_mirrored_and_failed_master(slurm_cluster, data_dir, tmp_path):
-    """Two jobs at once: master and worker under multi_worker_mirrored on 2 nodes train 10 steps,
+    """Two jobs of one file's ports at once: master and worker under multi_worker_mirrored on 2
+    nodes train 10 steps,
     COMPLETED with exit 0; the same cluster with a master that fails (exit 1, a fault injected
     into its process) is FAILED with exit 1, its worker stopped rather than waiting for it."""
     started = time.monotonic()
-    p = free_ports(4)
-    good = _write_job(tmp_path, f"master: a:{p[0]}\nworker: [b:{p[1]}]\n", data_dir, 10, "mwm")
-    bad = _write_job(tmp_path, f"master: a:{p[2]}\nworker: [b:{p[3]}]\n", data_dir, 10, "bad")
+    # One file's ports for both (sent at once, on the same nodes: each job listens on its own).
+    good = _write_job(tmp_path, "master: a:2222\nworker: [b:2223]\n", data_dir, 10, "mwm")
+    bad = _write_job(tmp_path, "master: a:2222\nworker: [b:2223]\n", data_dir, 10, "bad")
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
@@ -637,7 +727,10 @@ def test_multi_worker_mirrored_and_failed_master(slurm_cluster, data_dir, tmp_pa
     bad_job = slurm_cluster.sbatch(bad, tmp_path, _shim(tmp_path, hook))
     fields = slurm_cluster.wait_end(bad_job)
     out = _output(tmp_path, bad_job)
-    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "1:0"), (fields, out)
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("FAILED", "1:0", "0"), (
+        fields,
+        out,
+    )
     assert "od-dist: the lead exited 1; stopping the other tasks" in out, out
     assert "od-dist: master:0 (rank 1) exited 1: the job's exit code" in out, out
     fields = slurm_cluster.wait_end(good_job)

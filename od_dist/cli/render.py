@@ -282,6 +282,32 @@ def define_slurm_flags(fv: flags.FlagValues) -> None:
         lower_bound=0,
         flag_values=fv,
     )
+    flags.DEFINE_integer(
+        "port_base",
+        20000,
+        "The job's tasks listen on ports of their own, J = port_base + (job id % S) x P + their "
+        "place (P: the job's ports, S: how many such blocks fit below 65536), so that jobs sharing "
+        "a node never share a port. 0: the cluster file's ports, and the job asks for whole nodes "
+        "(--exclusive).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "requeue",
+        True,
+        "At the warning before the time limit (--signal, 120 s ahead) the tasks save a checkpoint "
+        "and the job requeues itself (scontrol requeue), going on from it until training is done; a "
+        "job that finished or failed is never requeued. --norequeue: the job ends there, exit 143.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "address",
+        "{node}",
+        "The address each task is reached at, {node} standing for its node's name: {node}-ib for a "
+        "fast network with its own names. The public-address rule is checked on these addresses by "
+        "each task before any TensorFlow server starts (--allow_public_addresses).",
+        flag_values=fv,
+    )
     flags.DEFINE_multi_string(
         "sbatch", None, "More #SBATCH lines, each an sbatch option: --sbatch=--account=lab.", flag_values=fv
     )
@@ -294,12 +320,14 @@ def define_slurm_flags(fv: flags.FlagValues) -> None:
 Writes a batch script for sbatch: the cluster file's roles and counts as one srun step, a task per
 entry (the file's machines become the nodes of the allocation, their entries the tasks per node),
 each running `od-dist train --slurm` with the given train flags, which takes its role and index
-from its rank and the hosts from the step's nodes (the file's ports are kept). Each node is asked
+from its rank and the hosts from the step's nodes (--address), on ports of the job's own
+(--port_base; or the file's, on whole nodes). Each node is asked
 for its machine's tasks and its trainers' GPUs (num_clones each; none for a ps, a parameter_server
 master or an evaluator): a plain job when every machine asks the same, else a heterogeneous job
 (a component per node). Each task's console says the cores and GPUs it was given. The job's exit
 code is the master's; scancel or the time limit (--signal) makes the master save a checkpoint
-while the other tasks serve on; sent again (or requeued) it resumes. Logs: the job's output file,
+while the other tasks serve on; at the time limit the job requeues itself and resumes from it
+(--requeue); sent again it resumes likewise. Logs: the job's output file,
 each line prefixed with its rank.
 
 Example:
@@ -327,6 +355,9 @@ def cmd_slurm(fv) -> int:
             cpus_per_task=fv.cpus_per_task,
             mem=fv.mem,
             gpus_per_trainer_given=fv.gpus_per_trainer,
+            address=fv.address,
+            port_base=fv.port_base,
+            requeue=fv.requeue,
             sbatch_lines=tuple(fv.sbatch or ()),
         )
         writing.write_file(fv.out, text)

@@ -134,22 +134,76 @@ def tasks_per_node(cluster: Cluster) -> list[int]:
     return [len(tasks) for _, tasks in machines(cluster)]
 
 
-def step_document(doc: dict, cluster: Cluster, nodes: list[str]) -> dict:
-    """The cluster document with each machine's host replaced by its node's name, the ports kept,
-    and hosts: settings moved to their machine's node."""
-    node_of = {m: nodes[i] for i, (m, _) in enumerate(machines(cluster))}
+# The batch script's choices for its tasks (render/slurm.py writes them; each task reads them):
+# the address each node is reached at, and the first port of the job's ports (unset: the file's).
+ADDRESS_ENV = "OD_DIST_SLURM_ADDRESS"
+PORT_BASE_ENV = "OD_DIST_SLURM_PORT_BASE"
+JOB_ID = "SLURM_JOB_ID"
+NODE = "{node}"
+LAST_PORT = 65535
 
-    def moved(value: str, need_port: bool) -> str:
+
+def address_problem(address: str) -> str | None:
+    """What is wrong with an address format (`{node}` and what surrounds it), or None."""
+    if address.count(NODE) != 1:
+        return f"holds {NODE} {address.count(NODE)} times, not once"
+    rest = address.replace(NODE, "")
+    if rest and not re.fullmatch(r"[A-Za-z0-9.-]+", rest):
+        return "may add only letters, digits, '-' and '.' to the node's name"
+    return None
+
+
+def port_count(cluster: Cluster) -> int:
+    """The ports a job of `cluster` listens on: a port per entry with one, and checkpoint_port."""
+    return sum(1 for t in cluster.tasks() if t.address.port) + (1 if cluster.checkpoint_port else 0)
+
+
+def port_base_problem(base: int, cluster: Cluster) -> str | None:
+    if not 1024 <= base <= LAST_PORT + 1 - port_count(cluster):
+        return f"leaves no room for the job's {port_count(cluster)} port(s) between 1024 and {LAST_PORT}"
+    return None
+
+
+def job_ports(cluster: Cluster, job_id: int, base: int) -> tuple[dict[str, int], int | None]:
+    """(port of each task by name, checkpoint_port) of job `job_id`: a block of port_count() ports
+    from `base`, the block's place given by the job id, so that jobs with nearby ids (any two
+    running at once, in practice) never share a port on a node; the tasks in rank order, then the
+    checkpoint port. Every task computes the same, with no word between them."""
+    width = port_count(cluster)
+    first = base + (job_id % ((LAST_PORT + 1 - base) // width)) * width
+    ported = [t for t, _ in ranks(cluster) if t.address.port]
+    ports = {t.name: first + i for i, t in enumerate(ported)}
+    return ports, (first + len(ported) if cluster.checkpoint_port else None)
+
+
+def step_document(
+    doc: dict,
+    cluster: Cluster,
+    nodes: list[str],
+    address: str = NODE,
+    ports: tuple[dict[str, int], int | None] | None = None,
+) -> dict:
+    """The cluster document with each machine's host replaced by its node's address (`address`
+    with the node's name for {node}), its ports by `ports` (job_ports) or kept, and hosts:
+    settings moved to their machine's node."""
+    node_of = {m: address.replace(NODE, nodes[i]) for i, (m, _) in enumerate(machines(cluster))}
+
+    def moved(value: str, need_port: bool, name: str) -> str:
         host, port = hostport.parse_address(value.strip(), need_port=need_port)
+        if ports is not None and port is not None:
+            port = ports[0][name]
         return hostport.format_address(node_of[machine_of(host)], port)
 
     out = {k: list(v) if isinstance(v, list) else v for k, v in doc.items()}
     for role, key, value in validate.address_entries(doc):
         name, _, index = key.partition("[")
+        task = f"{role}:{index[:-1] if index else 0}"
         if index and isinstance(out[name], list):
-            out[name][int(index[:-1])] = moved(value, True)
+            out[name][int(index[:-1])] = moved(value, True, task)
         else:
-            out[name] = moved(value, role != "evaluator")
+            out[name] = moved(value, role != "evaluator", task)
+    if ports is not None and ports[1] is not None:
+        out["checkpoint_port"] = ports[1]
     hosts = {}
     for key, settings in (doc.get("hosts") or {}).items():
         node = node_of.get(machine_of(hostport.host_key(key)))
@@ -224,9 +278,10 @@ def read_step(env: Mapping[str, str]) -> Step:
     return Step(tuple(nodes), tuple(counts), int(values[RANK]), values[NODENAME], int(values[NUM_TASKS]))
 
 
-def step_cluster(path: str, step: Step) -> Cluster:
+def step_cluster(path: str, step: Step, env: Mapping[str, str] | None = None) -> Cluster:
     """The cluster file's cluster on the step's nodes, built from the rewritten document by
-    from_document (the file's validations: worker order, ps presence, ports)."""
+    from_document (the file's validations: worker order, ps presence, ports); the nodes' address
+    and the job's ports as the batch script set them in `env` (ADDRESS_ENV, PORT_BASE_ENV)."""
     try:
         doc = safe_yaml.load_file(path)
     except safe_yaml.YamlError as e:
@@ -240,7 +295,23 @@ def step_cluster(path: str, step: Step) -> Cluster:
             ",".join(map(str, step.counts)),
             f"{path} puts {shown_want} tasks on its {len(want)} machine(s) (one srun task per entry)",
         )
-    return cluster_mod.from_document(step_document(doc, filed, list(step.nodes)), path)
+    env = env or {}
+    address = env.get(ADDRESS_ENV) or NODE
+    why = address_problem(address)
+    if why:
+        raise _problem(
+            ADDRESS_ENV, address, why, "write it like {node} or {node}-ib (od-dist slurm --address)"
+        )
+    ports = None
+    if env.get(PORT_BASE_ENV):
+        base, job_id = env[PORT_BASE_ENV], env.get(JOB_ID, "")
+        why = "not a number" if not base.isdigit() else port_base_problem(int(base), filed)
+        if why:
+            raise _problem(PORT_BASE_ENV, base, why, "give od-dist slurm another --port_base")
+        if not job_id.isdigit():
+            raise _problem(JOB_ID, job_id, "not a job id", RUN_IT)
+        ports = job_ports(filed, int(job_id), int(base))
+    return cluster_mod.from_document(step_document(doc, filed, list(step.nodes), address, ports), path)
 
 
 def step_task(cluster: Cluster, step: Step) -> Task:
@@ -269,7 +340,7 @@ def select(path: str | None, env: Mapping[str, str]) -> tuple[Cluster, Task, Ste
             ]
         )
     step = read_step(env)
-    cluster = step_cluster(path, step)
+    cluster = step_cluster(path, step, env)
     return cluster, step_task(cluster, step), step
 
 
