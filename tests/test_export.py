@@ -110,7 +110,6 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path):
 
     from od_dist.model import export, predict, tflite
     from od_dist.model.pipeline import load_pipeline
-    from od_dist.task import controller
 
     images, written, override, model_dir = labelimg_run
     outs = {q: str(tmp_path / "phone" / f"model_{q}.tflite") for q in ("none", "fp16", "int8")}
@@ -165,9 +164,13 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path):
         assert 0 <= xmin <= xmax <= first["width"] and 0 <= ymin <= ymax <= first["height"]
         assert d["class"] in ("circle", "square", "triangle")
 
-    metrics = tflite.evaluate(load_pipeline(DEMO, override), outs["none"])
-    assert metrics["step"] == 6 and 0.0 <= metrics["AP50"] <= 1.0
-    assert COCO_LINE.fullmatch(controller.eval_line(metrics["step"], metrics))
+    # eval's line for the .tflite: the step it was exported from, COCO metrics of its detections.
+    r = od_dist(
+        "eval", f"--pipeline={DEMO}", f"--params_override={override}", f"--model={outs['none']}", timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    (line,) = [m.group(0) for m in map(COCO_LINE.fullmatch, r.stdout.splitlines()) if m]
+    assert line.startswith("od-dist eval | step 6 | AP ") and float(COCO_LINE.fullmatch(line)["AP50"]) <= 1.0
 
 
 def test_tflite_export_refuses_other_families_and_bad_flags_in_one_line(tmp_path):
@@ -200,6 +203,11 @@ def test_tflite_export_refuses_other_families_and_bad_flags_in_one_line(tmp_path
     )
     assert r.returncode == 2 and "pass a file name ending in .tflite" in r.stderr, r.stderr
     assert os.listdir(tmp_path) == ["faster.yaml"]  # nothing written
+    r = od_dist("eval", f"--pipeline={DEMO}", f"--model={tmp_path}/none.tflite")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"od-dist eval: --model: '{tmp_path}/none.tflite': no such .tflite; pass a file `od-dist export --format "
+        "tflite` wrote"
+    ], r.stderr
 
 
 def _events(tf, path, series):

@@ -200,6 +200,13 @@ def _take_slurm_resources(cluster, task) -> None:
 
 def define_eval_flags(fv: flags.FlagValues) -> None:
     define_trained_model_flags(fv, "The model_dir holding the checkpoints.")
+    flags.DEFINE_string(
+        "model",
+        None,
+        "A .tflite written by `od-dist export --format tflite`: evaluated (through LiteRT's "
+        "interpreter) instead of a checkpoint of --model_dir, on the same validation records.",
+        flag_values=fv,
+    )
     define_verbose_flag(fv)
 
 
@@ -210,20 +217,27 @@ def define_eval_flags(fv: flags.FlagValues) -> None:
 Evaluates the latest checkpoint in --model_dir on the pipeline's validation data, on this
 machine, and prints the COCO metrics (also written to <model_dir>/eval_metrics.json).
 Under parameter_server the master cannot compute COCO metrics in-process: this (or an evaluator
-task) is how a parameter-server run gets them.
+task) is how a parameter-server run gets them. With --model x.tflite it evaluates that .tflite
+instead, the same way on the same records, and prints the same line (its step: the checkpoint it
+was exported from), so a quantized model's cost in AP shows beside its checkpoint's.
 
-Example:
+Examples:
   od-dist eval --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
+  od-dist eval --pipeline pipelines/shapes_retinanet.yaml --model exported/demo_int8.tflite
 """,
     define_eval_flags,
 )
 def cmd_eval(fv) -> int:
-    require(fv, "pipeline", "model_dir")
+    require(fv, "pipeline")
+    if not fv.model:
+        require(fv, "model_dir")
     if not os.path.isfile(fv.pipeline):
         raise UsageError(
             f"--pipeline: '{fv.pipeline}': no such file; pass a pipeline YAML, "
             "e.g. pipelines/shapes_retinanet.yaml"
         )
+    if fv.model:
+        return _eval_tflite(fv)
     from od_dist.host import console
     from od_dist.task import roles
 
@@ -239,6 +253,37 @@ def cmd_eval(fv) -> int:
         devices.apply_policy()
         # Its result is the trainer's one line: od-dist eval | step N | AP ... | AP50 ... | AP75 ...
         trainer.evaluate_latest(params, fv.model_dir, fv.pipeline)
+        return exit_codes.OK
+
+    return _run_role(evaluate)
+
+
+def _eval_tflite(fv) -> int:
+    if fv.model_dir:
+        raise UsageError(
+            f"--model_dir: '{fv.model_dir}': --model evaluates the .tflite; pass one of --model and --model_dir"
+        )
+    if not (fv.model.endswith(".tflite") and os.path.isfile(fv.model)):
+        raise UsageError(
+            f"--model: '{fv.model}': no such .tflite; pass a file `od-dist export --format tflite` wrote"
+        )
+    from od_dist.host import console
+
+    # pycocotools' tables and TensorFlow's lines to <the .tflite's folder>/logs/eval.log
+    console.setup(console.task_log_path(os.path.dirname(os.path.abspath(fv.model)), "eval"), fv.verbose)
+
+    def evaluate():
+        from od_dist.model import export, pipeline, tflite
+        from od_dist.task import controller, roles
+
+        params = roles.load_params(fv.pipeline, fv.params_override, "mirrored")
+        pipeline.check_inputs(params, fv.pipeline, evaluate=True)
+        try:
+            metrics = tflite.evaluate(params, fv.model)
+        except export.ExportError as e:
+            print(f"od-dist eval: {e}", file=sys.stderr)
+            return exit_codes.INVALID
+        print(controller.eval_line(metrics["step"], metrics), flush=True)
         return exit_codes.OK
 
     return _run_role(evaluate)
