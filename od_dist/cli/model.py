@@ -170,7 +170,7 @@ def define_export_flags(fv: flags.FlagValues) -> None:
     )
     flags.DEFINE_integer(
         "calibration_images",
-        100,
+        100,  # TFLite's post-training quantization guide asks for about 100-500 samples
         "--quantize int8: how many training images calibrate the int8 ranges.",
         lower_bound=1,
         flag_values=fv,

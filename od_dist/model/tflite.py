@@ -16,7 +16,8 @@ detectors' (signature ``serving_default``):
   ``detection_classes`` [1, N] (float, from 0 for the label map's id 1, as the Object Detection
   API's), ``detection_scores`` [1, N], best first, and ``num_detections`` [1]: the first
   num_detections rows are detections. N is the pipeline's
-  ``detection_generator.max_num_detections``.
+  ``detection_generator.max_num_detections``; NMS per class (as the SavedModel's) unless
+  ``class_agnostic_nms``.
 
 int8 is TFLite's integer quantization with float fallback: int8 weights and activations, float32
 input and outputs (the same code runs all three), float ops where TFLite has no int8 kernel.
@@ -38,8 +39,6 @@ from od_dist.model import export
 
 # --quantize -> Model Garden's quant_type.
 QUANTIZE = {"none": None, "fp16": "fp16", "int8": "int8_fallback"}
-# --calibration_images default: TFLite's guide asks for "around 100-500" samples.
-CALIBRATION_IMAGES = 100
 SUFFIX = ".tflite"
 # The families Model Garden's TFLite detection op serves: RetinaNet (the demo, imported SSD,
 # SSD FPN and EfficientDet configs); the others, named for the refusal.
@@ -78,7 +77,7 @@ def export_tflite(
     params,
     model_dir: str,
     outs: dict[str, str],
-    calibration_images: int = CALIBRATION_IMAGES,
+    calibration_images: int = 100,  # `export --calibration_images`'s default says why
     checkpoint: str | None = None,
     labels: str | None = None,
     min_score: float | None = None,
