@@ -217,6 +217,38 @@ def test_job_ports_and_address(tmp_path):
     assert "OD_DIST_SLURM_PORT_BASE" not in (tmp_path / "j").read_text()
 
 
+def test_node_count_form(tmp_path):
+    """--nodes N --gpus_per_node G: no cluster file to write by hand; the layout docs/scaling.md
+    recommends (multi_worker_mirrored, a trainer per node, its GPUs all the trainer's), said."""
+    pipeline = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+    out = tmp_path / "job.sbatch"
+    args = ("slurm", f"--pipeline={pipeline}", "--model_dir=m", f"--out={out}", "--fixed_replica_batch")
+    r = od_dist(*args, "--nodes=3", "--gpus_per_node=4")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[0] == (
+        "od-dist slurm: 3 node(s) x 4 GPU(s): multi_worker_mirrored, one trainer per node (the master on "
+        f"the first, 2 worker(s) on the others), num_clones 4 (docs/scaling.md); the cluster file: {tmp_path}/job.cluster.yaml"
+    ), r.stderr
+    assert "does not resolve" not in r.stderr
+    text = out.read_text()
+    assert "#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:4\n" in text
+    assert f"--cluster={tmp_path}/job.cluster.yaml" in text
+    assert (
+        "master: node-1:2222\nworker: [node-2:2222, node-3:2222]\nnum_clones: 4\n"
+        in (tmp_path / "job.cluster.yaml").read_text()
+    )
+    r = od_dist(*args, "--nodes=2", "--gpus_per_node=0", "--then=eval,export")
+    assert r.returncode == 0 and "--gres" not in out.read_text(), r.stderr
+    assert "  srun --nodes=1 --ntasks=1 --label od-dist export " in out.read_text()
+    for bad, said in [
+        (("--nodes=2", f"--cluster={tmp_path}/job.cluster.yaml"), "--nodes: 2: --cluster "),
+        (("--gpus_per_node=2",), "--gpus_per_node: given without --nodes; pass --nodes=N"),
+        (("--nodes=2", "--then=train"), "--then: 'train': not one of eval, export; write --then=eval,export"),
+    ]:
+        r = od_dist(*args, *bad)
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
 def test_heterogeneous_step_layout(tmp_path):
     """In a heterogeneous job the step's node list is sorted; each machine's node is its
     component's (SLURM_JOB_NODELIST_HET_GROUP_i), its ranks after the earlier components'."""
@@ -710,12 +742,12 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
 @pytest.mark.slow
 def test_multi_worker_mirrored_and_failed_master(slurm_cluster, data_dir, tmp_path):
     """Two jobs of one file's ports at once: master and worker under multi_worker_mirrored on 2
-    nodes train 10 steps,
+    nodes train 10 steps, then evaluate (--then),
     COMPLETED with exit 0; the same cluster with a master that fails (exit 1, a fault injected
     into its process) is FAILED with exit 1, its worker stopped rather than waiting for it."""
     started = time.monotonic()
     # One file's ports for both (sent at once, on the same nodes: each job listens on its own).
-    good = _write_job(tmp_path, "master: a:2222\nworker: [b:2223]\n", data_dir, 10, "mwm")
+    good = _write_job(tmp_path, "master: a:2222\nworker: [b:2223]\n", data_dir, 10, "mwm", "--then=eval")
     bad = _write_job(tmp_path, "master: a:2222\nworker: [b:2223]\n", data_dir, 10, "bad")
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -737,4 +769,6 @@ def test_multi_worker_mirrored_and_failed_master(slurm_cluster, data_dir, tmp_pa
     out = _output(tmp_path, good_job)
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (fields, out)
     assert checkpoint_step(tmp_path / "mwm-model") == 10, out
+    # --then: the COCO line in the same job after training (export's step: test_node_count_form).
+    assert re.search(r"^0: od-dist eval \| step 10 \| AP ", out, re.M), out[-3000:]
     print(f"\nmulti_worker_mirrored and a failed master on Slurm: {time.monotonic() - started:.0f} s")

@@ -25,8 +25,10 @@ from od_dist.cluster import commandline
 from od_dist.protocol import exit_codes
 
 
-def _render_input(fv, what: str):
-    """The cluster and the passed-on train flags for a renderer; checks what every task will need."""
+def _render_input(fv, what: str, warn_unresolved: bool = True):
+    """The cluster and the passed-on train flags for a renderer; checks what every task will need.
+    `warn_unresolved`: say which hosts do not resolve here (not for Slurm: its tasks check the
+    nodes' addresses)."""
     from od_dist.host import config
 
     if fv.role is not None or fv.index is not None:
@@ -41,14 +43,15 @@ def _render_input(fv, what: str):
         )
     if os.path.isfile(fv.pipeline) and not fv.fixed_replica_batch:  # a batch the trainers would refuse
         batch_split(cluster, fv.pipeline, fv.params_override, fv.num_clones)
-    config.warn(unchecked)  # once the input is accepted: refused input gets its one message
+    if warn_unresolved:
+        config.warn(unchecked)  # once the input is accepted: refused input gets its one message
     return cluster, passed_on
 
 
-def _script_input(fv, what: str, out: str):
+def _script_input(fv, what: str, out: str, warn_unresolved: bool = True):
     """`scripts` and `slurm`: _render_input, --out required (`out`: what to pass), and the restart
     flags, which each task's own supervisor takes."""
-    cluster, passed_on = _render_input(fv, what)
+    cluster, passed_on = _render_input(fv, what, warn_unresolved)
     require(fv, "out", fix=f"--out={out}")
     return cluster, passed_on + restart_args(fv)
 
@@ -292,6 +295,30 @@ def define_slurm_flags(fv: flags.FlagValues) -> None:
         lower_bound=0,
         flag_values=fv,
     )
+    flags.DEFINE_integer(
+        "nodes",
+        None,
+        "Without --cluster: the job's nodes, one trainer each under multi_worker_mirrored (the "
+        "master on the first, workers on the others: what docs/scaling.md recommends for GPUs), "
+        "written to a cluster file beside --out (<out>.cluster.yaml), said on the console.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "gpus_per_node",
+        None,
+        "With --nodes: the GPUs of each node, all its trainer's (num_clones); 0 trains on the CPU.",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    flags.DEFINE_list(
+        "then",
+        [],
+        "What the job runs after training, once the master finished (exit 0), on the first node: "
+        "eval (the COCO line, `od-dist eval`), export (a SavedModel in <model_dir>/exported, "
+        "`od-dist export`), or both: --then=eval,export.",
+        flag_values=fv,
+    )
     flags.DEFINE_boolean(
         "requeue",
         True,
@@ -342,7 +369,9 @@ def cmd_slurm(fv) -> int:
     from od_dist.data import errors, writing
     from od_dist.render import slurm
 
-    cluster, passed_on = _script_input(fv, "slurm", "job.sbatch")
+    if fv.nodes is not None or fv.gpus_per_node is not None:
+        _node_count_cluster(fv)
+    cluster, passed_on = _script_input(fv, "slurm", "job.sbatch", warn_unresolved=False)
     try:
         text = slurm.render(
             cluster,
@@ -358,6 +387,7 @@ def cmd_slurm(fv) -> int:
             address=fv.address,
             port_base=fv.port_base,
             requeue=fv.requeue,
+            then=tuple(fv.then),
             sbatch_lines=tuple(fv.sbatch or ()),
         )
         writing.write_file(fv.out, text)
@@ -366,3 +396,35 @@ def cmd_slurm(fv) -> int:
     os.chmod(fv.out, 0o755)
     print(f"wrote {fv.out} ({len(cluster.tasks())} tasks); send it with: sbatch {fv.out}", file=sys.stderr)
     return exit_codes.OK
+
+
+def _node_count_cluster(fv) -> None:
+    """`--nodes N --gpus_per_node G`: the cluster file of the layout docs/scaling.md recommends,
+    written beside --out and given as --cluster; the layout said on the console."""
+    from od_dist.data import errors, writing
+    from od_dist.render import slurm
+
+    if fv.nodes is None:
+        raise UsageError("--gpus_per_node: given without --nodes; pass --nodes=N (the job's nodes)")
+    if fv.cluster:
+        raise UsageError(
+            f"--nodes: {fv.nodes}: --cluster {fv.cluster} says the nodes already; give one of them"
+        )
+    require(fv, "out", fix="--out=job.sbatch")
+    gpus = 1 if fv.gpus_per_node is None else fv.gpus_per_node
+    path = os.path.splitext(fv.out)[0] + ".cluster.yaml"
+    try:
+        writing.write_file(
+            path, slurm.node_count_cluster(fv.nodes, gpus, f"--nodes {fv.nodes} --gpus_per_node {gpus}")
+        )
+    except errors.DatasetError as e:
+        raise UsageError(str(e)) from None
+    fv.cluster = path
+    if not gpus and fv.gpus_per_trainer is None:
+        fv.gpus_per_trainer = 0
+    print(
+        f"od-dist slurm: {fv.nodes} node(s) x {gpus} GPU(s): multi_worker_mirrored, one trainer per node "
+        f"(the master on the first, {fv.nodes - 1} worker(s) on the others), num_clones {max(gpus, 1)} "
+        f"(docs/scaling.md); the cluster file: {path}",
+        file=sys.stderr,
+    )

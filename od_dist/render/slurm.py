@@ -95,6 +95,25 @@ def requests(cluster: Cluster, passed_on: list[str], given: int | None) -> list[
     ]
 
 
+NODE_PORT = 2222  # the generated file's port on each node (the job's own ports replace it: --port_base)
+THEN = ("eval", "export")
+
+
+def node_count_cluster(nodes: int, gpus: int, flags_given: str) -> str:
+    """The cluster file of `od-dist slurm --nodes N --gpus_per_node G`: multi_worker_mirrored, one
+    trainer per node (docs/scaling.md), its GPUs all the trainer's; the hosts stand for the
+    job's nodes (node i runs the entry of host node-i)."""
+    workers = ", ".join(f"node-{i}:{NODE_PORT}" for i in range(2, nodes + 1))
+    return (
+        f"# Written by `od-dist slurm {flags_given}`: multi_worker_mirrored, one trainer per node\n"
+        "# (docs/scaling.md). Each host stands for a node of the Slurm job.\n"
+        "strategy: multi_worker_mirrored\n"
+        f"master: node-1:{NODE_PORT}\n"
+        + (f"worker: [{workers}]\n" if workers else "")
+        + f"num_clones: {max(gpus, 1)}\n"
+    )
+
+
 def run_dir(model_dir: str) -> str:
     """Where the tasks' exit codes (and the host file) go: shared storage under model_dir; a
     model_dir that is a URL is no folder here: the submit directory then."""
@@ -117,9 +136,13 @@ def render(
     address: str = layout.NODE,
     port_base: int = 0,
     requeue: bool = True,
+    then: tuple[str, ...] = (),
 ) -> str:
     """The batch script's text. `passed_on`: the train flags (with --max_restarts) every task gets."""
     check_options(partition, time, mem, sbatch_lines)
+    for step in then:
+        if step not in THEN:
+            raise SlurmError(f"--then: '{step}': not one of {', '.join(THEN)}; write --then=eval,export")
     why = layout.address_problem(address)
     if why:
         raise SlurmError(f"--address: '{address}': {why}; write it like {{node}} or {{node}}-ib")
@@ -297,9 +320,29 @@ def render(
             if requeue
             else []
         ),
+        *_then_lines(then, passed_on, model_dir),
         'exit "$code"',
     ]
     return header + sbatch + "\n".join(body) + "\n"
+
+
+def _then_lines(then: tuple[str, ...], passed_on: list[str], model_dir: str) -> list[str]:
+    """After a training that finished (the lead's 0): `od-dist eval` and `export` as steps of one
+    task on the first node, the job's code theirs if they fail."""
+    if not then:
+        return []
+    model = [a for a in passed_on if a.split("=", 1)[0] in ("--pipeline", "--model_dir", "--params_override")]
+    lines = ['if [ "$code" = 0 ]; then  # training finished: what --then asks for']
+    for step in then:
+        args = ["od-dist", step, *model]
+        if step == "export":
+            args.append(f"--out={model_dir.rstrip('/')}/exported")
+        command = " ".join(quote.sh(a) for a in args)
+        lines += [
+            f"  srun --nodes=1 --ntasks=1 --label {command}",
+            f'  code=$?; [ "$code" = 0 ] || {{ echo "od-dist: {step} exited $code: the job\'s exit code"; exit "$code"; }}',
+        ]
+    return lines + ["fi"]
 
 
 def _wrap(words: list[str], width: int = 100) -> list[str]:
