@@ -226,15 +226,15 @@ def test_node_count_form(tmp_path):
     r = od_dist(*args, "--nodes=3", "--gpus_per_node=4")
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines()[0] == (
-        "od-dist slurm: 3 node(s) x 4 GPU(s): multi_worker_mirrored, one trainer per node (the master on "
-        f"the first, 2 worker(s) on the others), num_clones 4 (docs/scaling.md); the cluster file: {tmp_path}/job.cluster.yaml"
+        "od-dist slurm: 3 node(s) x 4 GPU(s): multi_worker_mirrored, one trainer per node (2 worker(s) on "
+        f"the first, the master on the last), num_clones 4 (docs/scaling.md); the cluster file: {tmp_path}/job.cluster.yaml"
     ), r.stderr
     assert "does not resolve" not in r.stderr
     text = out.read_text()
     assert "#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:4\n" in text
     assert f"--cluster={tmp_path}/job.cluster.yaml" in text
     assert (
-        "master: node-1:2222\nworker: [node-2:2222, node-3:2222]\nnum_clones: 4\n"
+        "worker: [node-1:2222, node-2:2222]\nmaster: node-3:2222\nnum_clones: 4\n"
         in (tmp_path / "job.cluster.yaml").read_text()
     )
     r = od_dist(*args, "--nodes=2", "--gpus_per_node=0", "--then=eval,export")
@@ -550,7 +550,8 @@ def test_resources_given(slurm_cluster, tmp_path):
     other: 3 GPUs per node, each worker all of its node's, the ps and the master none; the fullest
     machine's request (3 GPUs for every task) is refused on these nodes. multi_worker_mirrored,
     num_clones 2, worker 0 and the master on one machine, worker 1 and the evaluator on one each:
-    a heterogeneous job (4 GPUs, 2 and none), the first node's GPUs split between its trainers."""
+    a heterogeneous job (4 GPUs, 2 and none), the first node's GPUs split between its trainers.
+    --nodes 2 --gpus_per_node 2, without a cluster file: a trainer per node, both GPUs its own."""
     started = time.monotonic()
     env = _shim(tmp_path, _no_training(tmp_path))
     ps = _write_job(
@@ -606,7 +607,27 @@ def test_resources_given(slurm_cluster, tmp_path):
         3: ("evaluator:0", "CUDA_VISIBLE_DEVICES not set"),
     }, out
     assert {given[0][1], given[1][1]} == {"0", "1"} and given[2][1] in ("0", "1"), out
-    print(f"\nresources given on Slurm (2 jobs): {time.monotonic() - started:.0f} s")
+    # No cluster file: --nodes 2 --gpus_per_node 2, a trainer per node with both of its GPUs.
+    r = od_dist(
+        "slurm",
+        "--nodes=2",
+        "--gpus_per_node=2",
+        f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}",
+        "--model_dir=res-nodes-model",
+        "--fixed_replica_batch",
+        "--out=res-nodes.sbatch",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    job = slurm_cluster.sbatch(tmp_path / "res-nodes.sbatch", tmp_path, env)
+    fields = slurm_cluster.wait_end(job, 60)
+    out = _output(tmp_path, job)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (fields, out)
+    assert {r: (t, g) for r, (t, _, g) in _given(out).items()} == {
+        0: ("worker:0", "CUDA_VISIBLE_DEVICES='0,1'"),
+        1: ("master:0", "CUDA_VISIBLE_DEVICES='0,1'"),
+    }, out
+    print(f"\nresources given on Slurm (3 jobs): {time.monotonic() - started:.0f} s")
 
 
 def test_lead_never_ran(slurm_cluster, tmp_path):

@@ -298,8 +298,8 @@ def define_slurm_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer(
         "nodes",
         None,
-        "Without --cluster: the job's nodes, one trainer each under multi_worker_mirrored (the "
-        "master on the first, workers on the others: what docs/scaling.md recommends for GPUs), "
+        "Without --cluster: the job's nodes, one trainer each under multi_worker_mirrored (workers "
+        "on the first, the master on the last: what docs/scaling.md recommends for GPUs), "
         "written to a cluster file beside --out (<out>.cluster.yaml), said on the console.",
         lower_bound=1,
         flag_values=fv,
@@ -424,7 +424,7 @@ def _node_count_cluster(fv) -> None:
         fv.gpus_per_trainer = 0
     print(
         f"od-dist slurm: {fv.nodes} node(s) x {gpus} GPU(s): multi_worker_mirrored, one trainer per node "
-        f"(the master on the first, {fv.nodes - 1} worker(s) on the others), num_clones {max(gpus, 1)} "
+        f"({fv.nodes - 1} worker(s) on the first, the master on the last), num_clones {max(gpus, 1)} "
         f"(docs/scaling.md); the cluster file: {path}",
         file=sys.stderr,
     )

@@ -101,15 +101,15 @@ THEN = ("eval", "export")
 
 def node_count_cluster(nodes: int, gpus: int, flags_given: str) -> str:
     """The cluster file of `od-dist slurm --nodes N --gpus_per_node G`: multi_worker_mirrored, one
-    trainer per node (docs/scaling.md), its GPUs all the trainer's; the hosts stand for the
-    job's nodes (node i runs the entry of host node-i)."""
-    workers = ", ".join(f"node-{i}:{NODE_PORT}" for i in range(2, nodes + 1))
+    trainer per node (docs/scaling.md), its GPUs all the trainer's; the hosts stand for the job's
+    nodes (node-i: the i-th; the workers' machines come first, the master's last)."""
+    workers = ", ".join(f"node-{i}:{NODE_PORT}" for i in range(1, nodes))
     return (
         f"# Written by `od-dist slurm {flags_given}`: multi_worker_mirrored, one trainer per node\n"
         "# (docs/scaling.md). Each host stands for a node of the Slurm job.\n"
         "strategy: multi_worker_mirrored\n"
-        f"master: node-1:{NODE_PORT}\n"
         + (f"worker: [{workers}]\n" if workers else "")
+        + f"master: node-{nodes}:{NODE_PORT}\n"
         + f"num_clones: {max(gpus, 1)}\n"
     )
 
