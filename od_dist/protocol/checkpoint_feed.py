@@ -179,10 +179,14 @@ class FeedError(Exception):
     """A fetch that failed: said in one line; the next poll tries again."""
 
 
+def _url(host: str, port: int, path: str) -> str:
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/{path}"
+
+
 def read_listing(host: str, port: int, timeout: float = TIMEOUT_S, have: int = 0) -> dict:
     """The feed's listing (`have`: the newest step the caller holds); raises FeedError (not
     reachable, not a feed)."""
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/?have={have}"
+    url = _url(host, port, f"?have={have}")
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             listing = json.loads(answer.read(1 << 20))
@@ -233,7 +237,7 @@ def fetch(host: str, port: int, job: str, model_dir: str, timeout: float = TIMEO
 def _fetch_file(host: str, port: int, entry: dict, model_dir: str, timeout: float) -> tuple[str, str]:
     name, size, want = entry["name"], int(entry["size"]), entry["sha256"]
     part = os.path.join(model_dir, FETCH_PART + name)
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/{name}"
+    url = _url(host, port, name)
     digest, got = hashlib.sha256(), 0
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer, open(part, "wb") as out:
