@@ -680,8 +680,10 @@ def test_requeue_at_the_time_limit(slurm_cluster, tmp_path):
     while slurm_cluster.job(job)["Restarts"] == "0":
         assert time.monotonic() < deadline, _output(tmp_path, job)
         time.sleep(0.3)
-    # Slurm holds a requeued job a while (Reason=BeginTime): let it start now.
-    slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    # Slurm holds a requeued job a while (Reason=BeginTime): let it start sooner, though not within
+    # the second of the requeue: slurmd refuses a credential made in the second it revoked the job's
+    # last one ("Job credential revoked", the restart FAILED; seen in a CI run with StartTime=now).
+    slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now+3")
     fields = slurm_cluster.wait_end(job, 60)
     out = _output(tmp_path, job)
     assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), (
