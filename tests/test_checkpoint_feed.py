@@ -101,13 +101,32 @@ def test_serves_checkpoint_files_only_and_accepts_nothing(feed):
 
 def test_follower_says_each_fetch_in_one_line(feed, tmp_path):
     lines = []
-    follower = checkpoint_feed.Follower("127.0.0.1", feed.port, "job1", str(tmp_path / "e"), lines.append)
+    follower = checkpoint_feed.Follower([("127.0.0.1", feed.port)], "job1", str(tmp_path / "e"), lines.append)
     assert follower.poll() is None and follower.reachable
     _save(feed.model_dir, 2)
     assert follower.poll() == 2
     assert lines == [
         f"the checkpoint feed at 127.0.0.1:{feed.port} is up",
         f"fetched ckpt-2 from the checkpoint feed at 127.0.0.1:{feed.port} into {tmp_path / 'e'}, checked whole",
+    ]
+
+
+def test_follower_moves_to_the_feed_of_the_new_lead(feed, tmp_path):
+    """An elastic job's lead moves to another trainer's machine: the follower asks the next feed
+    when one fails, and keeps the one that answers."""
+    lines = []
+    gone = _free_port()  # the lost lead's: nothing listens there
+    feeds = [("127.0.0.1", gone), ("127.0.0.1", feed.port)]
+    follower = checkpoint_feed.Follower(feeds, "job1", str(tmp_path / "e"), lines.append)
+    _save(feed.model_dir, 3)
+    assert follower.poll() is None and follower.reachable is False
+    assert lines[0].startswith(
+        f"waiting for the checkpoint feed at 127.0.0.1:{gone} (or 127.0.0.1:{feed.port}, "
+    )
+    assert follower.poll() == 3 and follower.poll() is None and follower.reachable
+    assert lines[1:] == [
+        f"the checkpoint feed at 127.0.0.1:{feed.port} is up",
+        f"fetched ckpt-3 from the checkpoint feed at 127.0.0.1:{feed.port} into {tmp_path / 'e'}, checked whole",
     ]
 
 

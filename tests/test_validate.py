@@ -16,6 +16,13 @@ ps: [10.0.0.4:2222]
 """
 
 
+MWM3 = """
+master: 10.0.0.1:2222
+worker: [10.0.0.2:2222, 10.0.0.3:2223]
+"""
+MWM4 = MWM3.replace("2223]", "2223, 10.0.0.4:2222]")
+
+
 # PS_OK on loopback: one machine, so every task needs its own port.
 PS_LOOP = (
     PS_OK.replace("10.0.0.", "127.0.0.")
@@ -214,6 +221,62 @@ RULES = [
         PS_LOOP + "checkpoint_port: 2226\n",
         PS_LOOP + "checkpoint_port: 2224\n",
         ["checkpoint_port: '2224'", "worker[1] uses that port on the master's machine"],
+    ),
+    (
+        "min_trainers: more than half of the trainers",
+        MWM3 + "min_trainers: 2\nmembership_port: 2226\n",
+        MWM4 + "min_trainers: 2\nmembership_port: 2226\n",
+        [
+            "min_trainers: '2'",
+            "2 of 4 trainers would let both sides of a split network train apart",
+            "3 or more",
+        ],
+    ),
+    (
+        "min_trainers: a number of trainers",
+        MWM3 + "min_trainers: 3\nmembership_port: 2226\n",
+        MWM3 + "min_trainers: 4\nmembership_port: 2226\n",
+        ["min_trainers: '4'", "between 1 and 3"],
+    ),
+    (
+        "min_trainers needs membership_port",
+        MWM3 + "min_trainers: 2\nmembership_port: 2226\n",
+        MWM3 + "min_trainers: 2\n",
+        ["min_trainers: '2'", "needs membership_port", "membership_port: 2226"],
+    ),
+    (
+        "membership_port only with min_trainers",
+        MWM3,
+        MWM3 + "membership_port: 2226\n",
+        ["membership_port: '2226'", "used only with min_trainers"],
+    ),
+    (
+        "min_trainers: not under parameter_server",
+        PS_OK,
+        PS_OK + "min_trainers: 2\nmembership_port: 2226\n",
+        ["min_trainers: '2'", "parameter_server", "strategy: multi_worker_mirrored"],
+    ),
+    (
+        "membership_port is free on every trainer's machine",
+        MWM3 + "min_trainers: 2\nmembership_port: 2226\ncheckpoint_port: 2230\n",
+        MWM3 + "min_trainers: 2\nmembership_port: 2222\n",
+        ["membership_port: '2222'", "master uses that port on a trainer's machine"],
+    ),
+    (
+        "membership_port is not checkpoint_port",
+        MWM3 + "min_trainers: 2\nmembership_port: 2226\ncheckpoint_port: 2230\n",
+        MWM3 + "min_trainers: 2\nmembership_port: 2230\ncheckpoint_port: 2230\n",
+        ["membership_port: '2230'", "checkpoint_port is the same port"],
+    ),
+    (
+        "checkpoint_port is free on every trainer's machine when the lead may move",
+        MWM3 + "checkpoint_port: 2223\n",
+        MWM3 + "checkpoint_port: 2223\nmin_trainers: 2\nmembership_port: 2226\n",
+        [
+            "checkpoint_port: '2223'",
+            "worker[1] uses that port on a trainer's machine",
+            "any trainer may become the lead",
+        ],
     ),
     ("YAML syntax with line", PS_OK, PS_OK + "ps: [10.0.0.9:1\n", ["line 6", "invalid YAML"]),
     ("duplicate YAML keys", PS_OK, PS_OK + "ps: [10.0.0.9:1]\n", ["line 5", "duplicate key 'ps'", "line 4"]),

@@ -97,6 +97,8 @@ def cmd_train(fv) -> int:
     # TensorFlow on their own, and an orchestrator's lists the evaluator, which hangs a
     # parameter-server coordinator; every strategy here is built from the validated cluster instead.
     tf_config = os.environ.pop("TF_CONFIG", None)
+    own = selected.task  # its name in the cluster file, whatever its place in an elastic round
+    selected = _in_group(fv, selected)
     cfg = train_config_of(fv, selected)
     # The evaluator, a sidecar whose failures never stop the trainers, always runs under a
     # supervisor of its own (unless it is one's child already): without restarts too, its exit is
@@ -124,16 +126,83 @@ def cmd_train(fv) -> int:
             eval_command=eval_command(fv),
             model_dir=fv.model_dir,
             term_to_all=selected.term_to_all,
+            elastic=elastic_for(fv, selected.cluster, [selected.task]),
         )
     from od_dist.host import console
 
-    task = cfg.selected.task
     console.setup(
-        console.task_log_path(cfg.model_dir, f"{task.role}-{task.index}" if task else "train"), fv.verbose
+        console.task_log_path(cfg.model_dir, f"{own.role}-{own.index}" if own else "train"), fv.verbose
     )
     from od_dist.task import roles
 
     return _run_role(roles.run, cfg)
+
+
+def _in_group(fv: flags.FlagValues, selected):
+    """A trainer of an elastic job (the cluster file's min_trainers) trains in the round its
+    supervisor agreed with the other trainer machines (host/elastic.py): the cluster of that round's
+    members, in which its place may differ from the file's. Outside a supervisor there is no round
+    to train in: refused."""
+    import dataclasses
+
+    from od_dist.cluster import duties
+    from od_dist.protocol import membership
+
+    cluster, task = selected.cluster, selected.task
+    if cluster is None or task is None or not cluster.min_trainers or fv.slurm:
+        return selected
+    if not duties.of(cluster.strategy, task.role).is_trainer:
+        return selected
+    group = membership.group_from_env()
+    if group is None:
+        if fv.max_restarts:
+            return selected  # its supervisor (this command) agrees the round
+        raise UsageError(
+            f"--max_restarts: 0: min_trainers: {cluster.min_trainers} in the cluster file needs this machine's "
+            "od-dist to agree each round with the other trainer machines; pass --max_restarts 3 (the "
+            "generated scripts do)"
+        )
+    if task.name not in group.members:
+        raise UsageError(f"{task.name} is not a member of round {group.round} ({', '.join(group.members)})")
+    place = cluster.in_group(task, group.members)
+    print(
+        f"{task.name}: round {group.round} of an elastic job: {', '.join(group.members)} train; "
+        f"TensorFlow's {place.tf_job} {place.index} here",
+        flush=True,
+    )
+    return dataclasses.replace(selected, cluster=cluster.group(group.members), task=place)
+
+
+def elastic_for(fv: flags.FlagValues, cluster, tasks):
+    """(say) -> the agreement of this machine's trainers of an elastic job (host/elastic.py), or
+    None: no min_trainers, no trainer here, or a Slurm job (whose srun step is one fixed group)."""
+    from od_dist.cluster import duties
+
+    trainers = (
+        tuple(t for t in tasks if t and duties.of(cluster.strategy, t.role).is_trainer) if cluster else ()
+    )
+    if not trainers or not cluster.min_trainers or ("slurm" in fv and fv.slurm):
+        return None
+    from od_dist.host import elastic
+    from od_dist.model import pipeline
+    from od_dist.protocol import checkpoint_feed
+
+    def batch_problem(members) -> str | None:
+        if fv.fixed_replica_batch:
+            return None
+        try:
+            problem, _, _ = pipeline.check_batch_split(
+                cluster.group(members), fv.pipeline, fv.params_override, fv.num_clones
+            )
+        except pipeline.PipelineError as e:
+            return str(e)
+        return problem
+
+    def newest_step() -> int | None:
+        newest = checkpoint_feed.newest(fv.model_dir) if fv.model_dir else None
+        return newest[0] if newest else None
+
+    return lambda say: elastic.Elastic(cluster, trainers, say, fv.wait_timeout, newest_step, batch_problem)
 
 
 def define_slurm_task_flag(fv: flags.FlagValues) -> None:
@@ -329,6 +398,7 @@ def run_here(fv: flags.FlagValues, cluster, tasks, who: str, unchecked: Sequence
         lead=lead.name if lead in tasks else None,
         eval_command=eval_command(fv),
         who=who,
+        elastic=elastic_for(fv, cluster, tasks),
     )
 
 

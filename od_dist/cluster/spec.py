@@ -6,6 +6,7 @@ TensorFlow's task types (`master` -> `chief`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -83,6 +84,11 @@ class Cluster:
     num_clones: int = 1
     hosts: Mapping[str, HostSettings] = field(default_factory=lambda: MappingProxyType({}))
     checkpoint_port: int | None = None  # the lead serves its newest checkpoint there
+    min_trainers: int | None = None  # a group this large goes on without lost trainers (host/elastic.py)
+    membership_port: int | None = None  # where each trainer machine's od-dist agrees the group
+    # A group of an elastic job (group()): the whole job's id, which its stop markers and checkpoint
+    # feed keep whatever trainers train now.
+    of_job: str | None = None
 
     @functools.cached_property
     def _tasks_by_role(self) -> dict[str, tuple[Task, ...]]:
@@ -155,6 +161,8 @@ class Cluster:
         """A short name for this job, from its TensorFlow cluster (every server's address): the same
         on every machine that reads this file (or the TF_CONFIG made from it), another for any other
         job. Stop markers carry it, so two jobs sharing a working directory cannot stop each other."""
+        if self.of_job:
+            return self.of_job
         text = json.dumps(self.cluster_spec(), sort_keys=True)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
@@ -181,6 +189,38 @@ class Cluster:
         """Where the lead serves its newest checkpoint (protocol/checkpoint_feed.py), if it does."""
         lead = self.lead_task()
         return Address(lead.address.host, self.checkpoint_port) if lead and self.checkpoint_port else None
+
+    def checkpoint_feeds(self) -> tuple[Address, ...]:
+        """Where a lead may serve the checkpoints: the lead's feed, and with min_trainers every
+        trainer's machine's (the lead moves to a trainer still up when it is lost)."""
+        feed = self.checkpoint_feed()
+        if feed is None:
+            return ()
+        hosts = [feed.host] + [t.address.host for t in self.trainers() if self.min_trainers]
+        return tuple(Address(h, feed.port) for h in dict.fromkeys(hosts))
+
+    def trainers(self) -> tuple[Task, ...]:
+        """The tasks that train (cluster/duties.py), the lead first."""
+        ordered = self.tasks_of("master") + self.tasks_of("worker")
+        return tuple(t for t in ordered if duties.of(self.strategy, t.role).is_trainer)
+
+    def group(self, members) -> Cluster:
+        """The cluster of an elastic job's group: the trainers named in `members` (by their names in
+        this file), the others left out, the workers numbered again in order. Without the master
+        its first worker is TensorFlow's chief, the lead. The job's id stays this file's."""
+        kept = {t.name: t for t in self.trainers() if t.name in members}
+        master = kept.get("master:0")
+        workers = tuple(t.address for t in self.tasks_of("worker") if t.name in kept)
+        return dataclasses.replace(
+            self, master=master.address if master else None, workers=workers, of_job=self.job_id()
+        )
+
+    def in_group(self, task: Task, members) -> Task:
+        """`task` (of this file) as it is in group(members)."""
+        if task.role != "worker":
+            return task
+        before = [t for t in self.tasks_of("worker") if t.name in members and t.index < task.index]
+        return Task("worker", len(before), task.address)
 
     def runs_replicas(self, role: str) -> bool:
         """Whether this role's processes run --num_clones replicas (cluster/duties.py): the others
@@ -216,6 +256,8 @@ def from_document(doc, source: str = "") -> Cluster:
         num_clones=doc.get("num_clones", 1),
         hosts=MappingProxyType(hosts),
         checkpoint_port=doc.get("checkpoint_port"),
+        min_trainers=doc.get("min_trainers"),
+        membership_port=doc.get("membership_port"),
     )
     problems = validate.check_equal_clones(cluster)
     if problems:

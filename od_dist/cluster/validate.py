@@ -24,6 +24,8 @@ TOP_KEYS = (
     "evaluator",
     "num_clones",
     "checkpoint_port",
+    "min_trainers",
+    "membership_port",
     "hosts",
 )
 HOST_KEYS = ("os", "python", "venv", "workdir", "num_clones")
@@ -139,39 +141,155 @@ def check_addresses(doc: dict) -> list[str]:
     return out
 
 
+def _same_machine(a: str, b: str) -> bool:
+    return a == b or (is_loopback(a) and is_loopback(b))
+
+
+def _port_user(doc: dict, port: int, hosts: list[str]) -> tuple[str, str] | None:
+    """(key, its address) of an entry that uses `port` on the machine of one of `hosts`."""
+    for _, key, value in address_entries(doc):
+        if not isinstance(value, str):
+            continue
+        try:
+            host, used = parse_address(value.strip(), need_port=False)
+        except AddressError:
+            continue  # said by check_addresses
+        if used == port and any(_same_machine(host, h) for h in hosts):
+            return key, value
+    return None
+
+
+def _trainer_hosts(doc: dict) -> list[tuple[str, str]]:
+    """(key, host) of the master and every worker, in the cluster's order (the lead first)."""
+    out = []
+    for role, key, value in address_entries(doc):
+        if role in ("master", "worker") and isinstance(value, str):
+            try:
+                out.append((key, parse_address(value.strip(), need_port=False)[0]))
+            except AddressError:
+                pass
+    return sorted(out, key=lambda e: e[0] not in ("master", "chief"))
+
+
+def _is_port(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= 65535
+
+
 def check_checkpoint_port(doc: dict) -> list[str]:
     """`checkpoint_port`: where the lead (the master, else worker 0) serves its newest checkpoint
     to an evaluator that does not share its folder (protocol/checkpoint_feed.py): a port of the
-    lead's machine that no task of that machine uses."""
+    lead's machine that no task of that machine uses; of every trainer's machine when the lead may
+    move (min_trainers)."""
     if "checkpoint_port" not in doc:
         return []
     port = doc["checkpoint_port"]
     fix = "write a free port of the master's machine, e.g. 'checkpoint_port: 2230'"
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+    if not _is_port(port):
         return [problem("checkpoint_port", port, "not a port number between 1 and 65535", fix)]
-    entries = [(role, key, v) for role, key, v in address_entries(doc) if isinstance(v, str)]
-    lead = next((e for e in entries if e[0] == "master"), None) or next(
-        (e for e in entries if e[0] == "worker"), None
-    )
-    if lead is None:
+    trainers = _trainer_hosts(doc)
+    if not trainers:
         return [problem("checkpoint_port", port, "no master or worker serves it", "list a master")]
-    try:
-        lead_host = parse_address(lead[2].strip(), need_port=False)[0]
-        for role, key, value in entries:
-            host, used = parse_address(value.strip(), need_port=False)
-            same_machine = host == lead_host or (is_loopback(host) and is_loopback(lead_host))
-            if used == port and same_machine:
-                return [
-                    problem(
-                        "checkpoint_port",
-                        port,
-                        f"{key} uses that port on the {lead[1].split('[')[0]}'s machine ({lead[2]})",
-                        "give the checkpoints a port of their own",
-                    )
-                ]
-    except AddressError:
-        return []  # said by check_addresses
+    serving = trainers if "min_trainers" in doc else trainers[:1]
+    taken = _port_user(doc, port, [h for _, h in serving])
+    if taken:
+        where = f"the {trainers[0][0].split('[')[0]}'s machine ({trainers[0][1]})"
+        if len(serving) > 1:
+            where = "a trainer's machine (with min_trainers any trainer may become the lead)"
+        return [
+            problem(
+                "checkpoint_port",
+                port,
+                f"{taken[0]} uses that port on {where}",
+                "give the checkpoints a port of their own",
+            )
+        ]
     return []
+
+
+def check_elastic(doc: dict) -> list[str]:
+    """`min_trainers` (a smaller group of multi_worker_mirrored trainers goes on without a lost one)
+    and `membership_port` (where each trainer machine's od-dist agrees the group with the others:
+    host/elastic.py). More than half of the trainers: the two sides of a split network can then
+    never both form a group."""
+    if "min_trainers" not in doc and "membership_port" not in doc:
+        return []
+    if "min_trainers" not in doc:
+        return [
+            problem(
+                "membership_port",
+                doc["membership_port"],
+                "used only with min_trainers",
+                "add min_trainers (e.g. 'min_trainers: 2'), or remove membership_port",
+            )
+        ]
+    wanted = doc["min_trainers"]
+    if infer_strategy(doc) == PARAMETER_SERVER:
+        return [
+            problem(
+                "min_trainers",
+                wanted,
+                "parameter_server trains on without a lost worker already, and its master holds the "
+                "checkpoints and the coordinator, so no group goes on without it",
+                "remove min_trainers, or use 'strategy: multi_worker_mirrored'",
+            )
+        ]
+    trainers = _trainer_hosts(doc)
+    n, half = len(trainers), len(trainers) // 2 + 1
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or not 1 <= wanted <= n:
+        return [
+            problem(
+                "min_trainers",
+                wanted,
+                f"not a number of trainers between 1 and {n} (the master and workers listed)",
+                f"write e.g. 'min_trainers: {max(1, half)}'",
+            )
+        ]
+    out = []
+    if wanted < half:
+        out.append(
+            problem(
+                "min_trainers",
+                wanted,
+                f"{wanted} of {n} trainers would let both sides of a split network train apart",
+                f"write more than half of them: {half} or more",
+            )
+        )
+    port = doc.get("membership_port")
+    if port is None:
+        return out + [
+            problem(
+                "min_trainers",
+                wanted,
+                "needs membership_port, where each trainer machine's od-dist agrees the group with the others",
+                "add a free port of every trainer's machine, e.g. 'membership_port: 2226'",
+            )
+        ]
+    if not _is_port(port):
+        return out + [
+            problem(
+                "membership_port",
+                port,
+                "not a port number between 1 and 65535",
+                "write a free port of every trainer's machine, e.g. 'membership_port: 2226'",
+            )
+        ]
+    if port == doc.get("checkpoint_port"):
+        return out + [
+            problem(
+                "membership_port", port, "checkpoint_port is the same port", "give each a port of its own"
+            )
+        ]
+    taken = _port_user(doc, port, [h for _, h in trainers])
+    if taken:
+        out.append(
+            problem(
+                "membership_port",
+                port,
+                f"{taken[0]} uses that port on a trainer's machine ({taken[1]})",
+                "give the membership a port of its own",
+            )
+        )
+    return out
 
 
 def infer_strategy(doc: dict) -> str | None:
@@ -382,6 +500,7 @@ def check_document(doc) -> list[str]:
         + check_strategy(doc)
         + check_num_clones(doc)
         + check_checkpoint_port(doc)
+        + check_elastic(doc)
         + check_hosts(doc)
     )
 

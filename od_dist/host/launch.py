@@ -173,10 +173,12 @@ def run(
     lead: str | None = None,
     eval_command: str | None = None,
     who: str = "launch",
+    elastic=None,
 ) -> int:
     """Starts the tasks, each with its `args` (`train ...`), supervises and restarts them
     (supervisor.py), returns the job's exit status. `lead`, `eval_command`: supervisor.Supervisor's.
-    `who`: the od-dist command that runs them, in its own lines."""
+    `who`: the od-dist command that runs them, in its own lines. `elastic`: (say) -> the
+    host/elastic.py agreement of an elastic job's trainers here, None for none."""
     log_dir = log_dir_for(model_dir)
     os.makedirs(log_dir, exist_ok=True)
     lock = threading.Lock()
@@ -201,6 +203,7 @@ def run(
         lead=lead,
         eval_command=eval_command,
         model_dir=model_dir,
+        elastic=elastic(say) if elastic else None,
     )
     previous = handle_signals(sup.on_signal)
     try:
@@ -225,11 +228,13 @@ def run_task(
     eval_command: str | None = None,
     model_dir: str | None = None,
     term_to_all: bool = False,
+    elastic=None,
 ) -> int:
     """`od-dist train --max_restarts N`: this machine's one task as a child (its output straight to
     the console), restarted by the same rules and messages as under launch. `lead`: the task writes
     the final checkpoint; `model_dir`: its --model_dir; `term_to_all`: a SIGTERM reaches the
-    master too (a Slurm task), so a server serves on until the master has saved."""
+    master too (a Slurm task), so a server serves on until the master has saved; `elastic`: as
+    for run()."""
 
     def say(message: str) -> None:
         print(f"od-dist train: {message}", file=sys.stderr, flush=True)
@@ -245,6 +250,7 @@ def run_task(
         eval_command=eval_command,
         model_dir=model_dir,
         term_to_all=term_to_all,
+        elastic=elastic(say) if elastic else None,
     )
     previous = handle_signals(sup.on_signal)
     try:

@@ -11,6 +11,7 @@ share), it is waited for as long as it makes progress (CPU or bytes written), wi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from od_dist.cluster.spec import Task
+from od_dist.host import elastic as elastic_mod
 from od_dist.host.policy import (
     BACKOFF_RESET_S,
     HEALTHY_S,
@@ -34,7 +36,7 @@ from od_dist.host.policy import (
     is_trainer,
     plan,
 )
-from od_dist.protocol import checkpoint_feed, exit_codes, notes
+from od_dist.protocol import checkpoint_feed, exit_codes, membership, notes
 
 # Stopping every task for a restart: the lost task held the variables (ps), was the one that saves
 # (master) or blocks every all-reduce, so the survivors have nothing consistent to save; they get
@@ -212,6 +214,10 @@ class Supervisor:
     lead_progress: Progress | None = None
     notes_root: str = ""  # the folders of the children's notes, one per start (notes.leave_for_supervisor)
     scratch: str = ""  # the children's temporary folders, one per start
+    # An elastic job (min_trainers): the trainers here start in the group the trainer machines agree
+    # (host/elastic.py), and a lost trainer means a new round rather than a restart of the same one.
+    elastic: elastic_mod.Elastic | None = None
+    regrouping: bool = False  # the trainers here were asked to stop for a new round
 
     def on_signal(self, signum, _frame=None) -> None:
         self.signals.append(signum)
@@ -224,14 +230,33 @@ class Supervisor:
         self.scratch = tempfile.mkdtemp(prefix="od-dist-tasks-")
         self.budget = Budget(self.max_restarts, time.monotonic(), self._newest_step(), self.healthy_s)
         try:
-            for task in self.tasks:
-                self.running[task.name] = self._start(task)
-            return self._loop()
+            with self._membership():
+                for task in self.tasks:
+                    if self.elastic is None or not is_trainer(self.strategy, task.role):
+                        self.running[task.name] = self._start(task)
+                return self._loop()
+        except MembershipPortTaken:
+            return exit_codes.FAILED
         finally:
             # Whatever happened (an exception included), no child outlives the supervisor.
             self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
             shutil.rmtree(self.notes_root, ignore_errors=True)
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _membership(self):
+        """This machine's membership state, served while the job runs here (an elastic job)."""
+        if self.elastic is None:
+            return contextlib.nullcontext()
+        host, port = self.elastic.address()
+        try:
+            server = self.elastic.server()
+        except OSError as e:
+            self.say(
+                f"membership_port: {port}: cannot serve on {host}:{port} ({e.strerror or e}); free the "
+                "port, or give membership_port another one in the cluster file"
+            )
+            raise MembershipPortTaken() from None
+        return server
 
     def _newest(self) -> tuple[int, str] | None:
         """(step, prefix) of the newest checkpoint in --model_dir here, None for none (or none
@@ -242,16 +267,20 @@ class Supervisor:
         newest = self._newest()
         return newest[0] if newest else None
 
-    def _start(self, task: Task) -> Running:
+    def _start(self, task: Task, group: membership.Group | None = None) -> Running:
         """Starts `task` with a temporary folder of its own (TMPDIR), removed once it exits: a task
         killed or lost cannot remove its temporary files (autograph's sources, a
-        multi_worker_mirrored worker's checkpoint copy), and each restart would add more."""
+        multi_worker_mirrored worker's checkpoint copy), and each restart would add more. `group`:
+        the round of an elastic job it trains in."""
         folder = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.scratch)
         # Its words in a folder of this start alone: a PID is reused once the child is gone, and
         # a word left by an earlier child must not speak for a later one.
         notes_dir = tempfile.mkdtemp(prefix=f"{task.role}-{task.index}-", dir=self.notes_root)
-        previous = {name: os.environ.get(name) for name in ("TMPDIR", notes.NOTES_ENV)}
-        os.environ.update({"TMPDIR": folder, notes.NOTES_ENV: notes_dir})
+        env = {"TMPDIR": folder, notes.NOTES_ENV: notes_dir}
+        if group is not None:
+            env[membership.GROUP_ENV] = group.to_env()
+        previous = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
         try:
             running = self.start(task)
         finally:
@@ -397,6 +426,10 @@ class Supervisor:
             code = self.lost[0][1]
             self.say(f"nothing left here: {ended} ended with no restart left; exit {code}")
             return code
+        if self.elastic is not None and self.elastic.history:
+            trained = self.elastic.trained(self._newest_step())
+            if trained:
+                self.say(trained)
         if self.lost:
             missing = (
                 f"; evaluation is missing ({', '.join(self.no_evaluation)})" if self.no_evaluation else ""
@@ -445,7 +478,15 @@ class Supervisor:
                 result = self._handle(exits)
                 if result is not None:
                     return result
-            if not self.running and not self.pending:
+            if self.elastic is not None:
+                result = self._elastic_step()
+                if result is not None:
+                    return result
+            if (
+                not self.running
+                and not self.pending
+                and (self.elastic is None or self.elastic.phase == elastic_mod.DONE)
+            ):
                 return self._succeeded()
             if self.first_done is not None:
                 result = self._after_training()
@@ -567,6 +608,8 @@ class Supervisor:
     def _done(self, task: Task) -> None:
         self.finished.add(task.name)
         self._finish(self.running.pop(task.name))
+        if self.elastic is not None and is_trainer(self.strategy, task.role):
+            self.elastic.done()
         if self.first_done is None and is_trainer(self.strategy, task.role):
             self.first_done = (task.name, time.monotonic())
             for t in self.tasks:  # a task lost meanwhile has nothing left to do
@@ -600,6 +643,8 @@ class Supervisor:
                 f"{task.name} was stopped by a person ({describe(code)}: Ctrl+C, on this machine or "
                 "another of the job); not restarted",
             )
+        if self.elastic is not None and p.action == RESTART_ALL:
+            return self._regroup(cause, code, exits)
         waited = [(t, c) for t, c in exits if self._waited_out(t)]
         if waited and p.action in (RESTART_ALL, RESTART_TASK):
             task, code = waited[0]
@@ -658,3 +703,84 @@ class Supervisor:
         for t in restart:
             self.pending[t.name] = due
         return None
+
+    # ----- an elastic job (host/elastic.py) ---------------------------------------------------------
+
+    def _trainers(self) -> list[Task]:
+        return [t for t in self.tasks if is_trainer(self.strategy, t.role)]
+
+    def _elastic_step(self) -> int | None:
+        """Forms the next round when no trainer runs here, or, while they train, stops them for a
+        machine that wants in; returns the job's exit status when this machine is done with it."""
+        e = self.elastic
+        running = [t for t in self._trainers() if t.name in self.running]
+        if e.phase == elastic_mod.TRAINING:
+            if running and not self.regrouping:
+                why = e.newcomer()
+                if why:
+                    names = ", ".join(t.name for t in running)
+                    self.say(f"{why}: asking {names} to save a checkpoint and stop, to go on in a new round")
+                    self.regrouping = True
+                    for r in self._runs(trainers=True):
+                        send(r, signal.SIGTERM)
+            return None
+        if e.phase == elastic_mod.DONE or running:
+            return None
+        group = e.form()
+        if group is not None:
+            for t in self._trainers():
+                self.running[t.name] = self._start(t, group)
+            return None
+        finished = e.finished_elsewhere()
+        if finished:
+            self.say(
+                f"the trainers of round {finished['round']} ({', '.join(finished['members'])}) finished the "
+                "job without this machine's"
+            )
+            e.done()
+            self.finished.update(t.name for t in self._trainers())
+            return None
+        if time.monotonic() - e.forming_since > e.wait_timeout:
+            self.say(
+                f"no group of at least min_trainers ({e.cluster.min_trainers}) formed within "
+                f"--wait_timeout ({e.wait_timeout:.0f} s); exit {exit_codes.LOST_PEER}"
+            )
+            return exit_codes.LOST_PEER
+        return None
+
+    def _regroup(self, cause: str, code: int, exits) -> int | None:
+        """A trainer here stopped, lost a peer or was lost: the trainers here stop, and this machine
+        forms the next round with the trainers up. A stop this supervisor asked for (a machine
+        wants in) is no failure; any other counts against --max_restarts, as a restart does."""
+        planned, self.regrouping = self.regrouping, False
+        how = "as asked"
+        if planned:
+            cause = f"{', '.join(t.name for t, _ in exits)} saved and stopped ({describe(code)})"
+        else:
+            now = time.monotonic()
+            if not self.budget.take(now, self._newest_step()):
+                root = f"; the first failure (root cause): {self.first_failure}" if self.budget.used else ""
+                self.say(
+                    f"{cause}; no restart left (--max_restarts {self.max_restarts}); stopping every task{root}"
+                )
+                return exit_codes.normalize(code)
+            if self.budget.used == 1:
+                self.first_failure = cause
+            self.restarts += 1
+            self.budget.started(now)
+            how = f"restart {self.budget.used}/{self.max_restarts}"
+        stop(self._runs(trainers=True), RESTART_STOP_GRACE_S, lambda: len(self.signals) > 1)
+        for t in self._trainers():
+            if t.name in self.running:
+                self._finish(self.running.pop(t.name))
+        self.say(
+            f"{cause}; {how}: forming the next round with the trainers up (min_trainers "
+            f"{self.elastic.cluster.min_trainers}), from the newest checkpoint any of them holds"
+        )
+        self.elastic.regroup()
+        evaluators = [t for t, _ in exits if t.role == "evaluator" and t.name in self.running]
+        return self._restart_evaluators(evaluators, exits) if evaluators else None
+
+
+class MembershipPortTaken(Exception):
+    """The membership port could not be served; said in one line."""

@@ -13,17 +13,16 @@ finds the checkpoint as it finds any other.
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import http.server
 import json
 import os
 import re
-import socket
 import threading
 import time
 import urllib.error
 import urllib.request
+
+from od_dist.protocol import serving
 
 # Said by eval, export and report when a model_dir here holds nothing: where a LAN job without a
 # shared folder left it.
@@ -73,42 +72,15 @@ class Feed:
         self._served: set[int] = set()  # steps whose every file went out whole
         self._sent: dict[int, set[str]] = {}
         self._have = 0  # the newest step a fetcher said it holds
-        feed = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - the name http.server calls
-                feed._answer(self)
-
-            def log_message(self, *args):  # no line per request on the console
-                pass
-
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-        class Server(http.server.ThreadingHTTPServer):
-            address_family = family
-            daemon_threads = True
-
-        try:
-            self._server = Server((host, port), Handler)  # the lead's address only
-            self.everywhere = False
-        except OSError as e:
-            if e.errno != errno.EADDRNOTAVAIL:
-                raise
-            # A name that resolves to an address this machine does not hold (WSL2 behind a port
-            # proxy): every interface, as TensorFlow's server on the lead's own port listens.
-            self._server = Server(("::" if family == socket.AF_INET6 else "0.0.0.0", port), Handler)
-            self.everywhere = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="checkpoint-feed", daemon=True
-        )
+        self._server = serving.Server(host, port, self._answer, "checkpoint-feed")
+        self.everywhere = self._server.everywhere
 
     def __enter__(self):
-        self._thread.start()
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.__exit__(*exc)
 
     def listing(self) -> dict:
         """What `GET /` answers: the job, the newest checkpoint's step and its files."""
@@ -136,12 +108,7 @@ class Feed:
             if have:  # the fetcher's newest step: a number it reports, nothing is written
                 with self._lock:
                     self._have = max(self._have, int(have.group(1)))
-            body = json.dumps(self.listing()).encode()
-            request.send_response(200)
-            request.send_header("Content-Type", "application/json")
-            request.send_header("Content-Length", str(len(body)))
-            request.end_headers()
-            request.wfile.write(body)
+            serving.send_json(request, self.listing())
             return
         m = _FILE.match(name)
         path = os.path.join(self.model_dir, name)
@@ -179,14 +146,10 @@ class FeedError(Exception):
     """A fetch that failed: said in one line; the next poll tries again."""
 
 
-def _url(host: str, port: int, path: str) -> str:
-    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/{path}"
-
-
 def read_listing(host: str, port: int, timeout: float = TIMEOUT_S, have: int = 0) -> dict:
     """The feed's listing (`have`: the newest step the caller holds); raises FeedError (not
     reachable, not a feed)."""
-    url = _url(host, port, f"?have={have}")
+    url = serving.url(host, port, f"?have={have}")
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             listing = json.loads(answer.read(1 << 20))
@@ -237,7 +200,7 @@ def fetch(host: str, port: int, job: str, model_dir: str, timeout: float = TIMEO
 def _fetch_file(host: str, port: int, entry: dict, model_dir: str, timeout: float) -> tuple[str, str]:
     name, size, want = entry["name"], int(entry["size"]), entry["sha256"]
     part = os.path.join(model_dir, FETCH_PART + name)
-    url = _url(host, port, name)
+    url = serving.url(host, port, name)
     digest, got = hashlib.sha256(), 0
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer, open(part, "wb") as out:
@@ -289,12 +252,15 @@ def _remove(path: str) -> None:
 
 class Follower:
     """Fetches the lead's newest checkpoint into `model_dir` every `every_s` seconds, in a thread,
-    saying each one (and each change between reachable and not) in one line through `say`."""
+    saying each one (and each change between reachable and not) in one line through `say`.
+    `feeds`: where a lead may serve, (host, port) each, the usual lead's first: an elastic job's
+    lead moves to another trainer's machine when its own is lost (cluster.checkpoint_feeds())."""
 
-    def __init__(self, host: str, port: int, job: str, model_dir: str, say, every_s: float = 2.0):
-        self.host, self.port, self.job, self.model_dir, self.say = host, port, job, model_dir, say
+    def __init__(self, feeds, job: str, model_dir: str, say, every_s: float = 2.0):
+        self.feeds, self.job, self.model_dir, self.say = list(feeds), job, model_dir, say
         self.every_s = every_s
         self.reachable: bool | None = None
+        self._at = 0  # the feed asked now: the last that answered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="checkpoint-follower", daemon=True)
 
@@ -306,23 +272,35 @@ class Follower:
         self._stop.set()
         self._thread.join(TIMEOUT_S)
 
+    def _where(self, at: int) -> str:
+        host, port = self.feeds[at]
+        return f"the checkpoint feed at {host}:{port}"
+
     def poll(self) -> int | None:
-        """One fetch; the step fetched, or None."""
-        where = f"the checkpoint feed at {self.host}:{self.port}"
+        """One fetch; the step fetched, or None. A feed that fails hands over to the next."""
+        at = self._at
+        host, port = self.feeds[at]
         try:
-            step = fetch(self.host, self.port, self.job, self.model_dir)
+            step = fetch(host, port, self.job, self.model_dir)
         except FeedError as e:
+            others = (
+                f" (or {', '.join(f'{h}:{p}' for h, p in self.feeds[:at] + self.feeds[at + 1 :])}, "
+                "where the lead moves)"
+                if len(self.feeds) > 1
+                else ""
+            )
             if self.reachable is None:
-                self.say(f"waiting for {where} ({e})")
+                self.say(f"waiting for {self._where(at)}{others} ({e})")
             elif self.reachable:
-                self.say(f"{where}: {e}; trying again every {self.every_s:.0f} s")
+                self.say(f"{self._where(at)}: {e}; trying again every {self.every_s:.0f} s{others}")
             self.reachable = False
+            self._at = (at + 1) % len(self.feeds)
             return None
         if not self.reachable:
-            self.say(f"{where} is up")
+            self.say(f"{self._where(at)} is up")
         self.reachable = True
         if step is not None:
-            self.say(f"fetched ckpt-{step} from {where} into {self.model_dir}, checked whole")
+            self.say(f"fetched ckpt-{step} from {self._where(at)} into {self.model_dir}, checked whole")
         return step
 
     def _run(self) -> None:

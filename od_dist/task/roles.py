@@ -396,12 +396,12 @@ def _following(config: TrainConfig):
     from od_dist.protocol import checkpoint_feed
 
     cluster = config.selected.cluster
-    at = cluster.checkpoint_feed() if cluster is not None else None
-    if at is None:
+    feeds = [(a.host, a.port) for a in cluster.checkpoint_feeds()] if cluster is not None else []
+    if not feeds:
         yield None
         return
     say = lambda line: print(f"evaluator: {line}", flush=True)
-    with checkpoint_feed.Follower(at.host, at.port, cluster.job_id(), config.model_dir, say) as follower:
+    with checkpoint_feed.Follower(feeds, cluster.job_id(), config.model_dir, say) as follower:
         yield follower
 
 

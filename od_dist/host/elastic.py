@@ -1,0 +1,282 @@
+"""An elastic multi_worker_mirrored job (the cluster file's min_trainers): the group that trains is
+agreed by the trainer machines' own od-dist supervisors, over their membership ports, without a
+shared folder or a service outside the job. TensorFlow's all-reduce needs a fixed group, so a change
+of members is a new round: every member's trainers start again, in the round's cluster, from the
+newest checkpoint any member holds (task/controller.py's resume sends it to those behind).
+
+The rules, for each trainer machine:
+  - Its phase: forming (no trainer of its runs), ready (it took a proposal and waits for every
+    member to take it), training, or done (its trainers finished).
+  - The first machine in the cluster file's order (the master, worker 0, 1, ...) among those forming
+    or ready leads the forming. Once the machines it sees forming have stayed the same for SETTLE_S,
+    it proposes them as the next round (one past the highest any machine shows), if they are at least
+    min_trainers and the global batch splits over their replicas (the same arithmetic, only slower).
+    Before the job's first round it waits for every trainer, up to --wait_timeout.
+  - A forming machine takes its lead's proposal when it is a member; a ready machine starts its
+    trainers once every member shows the same round and members, and drops the proposal after
+    CONFIRM_S otherwise.
+  - A training machine that sees another forming (a member whose trainer was lost, a machine back)
+    asks its trainers to stop: they save a checkpoint at one step (task/stop.py), and all form the
+    next round from it.
+Never two groups: min_trainers is more than half of the trainers (cluster/validate.py), a machine
+trains in one round at a time, and a group trains only while every member does (the all-reduce), so
+two groups would need a machine in both. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from od_dist.cluster import hostport
+from od_dist.cluster.spec import Cluster, Task
+from od_dist.protocol import membership
+from od_dist.protocol.membership import Group
+
+FORMING, READY, TRAINING, DONE = "forming", "ready", "training", "done"
+SETTLE_S = 3.0  # the machines seen forming unchanged this long: none is still on its way
+CONFIRM_S = 30.0  # a proposal not taken by every member within this is dropped
+LOOK_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Round:
+    round: int
+    members: tuple[str, ...]
+    step: int  # the newest checkpoint it started from (0: none)
+
+
+def machines(cluster: Cluster) -> dict[str, tuple[str, ...]]:
+    """The trainers of each machine (hostport.machine_of), in the cluster file's order."""
+    out: dict[str, list[str]] = {}
+    for t in cluster.trainers():
+        out.setdefault(hostport.machine_of(t.address.host), []).append(t.name)
+    return {m: tuple(names) for m, names in out.items()}
+
+
+@dataclass
+class Elastic:
+    """This machine's side of the agreement. `here`: its trainers; `newest_step`: its newest
+    checkpoint's step (None: none); `batch_problem(members)`: why the global batch cannot split
+    over those trainers' replicas, or None; `addresses`: each machine's membership address
+    (default: its first trainer's host and the cluster's membership_port)."""
+
+    cluster: Cluster
+    here: tuple[Task, ...]
+    say: Callable[[str], None]
+    wait_timeout: float
+    newest_step: Callable[[], int | None]
+    batch_problem: Callable[[tuple[str, ...]], str | None]
+    addresses: dict[str, tuple[str, int]] | None = None
+    settle_s: float = SETTLE_S
+    confirm_s: float = CONFIRM_S
+    look_every_s: float = LOOK_EVERY_S
+    clock: Callable[[], float] = time.monotonic
+    phase: str = FORMING
+    round: int = 0
+    members: tuple[str, ...] = ()
+    history: list[Round] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.names = [t.name for t in self.cluster.trainers()]
+        self.tasks_of = machines(self.cluster)
+        self.mine = next(m for m, names in self.tasks_of.items() if self.here[0].name in names)
+        if self.addresses is None:
+            hosts = {t.name: t.address.host for t in self.cluster.trainers()}
+            self.addresses = {
+                m: (hosts[names[0]], self.cluster.membership_port) for m, names in self.tasks_of.items()
+            }
+        self.order = sorted(self.tasks_of, key=lambda m: self.names.index(self.tasks_of[m][0]))
+        self.job = self.cluster.job_id()
+        now = self.clock()
+        self.started_at = self.forming_since = now
+        self._alive: dict[str, dict] = {}
+        self._looked_at = float("-inf")
+        self._settled: tuple[frozenset, float] = (frozenset(), now)
+        self._proposed_at = now
+        self._said = ""
+
+    # ----- what this machine says, what it reads ------------------------------------------------
+
+    def address(self) -> tuple[str, int]:
+        return self.addresses[self.mine]
+
+    def server(self) -> membership.StateServer:
+        host, port = self.address()
+        return membership.StateServer(host, port, self.state)
+
+    def state(self) -> dict:
+        return {
+            "job": self.job,
+            "trainers": list(self.tasks_of[self.mine]),
+            "phase": self.phase,
+            "round": self.round,
+            "members": list(self.members),
+            "step": self.newest_step() or 0,
+            "history": [[r.round, list(r.members), r.step] for r in self.history],
+        }
+
+    def _look(self, now: float) -> dict[str, dict]:
+        """The other machines that answer, with their states (at most once a look_every_s)."""
+        if now - self._looked_at >= self.look_every_s:
+            others = [m for m in self.order if m != self.mine]
+            states = membership.read_all([self.addresses[m] for m in others])
+            self._alive = {m: s for m, s in zip(others, states) if s and s.get("job") == self.job}
+            self._looked_at = now
+        return self._alive
+
+    def _say_once(self, line: str) -> None:
+        if line != self._said:
+            self._said = line
+            self.say(line)
+
+    def _machines_of(self, members) -> list[str]:
+        return [m for m in self.order if set(self.tasks_of[m]) & set(members)]
+
+    # ----- forming --------------------------------------------------------------------------------
+
+    def regroup(self, now: float | None = None) -> None:
+        """This machine's trainers stopped (lost a peer, or asked to stop): it forms again."""
+        self.phase, self.forming_since = FORMING, self.clock() if now is None else now
+        self._settled = (frozenset(), self.forming_since)
+        self._looked_at = float("-inf")
+
+    def finished_elsewhere(self) -> dict | None:
+        """The state of a machine whose trainers finished the job (while this one formed)."""
+        return next((s for s in self._alive.values() if s["phase"] == DONE), None)
+
+    def form(self, now: float | None = None) -> Group | None:
+        """One step of forming: the group to start this machine's trainers in, once agreed."""
+        now = self.clock() if now is None else now
+        alive = self._look(now)
+        if self.phase == READY:
+            return self._confirm(now, alive)
+        training = [s for s in alive.values() if s["phase"] == TRAINING]
+        if training or self.finished_elsewhere():
+            if training:
+                s = training[0]
+                self._say_once(
+                    f"waiting to join the group of round {s['round']} ({', '.join(s['members'])}): it saves a "
+                    "checkpoint and goes on with this machine"
+                )
+            return None
+        up = [m for m in self.order if m == self.mine or alive.get(m, {}).get("phase") in (FORMING, READY)]
+        lead = up[0]
+        if lead != self.mine:
+            s = alive[lead]
+            if (
+                s["phase"] == READY
+                and s["round"] > self.round
+                and set(self.tasks_of[self.mine]) <= set(s["members"])
+            ):
+                self.history = [Round(r, tuple(m), step) for r, m, step in s["history"]]
+                self._take(Group(s["round"], tuple(s["members"])), now)
+            return None
+        return self._propose(now, alive)
+
+    def _propose(self, now: float, alive: dict[str, dict]) -> None:
+        forming = [m for m in self.order if m == self.mine or alive.get(m, {}).get("phase") == FORMING]
+        if frozenset(forming) != self._settled[0]:
+            self._settled = (frozenset(forming), now)
+            return None
+        if now - self._settled[1] < self.settle_s:
+            return None
+        members = tuple(n for n in self.names if any(n in self.tasks_of[m] for m in forming))
+        missing = [n for n in self.names if n not in members]
+        histories = [self.history] + [
+            [Round(r, tuple(m), step) for r, m, step in s["history"]] for s in alive.values()
+        ]
+        history = max(histories, key=lambda h: h[-1].round if h else 0)
+        if missing:
+            up = f"{len(members)} of {len(self.names)} trainers up ({', '.join(members)}; not up: {', '.join(missing)})"
+            if len(members) < self.cluster.min_trainers:
+                self._say_once(f"waiting: {up}; a group needs min_trainers {self.cluster.min_trainers}")
+                return None
+            if not history and now - self.started_at < self.wait_timeout:
+                self._say_once(
+                    f"waiting for every trainer before the first round: {up}; after --wait_timeout "
+                    f"({self.wait_timeout:.0f} s from the start) the {len(members)} up start"
+                )
+                return None
+            problem = self.batch_problem(members)
+            if problem:
+                self._say_once(f"no group of {', '.join(members)}: {problem}; waiting for a trainer more")
+                return None
+        self.history = list(history)
+        rounds = [self.round] + [s["round"] for s in alive.values()] + [h[-1].round for h in histories if h]
+        self._take(Group(max(rounds) + 1, members), now)
+        return None
+
+    def _take(self, group: Group, now: float) -> None:
+        self.phase, self.round, self.members = READY, group.round, group.members
+        self._proposed_at = now
+        self._looked_at = float("-inf")  # the members' answers, at once
+
+    def _confirm(self, now: float, alive: dict[str, dict]) -> Group | None:
+        want = (self.round, list(self.members))
+        waiting = [
+            m
+            for m in self._machines_of(self.members)
+            if m != self.mine
+            and not (
+                alive.get(m, {}).get("phase") in (READY, TRAINING)
+                and (alive[m]["round"], alive[m]["members"]) == want
+            )
+        ]
+        if not waiting:
+            step = max(
+                [self.newest_step() or 0]
+                + [alive[m]["step"] for m in self._machines_of(self.members) if m in alive]
+            )
+            self.history.append(Round(self.round, self.members, step))
+            self.phase = TRAINING
+            self.say(self.round_line())
+            return Group(self.round, self.members)
+        if now - self._proposed_at > self.confirm_s:
+            names = ", ".join(n for m in waiting for n in self.tasks_of[m])
+            self.say(
+                f"round {self.round} was not taken by {names} within {self.confirm_s:.0f} s; forming again"
+            )
+            self.regroup(now)
+        return None
+
+    def round_line(self) -> str:
+        r = self.history[-1]
+        missing = [n for n in self.names if n not in r.members]
+        without = f"; without {', '.join(missing)}" if missing else ""
+        return (
+            f"round {r.round}: {', '.join(r.members)} train from step {r.step:,} "
+            f"({len(r.members)} of {len(self.names)} trainers{without})"
+        )
+
+    # ----- training -------------------------------------------------------------------------------
+
+    def newcomer(self, now: float | None = None) -> str | None:
+        """While training: a machine forming (a member that lost its trainers, a machine back), which
+        the group stops for (a checkpoint, then a round with it); None while there is none."""
+        now = self.clock() if now is None else now
+        for m, s in self._look(now).items():
+            same = (s["round"], s["members"]) == (self.round, list(self.members))
+            if s["phase"] == FORMING or (s["phase"] == READY and not same):
+                names = ", ".join(s["trainers"])
+                if set(s["trainers"]) & set(self.members):
+                    return f"{names} of round {self.round} is forming a new group"
+                return f"{names} is up and waiting to join"
+        return None
+
+    def done(self) -> None:
+        self.phase = DONE
+
+    def trained(self, final_step: int | None) -> str:
+        """Who trained which steps: `trained steps 0-1,200 on 3 of 3 trainers, 1,200-3,000 on 2 of
+        3 trainers (without worker:1)`; rounds that trained no step are left out."""
+        parts = []
+        for i, r in enumerate(self.history):
+            end = self.history[i + 1].step if i + 1 < len(self.history) else (final_step or r.step)
+            if end <= r.step:
+                continue
+            missing = [n for n in self.names if n not in r.members]
+            without = f" (without {', '.join(missing)})" if missing else ""
+            parts.append(f"{r.step:,}-{end:,} on {len(r.members)} of {len(self.names)} trainers{without}")
+        return "trained steps " + ", ".join(parts) if parts else ""

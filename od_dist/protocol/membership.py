@@ -1,0 +1,82 @@
+"""What each trainer machine of an elastic job (the cluster file's min_trainers) says of itself to
+the others, and what its supervisor tells the trainers it starts: the group they train in.
+
+Each trainer machine's od-dist serves its state, read-only JSON, on the cluster file's
+membership_port (`GET /`: the job, its trainers, its phase, the round and members it trains in, its
+newest checkpoint's step, the rounds so far) and reads the others'. The rules that agree one group
+from what they read are host/elastic.py's. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from od_dist.protocol import serving
+
+TIMEOUT_S = 2.0  # a machine that does not answer within this is not up, for this look
+# The supervisor's word to the trainers it starts: the round and its members (by their names in
+# the cluster file), as JSON.
+GROUP_ENV = "OD_DIST_GROUP"
+
+
+@dataclass(frozen=True)
+class Group:
+    round: int
+    members: tuple[str, ...]  # the trainers, by their names in the cluster file
+
+    def to_env(self) -> str:
+        return json.dumps({"round": self.round, "members": list(self.members)})
+
+
+def group_from_env() -> Group | None:
+    """The group this trainer was started in by its supervisor, None outside an elastic job."""
+    text = os.environ.get(GROUP_ENV)
+    if not text:
+        return None
+    value = json.loads(text)
+    return Group(int(value["round"]), tuple(value["members"]))
+
+
+class StateServer:
+    """Serves `state()` on (host, port) while entered."""
+
+    def __init__(self, host: str, port: int, state: Callable[[], dict]):
+        self._server = serving.Server(host, port, lambda request: self._answer(request, state), "membership")
+        self.everywhere = self._server.everywhere
+
+    @staticmethod
+    def _answer(request, state) -> None:
+        if request.path.partition("?")[0] not in ("", "/"):
+            request.send_error(404)
+            return
+        serving.send_json(request, state())
+
+    def __enter__(self):
+        self._server.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._server.__exit__(*exc)
+
+
+def read(host: str, port: int, timeout: float = TIMEOUT_S) -> dict | None:
+    """A machine's state, None when it does not answer (or answers with no state)."""
+    try:
+        with urllib.request.urlopen(serving.url(host, port, ""), timeout=timeout) as answer:
+            state = json.loads(answer.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def read_all(addresses, timeout: float = TIMEOUT_S) -> list[dict | None]:
+    """read() of every (host, port), at once: one silent machine costs one timeout, not one each."""
+    if not addresses:
+        return []
+    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
+        return list(pool.map(lambda a: read(a[0], a[1], timeout), addresses))

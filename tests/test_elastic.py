@@ -1,0 +1,289 @@
+"""The agreement of an elastic job's group (host/elastic.py), machine by machine, over real
+membership servers on loopback: each simulated machine is an Elastic with its own port, stepped
+as its supervisor steps it, its trainers standing in as a flag. The rounds' trainers themselves run
+in tests/test_multihost.py; here the rules run in seconds, through every race the issue names."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from od_dist.cluster import spec
+from od_dist.host import elastic
+from od_dist.protocol import membership
+
+HOSTS = ["10.9.0.1", "10.9.0.2", "10.9.0.3", "10.9.0.4"]
+FAST = dict(settle_s=0.3, confirm_s=3.0, look_every_s=0.1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster_of(n: int, min_trainers: int) -> spec.Cluster:
+    return spec.from_document(
+        {
+            "strategy": "multi_worker_mirrored",
+            "master": f"{HOSTS[0]}:2222",
+            "worker": [f"{h}:2222" for h in HOSTS[1:n]],
+            "min_trainers": min_trainers,
+            "membership_port": 2226,
+        }
+    )
+
+
+class Machine:
+    """One trainer machine: its Elastic, served; `trains` stands for its trainers."""
+
+    def __init__(self, cluster, index, ports, batch_problem=None, wait_timeout=60.0, lines=None):
+        self.task = cluster.trainers()[index]
+        self.lines = lines if lines is not None else []
+        self.ports = ports
+        self.e = elastic.Elastic(
+            cluster,
+            (self.task,),
+            lambda line: self.lines.append(f"{self.task.name}: {line}"),
+            wait_timeout,
+            lambda: self.step,
+            batch_problem or (lambda members: None),
+            addresses={h: ("127.0.0.1", ports[h]) for h in HOSTS[: len(cluster.trainers())]},
+            **FAST,
+        )
+        self.server = self.e.server().__enter__()
+        self.trains: membership.Group | None = None
+        self.step = 0
+
+    def tick(self) -> None:
+        e = self.e
+        if e.phase == elastic.TRAINING:
+            why = e.newcomer()
+            if why:  # its supervisor asks its trainers to save and stop
+                self.lines.append(f"{self.task.name}: {why}")
+                self.lose_trainers()
+        elif e.phase != elastic.DONE:
+            group = e.form()
+            if group is not None:
+                self.trains = group
+
+    def lose_trainers(self) -> None:
+        self.trains = None
+        self.e.regroup()
+
+    def power_off(self) -> None:
+        self.trains = None
+        self.server.__exit__(None, None, None)
+
+
+class Cluster:
+    """The machines, stepped together in a thread, with the one invariant checked at every tick:
+    never two groups training at once (a group trains while all its members train in it)."""
+
+    def __init__(self, n, min_trainers, absent=(), **kwargs):
+        self.cluster = cluster_of(n, min_trainers)
+        self.ports = {h: _free_port() for h in HOSTS[:n]}
+        self.lines: list[str] = []
+        self.machines = [
+            None if i in absent else Machine(self.cluster, i, self.ports, lines=self.lines, **kwargs)
+            for i in range(n)
+        ]
+        self.groups_seen: list[tuple[int, tuple[str, ...]]] = []
+        self.violations: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                for m in self.machines:
+                    if m is not None:
+                        m.tick()
+                self._check()
+            time.sleep(0.02)
+
+    def _check(self) -> None:
+        training = {}
+        for m in self.machines:
+            if m is not None and m.trains is not None:
+                training.setdefault((m.trains.round, m.trains.members), set()).add(m.task.name)
+        formed = [g for g, names in training.items() if names == set(g[1])]
+        if len(formed) > 1:
+            self.violations.append(f"two groups train at once: {formed}")
+        for g in formed:
+            if len(g[1]) < self.cluster.min_trainers:
+                self.violations.append(f"a group below min_trainers: {g}")
+            if g not in self.groups_seen:
+                self.groups_seen.append(g)
+
+    def wait_for(self, members: tuple[str, ...], timeout: float = 30.0) -> tuple[int, tuple[str, ...]]:
+        """Until a group of exactly `members` trains on all of them; returns it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                found = [g for g in self.groups_seen if g[1] == members]
+                if found and all(
+                    m.trains == membership.Group(*found[-1])
+                    for m in self.machines
+                    if m is not None and m.task.name in members
+                ):
+                    return found[-1]
+            time.sleep(0.05)
+        raise AssertionError(
+            f"no group of {members} in {timeout} s: {self.groups_seen}\n" + "\n".join(self.lines)
+        )
+
+    def act(self, fn) -> None:
+        with self._lock:
+            fn(self)
+
+    def power_off(self, i: int) -> None:
+        """Every process of machine i gone: its trainers and its od-dist."""
+        with self._lock:
+            self.machines[i].power_off()
+            self.machines[i] = None
+
+    def start(self, i: int) -> None:
+        """Its od-dist started again (by its script or at boot), with nothing of its past."""
+        with self._lock:
+            self.machines[i] = Machine(self.cluster, i, self.ports, lines=self.lines)
+
+    def lose_trainers(self, *indexes: int) -> None:
+        """The trainers of these machines fail at once (a peer lost, an all-reduce aborted)."""
+        with self._lock:
+            for i in indexes:
+                self.machines[i].lose_trainers()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for m in self.machines:
+            if m is not None:
+                m.power_off()
+
+
+@pytest.fixture
+def clusters():
+    made = []
+
+    def make(n, min_trainers, **kwargs):
+        made.append(Cluster(n, min_trainers, **kwargs))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+        assert not c.violations, c.violations
+
+
+ALL3 = ("master:0", "worker:0", "worker:1")
+
+
+def test_three_machines_agree_one_group_then_go_on_without_a_lost_one_and_take_it_back(clusters):
+    c = clusters(3, 2)
+    first = c.wait_for(ALL3)
+    assert first[0] == 1
+    # Two trainers lost at the same moment (a collective aborted): the third stops for them; one
+    # round follows, with every machine.
+    c.lose_trainers(1, 2)
+    second = c.wait_for(ALL3)
+    assert second[0] > first[0]
+    # worker 1's machine lost for good: the others' trainers fail on it; the two up go on.
+    c.power_off(2)
+    c.act(lambda c: [setattr(m, "step", 1200) for m in c.machines if m])
+    c.lose_trainers(0, 1)
+    smaller = c.wait_for(("master:0", "worker:0"))
+    assert any("without worker:1" in line for line in c.lines), c.lines
+    # It comes back with an empty disk: the group saves and stops for it; the next round has all.
+    c.act(lambda c: [setattr(m, "step", 1500) for m in c.machines if m])  # the save made for it
+    c.start(2)
+    again = c.wait_for(ALL3)
+    assert again[0] > smaller[0]
+    assert any("worker:1 is up and waiting to join" in line for line in c.lines), c.lines
+    joined = c.machines[2].e
+    assert [(r.round, r.members, r.step) for r in joined.history][-2:] == [
+        (smaller[0], smaller[1], 1200),
+        (again[0], ALL3, 1500),
+    ]
+    c.act(lambda c: [m.e.done() for m in c.machines if m])
+    assert joined.trained(2000).endswith(
+        "1,200-1,500 on 2 of 3 trainers (without worker:1), 1,500-2,000 on 3 of 3 trainers"
+    ), joined.trained(2000)
+    assert c.groups_seen == sorted(c.groups_seen)  # rounds only go up
+
+
+def test_the_masters_machine_lost_for_good_the_lead_moves(clusters):
+    c = clusters(3, 2)
+    c.wait_for(ALL3)
+    c.power_off(0)
+    c.lose_trainers(1, 2)
+    group = c.wait_for(("worker:0", "worker:1"))
+    lead = c.cluster.group(group[1]).lead_task()
+    assert lead.name == "worker:0" and lead.address.host == HOSTS[1]
+    # Its place in a round: the workers numbered again over the members, the file's host kept.
+    worker1 = c.cluster.task("worker", 1)
+    assert c.cluster.in_group(worker1, group[1]).name == "worker:1"
+    moved = c.cluster.in_group(worker1, ("master:0", "worker:1"))
+    assert moved.name == "worker:0" and moved.address == worker1.address
+    assert c.cluster.group(("master:0", "worker:1")).job_id() == c.cluster.job_id()
+
+
+def test_a_machine_that_returns_while_a_group_forms_makes_no_second_group(clusters):
+    c = clusters(3, 2)
+    c.wait_for(ALL3)
+    c.power_off(2)
+    c.lose_trainers(0, 1)
+    # Back just as the two others settle on a round without it.
+    deadline = time.monotonic() + 10
+    while c.machines[0].e.phase != elastic.READY and time.monotonic() < deadline:
+        time.sleep(0.01)
+    c.start(2)
+    c.wait_for(ALL3)  # one group after the other; the invariant is checked at every tick
+
+
+def test_a_split_where_each_side_is_below_the_minimum_trains_nowhere_until_it_heals(clusters):
+    c = clusters(4, 3)
+    c.wait_for(ALL3 + ("worker:2",))
+    closed = _free_port()  # nothing listens there: a machine across the split
+    sides = ({HOSTS[0], HOSTS[1]}, {HOSTS[2], HOSTS[3]})
+
+    def split(c):
+        for m, host in zip(c.machines, HOSTS):
+            side = sides[0] if host in sides[0] else sides[1]
+            m.e.addresses.update({h: ("127.0.0.1", closed) for h in HOSTS if h not in side})
+            m.lose_trainers()
+
+    c.act(split)
+    time.sleep(3)  # ten settle periods: time enough to form, were it allowed
+    assert all(m.trains is None for m in c.machines), c.groups_seen
+    assert sum("a group needs min_trainers 3" in line for line in c.lines) >= 2, c.lines
+
+    def heal(c):
+        for m in c.machines:
+            m.e.addresses.update({h: ("127.0.0.1", c.ports[h]) for h in HOSTS})
+
+    c.act(heal)
+    c.wait_for(ALL3 + ("worker:2",))
+
+
+def test_a_group_whose_batch_cannot_split_is_not_formed_said_in_one_line(clusters):
+    odd = lambda members: None if len(members) != 2 else "global_batch_size: 3 does not split over 2"  # noqa: E731
+    c = clusters(3, 2, batch_problem=odd)
+    c.wait_for(ALL3)
+    c.power_off(2)
+    c.lose_trainers(0, 1)
+    time.sleep(2)
+    assert all(m.trains is None for m in c.machines[:2])
+    said = [line for line in c.lines if "no group of master:0, worker:0" in line]
+    assert said == [
+        "master:0: no group of master:0, worker:0: global_batch_size: 3 does not split over 2; waiting for a trainer more"
+    ], c.lines
+
+
+def test_the_first_round_waits_for_every_trainer_then_starts_with_those_up(clusters):
+    c = clusters(3, 2, absent=(2,), wait_timeout=2.0)
+    c.wait_for(("master:0", "worker:0"))
+    assert any("waiting for every trainer before the first round" in line for line in c.lines), c.lines
