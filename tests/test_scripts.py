@@ -1065,3 +1065,238 @@ def test_scripts_for_a_large_cluster_check_each_task_in_time_linear_in_the_tasks
         counts[workers] = int(r.stderr.split("CALLS ")[-1])
     # Linear: twice the tasks, about twice the calls (quadratic: four times, 160,000 at 400).
     assert counts[800] < 2.5 * counts[400] and counts[400] < 50 * 402, counts
+
+
+# ----- start at boot (--at_boot) --------------------------------------------------------------
+
+# Every character a unit file's syntax or a shell treats specially (Linux), and cmd (Windows: no `%`,
+# which a task at startup cannot carry, nor `"`, which no Windows path holds).
+BOOT_LINUX_WORKDIR = "//srv/od dist/./x/../a%b$c'd\\e\"f é;g&h(i)"
+BOOT_WINDOWS_WORKDIR = "C:\\Program Files (x86)\\od dist&x^y!z\\"
+
+
+def boot_launches(hosts):
+    """The launches of the master (10.0.0.1) and the worker (10.0.0.2) with these hosts settings."""
+    doc = {"master": "10.0.0.1:2222", "worker": ["10.0.0.2:2222"], "hosts": hosts}
+    by_host = {
+        x.host: x for x in machines.launches(cluster_mod.from_document(doc), "c.yaml", ["--model_dir=m"])
+    }
+    return by_host["10.0.0.1"], by_host["10.0.0.2"]
+
+
+def unit_settings(text):
+    """A unit file's settings, each key's values in order (comments and section lines left out)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def systemd_words(line):
+    """A unit's command line as systemd reads it (systemd.syntax(7), systemd.service(5)): words split
+    at spaces outside double quotes, C escapes, `%%` (a specifier) and `$$` (a variable) undone."""
+    words = re.findall(r'"((?:[^"\\]|\\.)*)"|(\S+)', line)
+    undo = re.compile(r"%%|\$\$|\\(.)")
+    return [undo.sub(lambda m: m.group(1) or m.group(0)[0], a or b) for a, b in words]
+
+
+def test_at_boot_systemd_unit(tmp_path):
+    from od_dist.protocol import exit_codes
+    from od_dist.render import boot
+
+    master, _ = boot_launches({"10.0.0.1": {"os": "linux", "workdir": BOOT_LINUX_WORKDIR}})
+    text = boot.render_unit(master, boot.AtBoot(grace_period=200))
+    s = unit_settings(text)
+    real_workdir = "/srv/od dist/a%b$c'd\\e\"f é;g&h(i)"  # `//`, `.`, `..` resolved, as the .sh's `cd` does
+    assert s["WorkingDirectory"] == [real_workdir.replace("%", "%%")]  # specifiers only: no quoting there
+    # The script by its absolute path, in the working directory, through bash (no mode bit needed).
+    assert systemd_words(s["ExecStart"][0]) == ["/bin/bash", real_workdir + "/master-0.sh"]
+    assert boot.script_path(master, "linux") == real_workdir + "/master-0.sh"
+    assert s["Wants"] == s["After"] == ["network-online.target"] and s["WantedBy"] == ["multi-user.target"]
+    assert "User" not in s  # root, as the README says
+    assert s["Restart"] == ["on-failure"] and s["RestartSec"] == ["5"]
+    # Restart=on-failure restarts every exit but 0, SuccessExitStatus and RestartPreventExitStatus:
+    # exactly the retryable ones, without a person's stop.
+    clean = {0, *map(int, s["SuccessExitStatus"][0].split())}
+    prevented = set(map(int, s["RestartPreventExitStatus"][0].split()))
+    restarted = {c for c in exit_codes.MEANINGS if c not in clean | prevented}
+    assert restarted == {137, 138, 143} == exit_codes.RETRYABLE - {exit_codes.INTERRUPTED}
+    assert clean == {0, 130} and prevented == {1, 2}
+    # SIGTERM to od-dist only, which stops its tasks; killed only after the trainers' save.
+    assert s["KillMode"] == ["mixed"] and s["TimeoutStopSec"] == ["230"]
+    s = unit_settings(boot.render_unit(master, boot.AtBoot(user="od-dist")))
+    assert s["User"] == ["od-dist"] and s["TimeoutStopSec"] == ["150"]
+    with pytest.raises(scripts.ScriptError, match="not a Linux user name"):
+        boot.render_unit(master, boot.AtBoot(user="LAB\\od dist"))
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze")
+def test_at_boot_units_pass_systemd_analyze_verify(tmp_path):
+    from od_dist.render import boot
+
+    master, worker = boot_launches(
+        {
+            "10.0.0.1": {"os": "linux", "workdir": BOOT_LINUX_WORKDIR},
+            "10.0.0.2": {"os": "linux", "workdir": "/srv/od"},
+        }
+    )
+    for launch, at_boot in ((master, boot.AtBoot()), (worker, boot.AtBoot(user="od-dist"))):
+        path = tmp_path / boot.unit_file(launch)
+        path.write_text(boot.render_unit(launch, at_boot))
+        r = subprocess.run(
+            ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0 and path.name not in r.stdout + r.stderr, r.stdout + r.stderr
+    # systemd's own reading of a quoted word, where verify shows it: as the program to run, which it
+    # finds (or names as it read it when its rules refuse the characters there). `$$` is undone only
+    # in the arguments, where the script's path goes: not checked here.
+    for name in ["a b", "a%b", "aé;&()*!=b", "a\\b", 'a"b', "a'b"]:
+        program = tmp_path / "bin" / name / "t"
+        program.parent.mkdir(parents=True)
+        shutil.copy("/bin/true", program)
+        path = tmp_path / "read.service"
+        path.write_text(f"[Service]\nExecStart={quote.systemd(str(program))}\n")
+        r = subprocess.run(
+            ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0 or f"contains special characters: {program}\n" in r.stderr, (name, r.stderr)
+
+
+def cmd_c_s(command_line):
+    """What `cmd /s /c <rest>` runs: the rest without its first and last quote (cmd /? on /S)."""
+    rest = command_line.split(" /c ", 1)[1]
+    return rest[1 : rest.rindex('"')]
+
+
+def test_at_boot_schtasks_lines():
+    from od_dist.render import boot
+
+    master, worker = boot_launches(
+        {
+            "10.0.0.1": {"os": "windows", "workdir": BOOT_WINDOWS_WORKDIR},
+            "10.0.0.2": {"os": "linux", "workdir": "/w"},
+        }
+    )
+    script = "C:\\Program Files (x86)\\od dist&x^y!z\\master-0.cmd"
+    assert boot.script_path(master, "windows") == script
+    (create, run), (delete,) = boot.schtasks_lines(master, boot.AtBoot())
+    # The line as cmd passes it on (quote.cmd: no quoted state, every special character ^-escaped),
+    # then split as schtasks splits its command line (the C runtime's rules).
+    argv = mslex.split(cmd_batch_line(create), like_cmd=False)
+    tr = argv[argv.index("/TR") + 1]
+    assert argv == [
+        "schtasks",
+        "/Create",
+        "/TN",
+        "od-dist-master-0",
+        "/SC",
+        "ONSTART",
+        "/RU",
+        "SYSTEM",
+        "/TR",
+        tr,
+        "/F",
+    ]
+    # The task runs cmd, which runs the script by its quoted path whatever the path holds.
+    assert tr.startswith("cmd.exe /d /v:off /s /c ")
+    assert mslex.split(cmd_c_s(tr), like_cmd=False) == [script]
+    assert mslex.split(cmd_batch_line(run), like_cmd=False) == ["schtasks", "/Run", "/TN", "od-dist-master-0"]
+    assert mslex.split(cmd_batch_line(delete), like_cmd=False) == [
+        "schtasks",
+        "/Delete",
+        "/TN",
+        "od-dist-master-0",
+        "/F",
+    ]
+    assert "%" not in create + run + delete  # an interactive cmd has no escape for it, unlike a batch file
+    (create, _), _ = boot.schtasks_lines(master, boot.AtBoot(user="LAB\\od dist"))
+    argv = mslex.split(cmd_batch_line(create), like_cmd=False)
+    assert argv[argv.index("/RU") :][:4] == ["/RU", "LAB\\od dist", "/RP", "*"]  # schtasks asks for it
+    # What a task at startup cannot run, each refused in one line naming the fix.
+    for hosts, fragment in [
+        ({"os": "windows", "workdir": "C:\\100%\\od"}, "contains '%'"),
+        ({"os": "windows", "workdir": "od"}, "not an absolute Windows path"),
+        ({"os": "windows"}, "has no working directory"),
+        ({"os": "windows", "workdir": "C:\\" + "x" * 240}, "schtasks takes 261"),
+    ]:
+        (launch, _) = boot_launches({"10.0.0.1": hosts})
+        with pytest.raises(scripts.ScriptError, match=re.escape(fragment)):
+            boot.schtasks_lines(launch, boot.AtBoot())
+    for hosts, fragment in [
+        ({"os": "linux", "workdir": "~/od"}, "not an absolute Linux path"),
+        ({"workdir": "/srv/od"}, "declare the os of 10.0.0.1"),  # both systems: not a Windows path
+    ]:
+        (launch, _) = boot_launches({"10.0.0.1": hosts})
+        with pytest.raises(scripts.ScriptError, match=re.escape(fragment)):
+            for os_name in launch.oses:
+                boot.script_path(launch, os_name)
+
+
+def test_at_boot_of_a_machine_of_undeclared_os_both_systems(tmp_path):
+    from od_dist.render import boot
+
+    doc = {
+        "master": "10.0.0.1:2222",
+        "worker": ["10.0.0.2:2222"],
+        "hosts": {"10.0.0.1": {"workdir": "//fileserver/od"}, "10.0.0.2": {"os": "linux", "workdir": "/w"}},
+    }
+    scripts.write_scripts(
+        cluster_mod.from_document(doc), "c.yaml", [], str(tmp_path), "cmd", 300, at_boot=boot.AtBoot()
+    )
+    assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".service")) == [
+        "od-dist-master-0.service",
+        "od-dist-worker-0.service",
+    ]
+    text = (tmp_path / "README.md").read_text()
+    section = text.split("## Start at boot\n")[1].split("How the scripts")[0]
+    master, worker = (section.split(f"### {h}")[1].split("\n### ")[0] for h in ("10.0.0.1", "10.0.0.2"))
+    assert "Linux: the unit `od-dist-master-0.service`" in master and "/TN od-dist-master-0" in master
+    assert "od-dist-worker-0.service" in worker and "schtasks" not in worker  # declared linux
+
+
+def test_cli_at_boot(tmp_path):
+    base = [
+        "scripts",
+        "--cluster=clusters/lan-example.yaml",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        "--model_dir=runs/lan",
+        f"--out={tmp_path}",
+    ]
+    plain = tmp_path.parent / f"{tmp_path.name}-plain"
+    r = od_dist(*base[:-1], f"--out={plain}")
+    assert r.returncode == 0, r.stderr
+    r = od_dist(*base, "--at_boot")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("wrote 6 scripts, 4 systemd units for 5 machines and README.md")
+    units = sorted(f for f in os.listdir(tmp_path) if f.endswith(".service"))
+    assert units == [f"od-dist-{s}.service" for s in ("evaluator-0", "ps-0", "worker-0", "worker-1")]
+    assert sorted(set(os.listdir(tmp_path)) - set(units)) == sorted(os.listdir(plain))
+    text = (tmp_path / "README.md").read_text()
+    assert f"--max_restarts=3 --at_boot --out={tmp_path}\n" in text  # the command that regenerates it
+    section = text.split("## Start at boot\n")[1]
+    assert text.index("## Firewall") < text.index("## Start at boot")  # beside the firewall lines
+    assert (
+        "systemd runs the script as root" in section and "Task Scheduler runs the `.cmd` as SYSTEM" in section
+    )
+    assert (
+        "```\nsudo cp /opt/od-dist/od-dist-ps-0.service /etc/systemd/system/\nsudo systemctl daemon-reload\n"
+        "sudo systemctl enable --now od-dist-ps-0.service\n```\n\nTo remove it:\n\n```\n"
+        "sudo systemctl disable --now od-dist-ps-0.service\nsudo rm /etc/systemd/system/od-dist-ps-0.service\n"
+        "sudo systemctl daemon-reload\n```\n"
+    ) in section
+    assert (
+        "schtasks /Create /TN od-dist-master-0 /SC ONSTART /RU SYSTEM /TR "
+        '^"cmd.exe /d /v:off /s /c \\^"\\^"C:\\TFWS\\od-dist\\master-0.cmd\\^"\\^"^" /F\n'
+        "schtasks /Run /TN od-dist-master-0\n```\n\nTo remove it:\n\n```\nschtasks /Delete /TN od-dist-master-0 /F\n"
+    ) in section
+    # Without the flag again: the units go (od-dist wrote them), the rest is the plain run's.
+    r = od_dist(*base)
+    assert r.returncode == 0 and r.stdout.startswith("wrote 6 scripts for 5 machines"), r.stderr
+    assert sorted(os.listdir(tmp_path)) == sorted(os.listdir(plain))
+    assert "Start at boot" not in (tmp_path / "README.md").read_text()
+    r = od_dist(*base, "--at_boot_user=od")
+    assert r.returncode == 2 and "--at_boot_user: od: given without --at_boot" in r.stderr
+    r = od_dist("scripts", "--cluster=clusters/local.yaml", *base[2:], "--at_boot")  # no hosts: workdir
+    assert r.returncode == 2 and "has no working directory, where its script is copied" in r.stderr, r.stderr

@@ -65,6 +65,22 @@ def define_scripts_flags(fv: flags.FlagValues) -> None:
     define_train_flags(fv)
     define_restart_flags(fv, LAUNCH_MAX_RESTARTS)  # written into every script: each machine heals itself
     define_out(fv, "Directory for the scripts and their README.md (created if missing).")
+    flags.DEFINE_boolean(
+        "at_boot",
+        False,
+        "Also what starts each machine's script at boot, without a person: a systemd unit "
+        "(od-dist-<script>.service) per Linux machine, and in the README the lines that install and "
+        "remove it and each Windows machine's Task Scheduler task (schtasks). Each machine needs an "
+        "absolute hosts workdir: its script is copied there.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "at_boot_user",
+        None,
+        "With --at_boot: the user the scripts run as at boot (systemd User=; schtasks /RU, which asks "
+        "for the password). Default: root on Linux, SYSTEM on Windows.",
+        flag_values=fv,
+    )
 
 
 @command(
@@ -83,7 +99,8 @@ machine of several tasks, without them, so that it starts them all under one sup
 quoted for each shell (spaces, &, %, ^, !, quotes, non-ASCII and Windows paths such as C:\\... and
 \\\\server\\share\\... arrive intact); an absolute Linux path (--cluster, --pipeline, --model_dir)
 for a Windows machine is refused (exit 2). A .cmd started by a double-click keeps its window open
-after a failure.
+after a failure. --at_boot also writes a systemd unit per Linux machine and, in the README, the
+lines that make each machine start its script at boot (systemd, or Task Scheduler on Windows).
 
 Example:
   od-dist scripts --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
@@ -94,21 +111,36 @@ Example:
 )
 def cmd_scripts(fv) -> int:
     from od_dist.data import errors
-    from od_dist.render import quote, scripts
+    from od_dist.render import boot, quote, scripts
 
+    if fv.at_boot_user is not None and not fv.at_boot:
+        raise UsageError(f"--at_boot_user: {fv.at_boot_user}: given without --at_boot; pass --at_boot too")
     cluster, passed_on = _script_input(fv, "scripts", "DIR")
+    at_boot = boot.AtBoot(fv.at_boot_user, fv.grace_period) if fv.at_boot else None
+    boot_flags = ["--at_boot", *([f"--at_boot_user={fv.at_boot_user}"] if fv.at_boot_user else [])]
     try:
         command = " ".join(
             quote.sh(a)
-            for a in ["od-dist", "scripts", f"--cluster={fv.cluster}", *passed_on, f"--out={fv.out}"]
+            for a in [
+                "od-dist",
+                "scripts",
+                f"--cluster={fv.cluster}",
+                *passed_on,
+                *(boot_flags if at_boot else []),
+                f"--out={fv.out}",
+            ]
         )
         written = scripts.write_scripts(
-            cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout, fv.max_restarts
+            cluster, fv.cluster, passed_on, fv.out, command, fv.wait_timeout, fv.max_restarts, at_boot
         )
     except (scripts.ScriptError, errors.DatasetError) as e:
         raise UsageError(str(e)) from None
     machines = len({t.address.host for t in cluster.tasks()})
-    print(f"wrote {len(written) - 1} scripts for {machines} machines and README.md to {fv.out}")
+    units = sum(p.endswith(".service") for p in written)
+    print(
+        f"wrote {len(written) - 1 - units} scripts{f', {units} systemd units' if units else ''} for {machines} "
+        f"machines and README.md to {fv.out}"
+    )
     return exit_codes.OK
 
 

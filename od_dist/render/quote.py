@@ -14,6 +14,11 @@ manifest goes through here, and nowhere else quotes. Pure functions, no TensorFl
   which PowerShell also ends strings with, are doubled).
 - `md`: Markdown inline code whose fence is longer than any run of backticks in the value, with
   `|` escaped so that it stays in its table cell.
+- `systemd`: one word of a systemd unit's command line (`ExecStart=`): in double quotes, `\\` and
+  `"` escaped C-style, `%` written `%%` (a specifier) and `$` written `$$` (a variable).
+  `systemd_value`: the rest of any other setting's line (a path, a user, a description): `%` written
+  `%%`; leading or trailing whitespace (which systemd strips) and a trailing `\\` (which continues
+  the line) are refused.
 - `yaml_dump`: a document written by the YAML library, then parsed back and compared with what
   was given, so that no value can add a key or a document.
 
@@ -136,6 +141,27 @@ def ps(value: str) -> str:
     """A PowerShell single-quoted string that is exactly `value`."""
     check(value)
     return "'" + "".join(c + c if c in PS_SINGLE_QUOTES else c for c in value) + "'"
+
+
+# ----- systemd unit files ------------------------------------------------------------------------
+
+
+def systemd(value: str) -> str:
+    """One word of a unit file's command line (`ExecStart=`) that is exactly `value`."""
+    check(value)
+    text = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{text}"'
+
+
+def systemd_value(value: str) -> str:
+    """The value of a unit file's setting other than a command line, read as it is but for specifiers."""
+    check(value)
+    if value != value.strip() or value.endswith("\\"):
+        raise QuoteError(
+            f"'{shown(value)}': begins or ends with whitespace (which systemd strips) or ends with '\\' "
+            "(which continues the unit file's line): remove it"
+        )
+    return value.replace("%", "%%")
 
 
 # ----- Markdown ----------------------------------------------------------------------------------

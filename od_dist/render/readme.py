@@ -1,6 +1,7 @@
 """The README written beside the launch scripts: which machine runs which script, in what order,
-what happens on a fault, and the inbound firewall rules of each machine (cluster/topology.py says
-who connects to whom) as commands for its shells."""
+what happens on a fault, the inbound firewall rules of each machine (cluster/topology.py says
+who connects to whom) as commands for its shells and, with --at_boot, the lines that make each
+machine start its script at boot (render/boot.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from od_dist.cluster.spec import Cluster, Task
 from od_dist.cluster.topology import connecting_peers, feed_readers, model_dir_line
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.host.policy import HEALTHY_S
-from od_dist.render import quote
+from od_dist.render import boot, quote
 from od_dist.render.machines import Launch
 
 # ----- who talks to whom (cluster/topology.py) -----------------------------------------------------
@@ -134,6 +135,76 @@ def _firewall_section(cluster: Cluster, launch: Launch, rules: list[InboundRule]
     return md
 
 
+def _code(lines: list[str]) -> list[str]:
+    return ["```", *lines, "```", ""]
+
+
+def _boot_sections(items: list[Launch], at_boot: boot.AtBoot) -> list[str]:
+    """How each machine starts its script at boot: its systemd unit's or its Windows task's lines."""
+    oses = {o for x in items for o in x.oses}
+    md = [
+        "## Start at boot",
+        "",
+        "Each machine below starts its script at boot, without a person, once its lines have run. Copy "
+        "its script" + (" (on Linux with its `.service` file)" if "linux" in oses else "") + " into its "
+        "working directory first, the path named below. Remove them once the job is done: they start it "
+        "at every boot.",
+        "",
+    ]
+    if "linux" in oses:
+        user = quote.md(at_boot.user) if at_boot.user else "root (`--at_boot_user` names another user)"
+        md.append(
+            f"- Linux: systemd runs the script as {user} once the network is up; its console goes to the "
+            "journal (`journalctl -u <unit>`). systemd starts it again "
+            f"{boot.RESTART_SEC} s after a retryable exit (137, 138, 143; also after `--wait_timeout` for "
+            "peers that did not come, so the machines may boot at any time), not after exit 0, 1, 2 or a "
+            "person's stop (130). `sudo systemctl kill --signal=SIGINT <unit>` is Ctrl+C on that machine "
+            "(see Order); `systemctl stop` and a shutdown send SIGTERM: the trainers save a checkpoint "
+            "and exit 143 (systemd shows it failed)."
+        )
+    if "windows" in oses:
+        user = quote.md(at_boot.user) if at_boot.user else "SYSTEM"
+        md.append(
+            f"- Windows: Task Scheduler runs the `.cmd` as {user} whether anyone is logged on or not"
+            + (" (schtasks asks for the user's password once)" if at_boot.user else "")
+            + ", and does not start it again after it ends (`schtasks /Run` does); what it prints is in each "
+            "task's log in `<model_dir>/logs/`. The lines below are for an Administrator cmd, not "
+            "PowerShell (which passes their quotes on otherwise)."
+        )
+    if any(x.program == "od-dist" for x in items):
+        md.append(
+            "- A machine that runs `od-dist` from PATH needs it on the system's PATH (systemd's: "
+            "`/usr/local/bin`, `/usr/bin`, ...), not a login shell's."
+        )
+    md.append("")
+    for launch in items:
+        md += [f"### {quote.md_word(launch.host)} ({launch.what()})", ""]
+        for os_name in launch.oses:
+            if os_name == "linux":
+                install, remove = boot.systemd_lines(launch)
+                md += [
+                    f"Linux: the unit `{boot.unit_file(launch)}` runs "
+                    f"{quote.md(boot.script_path(launch, 'linux'))}; to install it and start it now:",
+                    "",
+                    *_code(install),
+                    "To remove it:",
+                    "",
+                    *_code(remove),
+                ]
+            else:
+                create, delete = boot.schtasks_lines(launch, at_boot)
+                md += [
+                    f"Windows: the task `{boot.name(launch)}` runs "
+                    f"{quote.md(boot.script_path(launch, 'windows'))}; to create it and start it now:",
+                    "",
+                    *_code(create),
+                    "To remove it:",
+                    "",
+                    *_code(delete),
+                ]
+    return md
+
+
 def render_readme(
     cluster: Cluster,
     cluster_path: str,
@@ -141,6 +212,7 @@ def render_readme(
     command: str,
     wait_timeout: int,
     max_restarts: int = 0,
+    at_boot: boot.AtBoot | None = None,
 ) -> str:
     rules = inbound_rules(cluster)
     rules_of: dict[str, list[InboundRule]] = {x.host: [] for x in items}
@@ -280,6 +352,8 @@ def render_readme(
             "No inbound port: " + ", ".join(f"{quote.md_word(x.host)} ({x.what()})" for x in no_inbound) + "."
         )
         md.append("")
+    if at_boot:
+        md += _boot_sections(items, at_boot)
     md += [
         "How the scripts quote values for each shell, the generic `od-dist-node.sh` / `od-dist-node.ps1`, "
         "and Kubernetes: `scripts/README.md` in the od-dist repository.",

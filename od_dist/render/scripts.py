@@ -17,7 +17,9 @@ embedded quotes in 5.1 and changed in 7.3, plays no part: right for Windows Powe
 PowerShell 7.x alike. Its files are UTF-8 with BOM (5.1 reads BOM-less files in the ANSI code page).
 
 Scripts fit each host's `os` (hosts settings): `.sh` for linux hosts, `.cmd` and `.ps1` for
-windows hosts, all three for a host whose OS is not declared. No TensorFlow here.
+windows hosts, all three for a host whose OS is not declared. With `at_boot` (render/boot.py), a
+systemd unit per Linux script too, and the README says how to install it and the Windows task.
+No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 
 from od_dist.cluster.spec import Cluster
 from od_dist.data import writing
-from od_dist.render import quote
+from od_dist.render import boot, quote
 from od_dist.render.machines import Launch, ScriptError, launches
 from od_dist.render.quote import sh_path
 from od_dist.render.readme import render_readme
@@ -228,11 +230,13 @@ def write_scripts(
     command: str,
     wait_timeout: int,
     max_restarts: int = 0,
+    at_boot: boot.AtBoot | None = None,
 ) -> list[str]:
-    """Writes every machine's scripts and README.md into out_dir as `writing.write_owned` does (each
-    file atomically; only files an earlier run wrote and nobody changed since are replaced or, when
-    this run does not write them, removed; nothing else there is touched); returns their paths.
-    Scripts of an earlier run that were changed since are kept, said in one line."""
+    """Writes every machine's scripts (with `at_boot`, each Linux machine's systemd unit too) and
+    README.md into out_dir as `writing.write_owned` does (each file atomically; only files an earlier
+    run wrote and nobody changed since are replaced or, when this run does not write them, removed;
+    nothing else there is touched); returns their paths. Scripts of an earlier run that were changed
+    since are kept, said in one line."""
     items = launches(cluster, cluster_path, passed_on)
     rendered = [
         (f, RENDERERS[os.path.splitext(f)[1]](launch.on(os_name)))
@@ -240,8 +244,17 @@ def write_scripts(
         for os_name in launch.oses
         for f in launch.on(os_name).files
     ]
+    if at_boot:
+        rendered += [
+            (boot.unit_file(launch), boot.render_unit(launch, at_boot))
+            for launch in items
+            if "linux" in launch.oses
+        ]
     rendered.append(
-        ("README.md", render_readme(cluster, cluster_path, items, command, wait_timeout, max_restarts))
+        (
+            "README.md",
+            render_readme(cluster, cluster_path, items, command, wait_timeout, max_restarts, at_boot),
+        )
     )
     out_dir = os.path.normpath(out_dir)
     kept = writing.write_owned(out_dir, {name: encoded(name, text) for name, text in rendered})
