@@ -156,10 +156,15 @@ class Elastic:
         if training or self.finished_elsewhere():
             if training:
                 s = training[0]
-                self._say_once(
-                    f"waiting to join the group of round {s['round']} ({', '.join(s['members'])}): it saves a "
-                    "checkpoint and goes on with this machine"
-                )
+                if set(self.tasks_of[self.mine]) & set(s["members"]):  # its trainers have yet to stop
+                    self._say_once(
+                        f"waiting for {', '.join(s['trainers'])} to stop its trainers of round {s['round']}"
+                    )
+                else:
+                    self._say_once(
+                        f"waiting to join the group of round {s['round']} ({', '.join(s['members'])}): it saves "
+                        "a checkpoint and goes on with this machine"
+                    )
             return None
         up = [m for m in self.order if m == self.mine or alive.get(m, {}).get("phase") in (FORMING, READY)]
         lead = up[0]

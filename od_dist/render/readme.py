@@ -25,7 +25,7 @@ class InboundRule:
     port: int
     sources: tuple[str, ...]  # peer hosts, this host itself left out (local traffic)
     peers: tuple[Task, ...] = ()  # the tasks that connect, from those hosts
-    what: str = ""  # the port's use when it is not the task's own: "checkpoints"
+    what: str = ""  # the port's use when it is not the task's own: "checkpoints", "membership"
 
     @property
     def label(self) -> str:
@@ -36,10 +36,16 @@ class InboundRule:
 def inbound_rules(cluster: Cluster) -> list[InboundRule]:
     out = []
     feed = cluster.checkpoint_feed()
+    # An elastic job's lead may move to any trainer, and each trainer machine's od-dist answers the
+    # others on membership_port (host/elastic.py): one rule per machine.
+    leads = cluster.trainers() if cluster.min_trainers else (cluster.lead_task(),)
+    members = {t.address.host: t for t in reversed(cluster.trainers())} if cluster.min_trainers else {}
     for task in cluster.tasks():
         uses = [(task.address.port, connecting_peers(cluster, task), "")]
-        if feed and task == cluster.lead_task():
+        if feed and task in leads:
             uses.append((feed.port, feed_readers(cluster), "checkpoints"))
+        if members.get(task.address.host) == task:
+            uses.append((cluster.membership_port, cluster.trainers(), "membership"))
         for port, peers, what in uses:
             # A dict keeps the peers' order and finds a repeated host at once (a list would make the
             # rule of a ps or master, which thousands of workers reach, quadratic).
@@ -322,7 +328,16 @@ def render_readme(
             "port to them too."
         )
     else:
-        md.append("Under multi_worker_mirrored every trainer (master and workers) talks to every other.")
+        md.append(
+            "Under multi_worker_mirrored every trainer (master and workers) talks to every other."
+            + (
+                f" With min_trainers ({cluster.min_trainers}) each trainer machine's od-dist agrees each "
+                f"round's group with the others on membership_port ({cluster.membership_port}), and any "
+                "trainer may become the lead that serves the checkpoints."
+                if cluster.min_trainers
+                else ""
+            )
+        )
     md += [
         (
             "The evaluator runs no server and needs no inbound port; it checks that the "

@@ -14,7 +14,7 @@ from typing import Any
 
 from od_dist import patches
 from od_dist.cluster.spec import TF_JOB
-from od_dist.protocol import exit_codes
+from od_dist.protocol import exit_codes, membership
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import StartMismatch, Stopped
 
@@ -349,21 +349,27 @@ def _create_optimizer_slots(trainer, strategy) -> None:
 
 
 def _trainer_names(strategy) -> list:
-    """multi_worker_mirrored trainers by TensorFlow's id in cluster (chief 0, worker i -> i+1)."""
+    """multi_worker_mirrored trainers by TensorFlow's id in cluster (chief 0, worker i -> i+1;
+    without a chief, worker i -> i), by their names in the cluster file: in an elastic job's round,
+    its members (whose order is that of the ids: the master, then the workers in the file's order)."""
     resolver = patches.cluster_resolver(strategy)
     spec = resolver.cluster_spec() if resolver else None
     if not spec or not spec.jobs:
         return ["single"]
-    return ["master:0"] + [
-        f"worker:{i}" for i in range(spec.num_tasks("worker") if "worker" in spec.jobs else 0)
-    ]
+    group = membership.group_from_env()
+    if group is not None:
+        return list(group.members)
+    chief = ["master:0"] if "chief" in spec.jobs else []
+    return chief + [f"worker:{i}" for i in range(spec.num_tasks("worker") if "worker" in spec.jobs else 0)]
 
 
 def _trainer_id(strategy) -> int:
     resolver = patches.cluster_resolver(strategy)
     if not resolver or not resolver.cluster_spec().jobs:
         return 0
-    return 0 if resolver.task_type == "chief" else int(resolver.task_id) + 1
+    if resolver.task_type == "chief":
+        return 0
+    return int(resolver.task_id) + (1 if "chief" in resolver.cluster_spec().jobs else 0)
 
 
 def _trainer_name(strategy) -> str:
