@@ -4,10 +4,13 @@ as its supervisor steps it, its trainers standing in as a flag. The rounds' trai
 in tests/test_multihost.py; here the rules run in seconds, through every race the issue names."""
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
+from loopback import ROOT
 
 from od_dist.cluster import spec
 from od_dist.host import elastic
@@ -287,3 +290,35 @@ def test_the_first_round_waits_for_every_trainer_then_starts_with_those_up(clust
     c = clusters(3, 2, absent=(2,), wait_timeout=2.0)
     c.wait_for(("master:0", "worker:0"))
     assert any("waiting for every trainer before the first round" in line for line in c.lines), c.lines
+
+
+def test_a_trainer_of_an_elastic_job_outside_a_supervisor_is_refused(tmp_path):
+    """min_trainers needs each machine's od-dist to agree the rounds: a trainer run alone (no
+    --max_restarts) would train in no round: exit 2 before anything starts, with the fix."""
+    path = tmp_path / "elastic.yaml"
+    path.write_text(
+        "strategy: multi_worker_mirrored\nmaster: 127.0.0.1:2322\nworker: [127.0.0.1:2323, 127.0.0.1:2324]\n"
+        "min_trainers: 2\nmembership_port: 2326\n"
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "od_dist",
+            "train",
+            f"--cluster={path}",
+            "--role=worker",
+            "--index=0",
+            "--pipeline=pipelines/shapes_retinanet.yaml",
+            f"--model_dir={tmp_path / 'm'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        "od-dist train: --max_restarts: '0': min_trainers: 2 in the cluster file needs this machine's od-dist "
+        "to agree each round with the other trainer machines; pass --max_restarts 3 (the generated scripts do)"
+    ), r.stderr

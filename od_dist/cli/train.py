@@ -146,6 +146,7 @@ def _in_group(fv: flags.FlagValues, selected):
     import dataclasses
 
     from od_dist.cluster import duties
+    from od_dist.cluster.messages import problem
     from od_dist.protocol import membership
 
     cluster, task = selected.cluster, selected.task
@@ -158,9 +159,13 @@ def _in_group(fv: flags.FlagValues, selected):
         if fv.max_restarts:
             return selected  # its supervisor (this command) agrees the round
         raise UsageError(
-            f"--max_restarts: 0: min_trainers: {cluster.min_trainers} in the cluster file needs this machine's "
-            "od-dist to agree each round with the other trainer machines; pass --max_restarts 3 (the "
-            "generated scripts do)"
+            problem(
+                "--max_restarts",
+                0,
+                f"min_trainers: {cluster.min_trainers} in the cluster file needs this machine's od-dist to "
+                "agree each round with the other trainer machines",
+                "pass --max_restarts 3 (the generated scripts do)",
+            )
         )
     if task.name not in group.members:
         raise UsageError(f"{task.name} is not a member of round {group.round} ({', '.join(group.members)})")
