@@ -257,16 +257,19 @@ class Elastic:
 
     # ----- training -------------------------------------------------------------------------------
 
-    def newcomer(self, now: float | None = None) -> str | None:
-        """While training: a machine forming (a member that lost its trainers, a machine back), which
-        the group stops for (a checkpoint, then a round with it); None while there is none."""
+    def newcomer(self, now: float | None = None, members: bool = True) -> str | None:
+        """While training: a machine forming (a member that lost its trainers, unless not
+        `members`; a machine back), which the group stops for (a checkpoint, then a round with it);
+        None while there is none."""
         now = self.clock() if now is None else now
         for m, s in self._look(now).items():
             same = (s["round"], s["members"]) == (self.round, list(self.members))
             if s["phase"] == FORMING or (s["phase"] == READY and not same):
                 names = ", ".join(s["trainers"])
                 if set(s["trainers"]) & set(self.members):
-                    return f"{names} of round {self.round} is forming a new group"
+                    if members:
+                        return f"{names} of round {self.round} is forming a new group"
+                    continue
                 return f"{names} is up and waiting to join"
         return None
 

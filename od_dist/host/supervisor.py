@@ -740,7 +740,9 @@ class Supervisor:
             e.done()
             self.finished.update(t.name for t in self._trainers())
             return None
-        if time.monotonic() - e.forming_since > e.wait_timeout:
+        # --wait_timeout, and the time a proposal then takes (the first round waits that long for
+        # every trainer before it starts with those up).
+        if time.monotonic() - e.forming_since > e.wait_timeout + e.confirm_s:
             self.say(
                 f"no group of at least min_trainers ({e.cluster.min_trainers}) formed within "
                 f"--wait_timeout ({e.wait_timeout:.0f} s); exit {exit_codes.LOST_PEER}"
@@ -752,7 +754,9 @@ class Supervisor:
         """A trainer here stopped, lost a peer or was lost: the trainers here stop, and this machine
         forms the next round with the trainers up. A stop this supervisor asked for (a machine
         wants in) is no failure; any other counts against --max_restarts, as a restart does."""
-        planned, self.regrouping = self.regrouping, False
+        # Asked here, or by another member for the same newcomer (its stop reaches every trainer).
+        planned = self.regrouping or self.elastic.newcomer(members=False) is not None
+        self.regrouping = False
         how = "as asked"
         if planned:
             cause = f"{', '.join(t.name for t, _ in exits)} saved and stopped ({describe(code)})"
