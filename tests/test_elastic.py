@@ -318,7 +318,21 @@ def test_a_trainer_of_an_elastic_job_outside_a_supervisor_is_refused(tmp_path):
         cwd=ROOT,
     )
     assert r.returncode == 2, r.stderr
+    assert r.stdout == ""  # nothing started
     assert r.stderr.strip() == (
         "od-dist train: --max_restarts: '0': min_trainers: 2 in the cluster file needs this machine's od-dist "
         "to agree each round with the other trainer machines; pass --max_restarts 3 (the generated scripts do)"
     ), r.stderr
+
+    r = subprocess.run(
+        [sys.executable, "-m", "od_dist", "validate", f"--cluster={path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    assert (
+        "elastic: the trainers up go on while at least min_trainers 2 of 3 are, agreeing each round on "
+        "membership_port 2326"
+    ) in r.stdout

@@ -24,6 +24,11 @@ def _summary(selected) -> str:
         mark = "  <- this machine" if selected.task == t or t in selected.here else ""
         extra = " (runs no server)" if t.role == "evaluator" else ""
         lines.append(f"  {t.name:<12} {str(t.address):<28}{extra}{mark}")
+    if c.min_trainers:
+        lines.append(
+            f"elastic: the trainers up go on while at least min_trainers {c.min_trainers} of "
+            f"{len(c.trainers())} are, agreeing each round on membership_port {c.membership_port}"
+        )
     names = ", ".join(t.name for t in ((selected.task,) if selected.task else selected.here))
     lines.append(f"this machine: {names + ', ' if names else ''}{selected.machine_note}")
     return "\n".join(lines)
