@@ -664,22 +664,11 @@ class Supervisor:
                 exit_codes.INVALID if exit_codes.normalize(code) == exit_codes.INVALID else exit_codes.FAILED
             )
         now = time.monotonic()
-        if not self.budget.take(now, self._newest_step()):
-            root = f"; the first failure (root cause): {self.first_failure}" if self.budget.used else ""
+        count = self._take_restart(now, cause)
+        if count is None:
             if p.action == RESTART_TASK:
-                return self._end_alone(p.restart, exits, root)
-            self.say(
-                f"{cause}; no restart left (--max_restarts {self.max_restarts}); stopping every task{root}"
-                f"{self._log_note(task)}"
-            )
-            # Retryable all the same: an outer restarter (systemd, a loop of the user's) may try again.
-            return exit_codes.normalize(code)
-        if self.budget.used == 1:  # the first of a streak: the root cause if the budget runs out
-            self.first_failure = cause
-        self.restarts += 1
-        count = f"{self.budget.used}/{self.max_restarts}" + (
-            f" ({self.restarts} in all)" if self.restarts != self.budget.used else ""
-        )
+                return self._end_alone(p.restart, exits, self._root_cause())
+            return self._out_of_restarts(cause, code, self._log_note(task))
         self.streak = self.streak + 1 if now - self.restarted_at < self.backoff_reset_s else 1
         wait = self.backoff(self.streak)
         if p.action == RESTART_ALL:
@@ -703,6 +692,29 @@ class Supervisor:
         for t in restart:
             self.pending[t.name] = due
         return None
+
+    def _take_restart(self, now: float, cause: str) -> str | None:
+        """One restart of --max_restarts for `cause`: the count to show ('2/3', '1/3 (7 in all)'),
+        None when none is left."""
+        if not self.budget.take(now, self._newest_step()):
+            return None
+        if self.budget.used == 1:  # the first of a streak: the root cause if the budget runs out
+            self.first_failure = cause
+        self.restarts += 1
+        return f"{self.budget.used}/{self.max_restarts}" + (
+            f" ({self.restarts} in all)" if self.restarts != self.budget.used else ""
+        )
+
+    def _root_cause(self) -> str:
+        return f"; the first failure (root cause): {self.first_failure}" if self.budget.used else ""
+
+    def _out_of_restarts(self, cause: str, code: int, log_note: str = "") -> int:
+        self.say(
+            f"{cause}; no restart left (--max_restarts {self.max_restarts}); stopping every task"
+            f"{self._root_cause()}{log_note}"
+        )
+        # Retryable all the same: an outer restarter (systemd, a loop of the user's) may try again.
+        return exit_codes.normalize(code)
 
     # ----- an elastic job (host/elastic.py) ---------------------------------------------------------
 
@@ -762,17 +774,11 @@ class Supervisor:
             cause = f"{', '.join(t.name for t, _ in exits)} saved and stopped ({describe(code)})"
         else:
             now = time.monotonic()
-            if not self.budget.take(now, self._newest_step()):
-                root = f"; the first failure (root cause): {self.first_failure}" if self.budget.used else ""
-                self.say(
-                    f"{cause}; no restart left (--max_restarts {self.max_restarts}); stopping every task{root}"
-                )
-                return exit_codes.normalize(code)
-            if self.budget.used == 1:
-                self.first_failure = cause
-            self.restarts += 1
+            count = self._take_restart(now, cause)
+            if count is None:
+                return self._out_of_restarts(cause, code)
             self.budget.started(now)
-            how = f"restart {self.budget.used}/{self.max_restarts}"
+            how = f"restart {count}"
         stop(self._runs(trainers=True), RESTART_STOP_GRACE_S, lambda: len(self.signals) > 1)
         for t in self._trainers():
             if t.name in self.running:
