@@ -55,7 +55,7 @@ class Machine:
             addresses={h: ("127.0.0.1", ports[h]) for h in HOSTS[: len(cluster.trainers())]},
             **FAST,
         )
-        self.server = self.e.server().__enter__()
+        self.serving = self.e.serving()
         self.trains: membership.Group | None = None
         self.step = 0
 
@@ -77,7 +77,7 @@ class Machine:
 
     def power_off(self) -> None:
         self.trains = None
-        self.server.__exit__(None, None, None)
+        self.serving.close()
 
 
 class Cluster:

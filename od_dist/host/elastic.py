@@ -25,6 +25,8 @@ two groups would need a machine in both. No TensorFlow here.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,7 +94,8 @@ class Elastic:
         now = self.clock()
         self.started_at = self.forming_since = now
         self._alive: dict[str, dict] = {}
-        self._looked_at = float("-inf")
+        self._look_now = threading.Event()  # wakes the looker: a fresh look wanted at once
+        self._stopped = threading.Event()
         self._settled: tuple[frozenset, float] = (frozenset(), now)
         self._proposed_at = now
         self._said = ""
@@ -102,9 +105,25 @@ class Elastic:
     def address(self) -> tuple[str, int]:
         return self.addresses[self.mine]
 
-    def server(self) -> membership.StateServer:
+    def serving(self) -> contextlib.ExitStack:
+        """This machine's state served on its membership address, and the others' read in a thread
+        of their own every look_every_s (a machine that is off costs a timeout, which the
+        supervisor's loop does not wait for), until the returned stack is closed. Raises OSError
+        now when the port is taken."""
         host, port = self.address()
-        return membership.StateServer(host, port, self.state)
+        stack = contextlib.ExitStack()
+        stack.enter_context(membership.StateServer(host, port, self.state))
+        looker = threading.Thread(target=self._keep_looking, name="membership-looker", daemon=True)
+        self._stopped.clear()
+        looker.start()
+
+        def stop_looking():
+            self._stopped.set()
+            self._look_now.set()
+            looker.join(membership.TIMEOUT_S + 1)
+
+        stack.callback(stop_looking)
+        return stack
 
     def state(self) -> dict:
         return {
@@ -117,13 +136,16 @@ class Elastic:
             "history": [[r.round, list(r.members), r.step] for r in self.history],
         }
 
-    def _look(self, now: float) -> dict[str, dict]:
-        """The other machines that answer, with their states (at most once a look_every_s)."""
-        if now - self._looked_at >= self.look_every_s:
-            others = [m for m in self.order if m != self.mine]
+    def _keep_looking(self) -> None:
+        others = [m for m in self.order if m != self.mine]
+        while not self._stopped.is_set():
             states = membership.read_all([self.addresses[m] for m in others])
             self._alive = {m: s for m, s in zip(others, states) if s and s.get("job") == self.job}
-            self._looked_at = now
+            self._look_now.wait(self.look_every_s)
+            self._look_now.clear()
+
+    def _look(self) -> dict[str, dict]:
+        """The other machines that answered the last look, with their states."""
         return self._alive
 
     def _say_once(self, line: str) -> None:
@@ -140,7 +162,7 @@ class Elastic:
         """This machine's trainers stopped (lost a peer, or asked to stop): it forms again."""
         self.phase, self.forming_since = FORMING, self.clock() if now is None else now
         self._settled = (frozenset(), self.forming_since)
-        self._looked_at = float("-inf")
+        self._look_now.set()
 
     def finished_elsewhere(self) -> dict | None:
         """The state of a machine whose trainers finished the job (while this one formed)."""
@@ -149,7 +171,7 @@ class Elastic:
     def form(self, now: float | None = None) -> Group | None:
         """One step of forming: the group to start this machine's trainers in, once agreed."""
         now = self.clock() if now is None else now
-        alive = self._look(now)
+        alive = self._look()
         if self.phase == READY:
             return self._confirm(now, alive)
         training = [s for s in alive.values() if s["phase"] == TRAINING]
@@ -216,7 +238,7 @@ class Elastic:
     def _take(self, group: Group, now: float) -> None:
         self.phase, self.round, self.members = READY, group.round, group.members
         self._proposed_at = now
-        self._looked_at = float("-inf")  # the members' answers, at once
+        self._look_now.set()  # the members' answers, at once
 
     def _confirm(self, now: float, alive: dict[str, dict]) -> Group | None:
         want = (self.round, list(self.members))
@@ -257,12 +279,11 @@ class Elastic:
 
     # ----- training -------------------------------------------------------------------------------
 
-    def newcomer(self, now: float | None = None, members: bool = True) -> str | None:
+    def newcomer(self, members: bool = True) -> str | None:
         """While training: a machine forming (a member that lost its trainers, unless not
         `members`; a machine back), which the group stops for (a checkpoint, then a round with it);
         None while there is none."""
-        now = self.clock() if now is None else now
-        for m, s in self._look(now).items():
+        for s in self._look().values():
             same = (s["round"], s["members"]) == (self.round, list(self.members))
             if s["phase"] == FORMING or (s["phase"] == READY and not same):
                 names = ", ".join(s["trainers"])

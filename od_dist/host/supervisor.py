@@ -249,14 +249,13 @@ class Supervisor:
             return contextlib.nullcontext()
         host, port = self.elastic.address()
         try:
-            server = self.elastic.server()
+            return self.elastic.serving()
         except OSError as e:
             self.say(
                 f"membership_port: {port}: cannot serve on {host}:{port} ({e.strerror or e}); free the "
                 "port, or give membership_port another one in the cluster file"
             )
             raise MembershipPortTaken() from None
-        return server
 
     def _newest(self) -> tuple[int, str] | None:
         """(step, prefix) of the newest checkpoint in --model_dir here, None for none (or none
