@@ -336,3 +336,50 @@ def test_a_trainer_of_an_elastic_job_outside_a_supervisor_is_refused(tmp_path):
         "elastic: the trainers up go on while at least min_trainers 2 of 3 are, agreeing each round on "
         "membership_port 2326"
     ) in r.stdout
+
+
+def test_the_side_ports_of_an_elastic_job_are_checked_by_doctor_and_opened_by_the_scripts(tmp_path):
+    """membership_port and checkpoint_port, once per trainer machine (any trainer may lead): doctor
+    binds them here as the job will, and the scripts' firewall lines open them to their peers."""
+    lan = spec.from_document(
+        {
+            "strategy": "multi_worker_mirrored",
+            "master": f"{HOSTS[0]}:2222",
+            "worker": [f"{h}:2222" for h in HOSTS[1:3]],
+            "evaluator": HOSTS[3],
+            "checkpoint_port": 2225,
+            "min_trainers": 2,
+            "membership_port": 2226,
+        }
+    )
+    from od_dist.render import readme
+
+    rules = {(r.task.name, r.port): (r.what, r.sources) for r in readme.inbound_rules(lan)}
+    for i, t in enumerate(lan.trainers()):
+        others = tuple(h for h in HOSTS[:3] if h != HOSTS[i])
+        assert rules[(t.name, 2225)] == ("checkpoints", (HOSTS[3],)), rules
+        assert rules[(t.name, 2226)] == ("membership", others), rules
+    ports = [_free_port() for _ in range(5)]
+    path = tmp_path / "loop.yaml"
+    path.write_text(
+        f"strategy: multi_worker_mirrored\nmaster: 127.0.0.1:{ports[0]}\n"
+        f"worker: [127.0.0.1:{ports[1]}, 127.0.0.1:{ports[2]}]\ncheckpoint_port: {ports[3]}\n"
+        f"min_trainers: 2\nmembership_port: {ports[4]}\n"
+    )
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", ports[4]))
+        taken.listen()
+        r = subprocess.run(
+            [sys.executable, "-m", "od_dist", "doctor", f"--cluster={path}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+    lines = r.stdout.splitlines()
+    assert f"  ok    port {ports[3]} here: free for master:0's checkpoints" in lines, r.stdout
+    taken_line = [line for line in lines if line.startswith(f"  FIX   port {ports[4]} here: in use")]
+    assert taken_line and taken_line[0].endswith(
+        "master:0's membership cannot start: stop that program, or give membership_port another port"
+    ), r.stdout
+    assert sum(f"port {ports[3]} here" in line for line in lines) == 1, r.stdout  # one machine: once

@@ -199,6 +199,23 @@ class Cluster:
         hosts = [feed.host] + [t.address.host for t in self.trainers() if self.min_trainers]
         return tuple(Address(h, feed.port) for h in dict.fromkeys(hosts))
 
+    def side_ports(self, task: Task) -> tuple[tuple[int, str, str], ...]:
+        """(port, what, its key in the file) that the od-dist of `task` serves beside the task's own
+        port: the checkpoints on checkpoint_port (the lead's; with min_trainers any trainer may lead)
+        and, with min_trainers, membership_port (host/elastic.py); once per machine, on its first
+        trainer."""
+        machine = hostport.machine_of(task.address.host)
+        trainers = self.trainers() if self.min_trainers else ()
+        first_here = task in trainers and task == next(
+            t for t in trainers if hostport.machine_of(t.address.host) == machine
+        )
+        out = []
+        if self.checkpoint_port and (task == self.lead_task() or first_here):
+            out.append((self.checkpoint_port, "checkpoints", "checkpoint_port"))
+        if first_here:
+            out.append((self.membership_port, "membership", "membership_port"))
+        return tuple(out)
+
     def trainers(self) -> tuple[Task, ...]:
         """The tasks that train (cluster/duties.py), the lead first."""
         ordered = self.tasks_of("master") + self.tasks_of("worker")

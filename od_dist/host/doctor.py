@@ -201,25 +201,28 @@ def _port_owner(port: int) -> str:
     return ""
 
 
-def check_ports_here(mine) -> list[Check]:
-    """Binds each of this machine's ports as the task will (every interface)."""
+def check_ports_here(cluster: Cluster, mine) -> list[Check]:
+    """Binds each of this machine's ports as the task will (every interface): the task's own, and
+    those its od-dist serves beside it (the checkpoints, the membership of an elastic job)."""
     checks = []
     for task in mine:
-        if task.role == "evaluator" or task.address.port is None:
-            continue  # runs no server
-        port = task.address.port
-        try:
-            hostinfo.bind_port(task.address.host, port).close()
-            checks.append(Check(OK, f"port {port} here", f"free for {task.name}"))
-        except OSError as e:
-            checks.append(
-                Check(
-                    FIX,
-                    f"port {port} here",
-                    f"in use{_port_owner(port)} ({e.strerror}); "
-                    f"{task.name} cannot start: stop that program, or give {task.key} another port",
+        ports = [(task.address.port, task.name, task.key)] if task.role != "evaluator" else []
+        ports += [(port, f"{task.name}'s {what}", key) for port, what, key in cluster.side_ports(task)]
+        for port, user, key in ports:
+            if port is None:
+                continue  # runs no server
+            try:
+                hostinfo.bind_port(task.address.host, port).close()
+                checks.append(Check(OK, f"port {port} here", f"free for {user}"))
+            except OSError as e:
+                checks.append(
+                    Check(
+                        FIX,
+                        f"port {port} here",
+                        f"in use{_port_owner(port)} ({e.strerror}); "
+                        f"{user} cannot start: stop that program, or give {key} another port",
+                    )
                 )
-            )
     return checks
 
 
@@ -674,7 +677,7 @@ def run(
     checks += name_checks
     reach = [t for t in peers_to_reach(cluster, mine) if t.address.host not in unresolved]
     checks += check_peers(reach, connect_timeout)
-    checks += check_ports_here(mine)
+    checks += check_ports_here(cluster, mine)
     checks += check_listening(mine, machine)
     checks += [Check(WARN, "public-address rule", line) for line in unchecked]
     checks += check_versions()

@@ -35,17 +35,10 @@ class InboundRule:
 
 def inbound_rules(cluster: Cluster) -> list[InboundRule]:
     out = []
-    feed = cluster.checkpoint_feed()
-    # An elastic job's lead may move to any trainer, and each trainer machine's od-dist answers the
-    # others on membership_port (host/elastic.py): one rule per machine.
-    leads = cluster.trainers() if cluster.min_trainers else (cluster.lead_task(),)
-    members = {t.address.host: t for t in reversed(cluster.trainers())} if cluster.min_trainers else {}
     for task in cluster.tasks():
         uses = [(task.address.port, connecting_peers(cluster, task), "")]
-        if feed and task in leads:
-            uses.append((feed.port, feed_readers(cluster), "checkpoints"))
-        if members.get(task.address.host) == task:
-            uses.append((cluster.membership_port, cluster.trainers(), "membership"))
+        for port, what, _ in cluster.side_ports(task):
+            uses.append((port, feed_readers(cluster) if what == "checkpoints" else cluster.trainers(), what))
         for port, peers, what in uses:
             # A dict keeps the peers' order and finds a repeated host at once (a list would make the
             # rule of a ps or master, which thousands of workers reach, quadratic).
