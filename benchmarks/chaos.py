@@ -90,7 +90,7 @@ KINDS = {
 MASTER = 0  # the master's machine in every layout
 SEPARATE = "runs/chaos"  # --model_dir relative to each machine's working directory: its own disk
 SAID = re.compile(
-    r"died|lost|restart|stopped|unreachable|exit \d+|removed|resuming|no restart|round \d+:|join"
+    r"died|lost|restart|stopped|unreachable|exit \d+|removed|resuming|no restart|round \d+:|\bjoin\b"
 )
 ROUND = re.compile(r"round (\d+): (.+?) train from step ([\d,]+)")
 
