@@ -226,12 +226,18 @@ def test_the_masters_machine_lost_for_good_the_lead_moves(clusters):
     group = c.wait_for(("worker:0", "worker:1"))
     lead = c.cluster.group(group[1]).lead_task()
     assert lead.name == "worker:0" and lead.address.host == HOSTS[1]
-    # Its place in a round: the workers numbered again over the members, the file's host kept.
+    # Its place in a round: the workers numbered again over the members, the file's host and name
+    # kept (every line calls a trainer by its name in the file).
     worker1 = c.cluster.task("worker", 1)
-    assert c.cluster.in_group(worker1, group[1]).name == "worker:1"
+    assert c.cluster.in_group(worker1, group[1]).index == 1
     moved = c.cluster.in_group(worker1, ("master:0", "worker:1"))
-    assert moved.name == "worker:0" and moved.address == worker1.address
-    assert c.cluster.group(("master:0", "worker:1")).job_id() == c.cluster.job_id()
+    assert (moved.index, moved.name, moved.address) == (0, "worker:1", worker1.address)
+    smaller = c.cluster.group(("master:0", "worker:1"))
+    assert smaller.job_id() == c.cluster.job_id()
+    assert [(t.tf_job, t.index, t.name) for t in smaller.trainers()] == [
+        ("chief", 0, "master:0"),
+        ("worker", 0, "worker:1"),
+    ]
 
 
 def test_a_machine_that_returns_while_a_group_forms_makes_no_second_group(clusters):
@@ -383,3 +389,22 @@ def test_the_side_ports_of_an_elastic_job_are_checked_by_doctor_and_opened_by_th
         "master:0's membership cannot start: stop that program, or give membership_port another port"
     ), r.stdout
     assert sum(f"port {ports[3]} here" in line for line in lines) == 1, r.stdout  # one machine: once
+
+
+def test_who_trained_when_leaves_out_empty_rounds_and_joins_rounds_of_the_same_members(clusters):
+    c = clusters(3, 2)
+    e = c.machines[0].e
+    two = ("master:0", "worker:0")
+    e.history = [
+        elastic.Round(1, ALL3, 0),
+        elastic.Round(2, ALL3, 50),  # a trainer lost and back before a save: the same three
+        elastic.Round(3, two, 150),  # worker 1 lost...
+        elastic.Round(4, two, 300),  # ...a round of the same two after another loss
+        elastic.Round(5, ALL3, 550),
+        elastic.Round(6, two, 550),  # trained no step
+        elastic.Round(7, ALL3, 550),
+    ]
+    assert e.trained(1200) == (
+        "trained steps 0-150 on 3 of 3 trainers, 150-550 on 2 of 3 trainers (without worker:1), "
+        "550-1,200 on 3 of 3 trainers"
+    )

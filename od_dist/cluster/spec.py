@@ -50,10 +50,13 @@ class Task:
     role: str  # master | worker | ps | evaluator
     index: int
     address: Address
+    # Its name in the cluster file, where it differs from its place (a round of an elastic job
+    # numbers its workers again): what every line calls it.
+    shown: str | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
-        return f"{self.role}:{self.index}"
+        return self.shown or f"{self.role}:{self.index}"
 
     @property
     def key(self) -> str:
@@ -87,18 +90,20 @@ class Cluster:
     min_trainers: int | None = None  # a group this large goes on without lost trainers (host/elastic.py)
     membership_port: int | None = None  # where each trainer machine's od-dist agrees the group
     # A group of an elastic job (group()): the whole job's id, which its stop markers and checkpoint
-    # feed keep whatever trainers train now.
+    # feed keep whatever trainers train now, and its tasks' names in the file, by address.
     of_job: str | None = None
+    file_names: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @functools.cached_property
     def _tasks_by_role(self) -> dict[str, tuple[Task, ...]]:
         """Built once: callers ask for a role's tasks once per task (scripts for 20,000 workers)."""
         out = {}
+        names = self.file_names
         for role in ("master", "evaluator"):
             address = getattr(self, role)
-            out[role] = (Task(role, 0, address),) if address else ()
+            out[role] = (Task(role, 0, address, names.get(str(address))),) if address else ()
         for role, addresses in (("worker", self.workers), ("ps", self.ps)):
-            out[role] = tuple(Task(role, i, a) for i, a in enumerate(addresses))
+            out[role] = tuple(Task(role, i, a, names.get(str(a))) for i, a in enumerate(addresses))
         return out
 
     def tasks_of(self, role: str) -> tuple[Task, ...]:
@@ -229,7 +234,11 @@ class Cluster:
         master = kept.get("master:0")
         workers = tuple(t.address for t in self.tasks_of("worker") if t.name in kept)
         return dataclasses.replace(
-            self, master=master.address if master else None, workers=workers, of_job=self.job_id()
+            self,
+            master=master.address if master else None,
+            workers=workers,
+            of_job=self.job_id(),
+            file_names=MappingProxyType({str(t.address): t.name for t in kept.values()}),
         )
 
     def in_group(self, task: Task, members) -> Task:
@@ -237,7 +246,7 @@ class Cluster:
         if task.role != "worker":
             return task
         before = [t for t in self.tasks_of("worker") if t.name in members and t.index < task.index]
-        return Task("worker", len(before), task.address)
+        return Task("worker", len(before), task.address, task.name)
 
     def runs_replicas(self, role: str) -> bool:
         """Whether this role's processes run --num_clones replicas (cluster/duties.py): the others

@@ -299,13 +299,20 @@ class Elastic:
 
     def trained(self, final_step: int | None) -> str:
         """Who trained which steps: `trained steps 0-1,200 on 3 of 3 trainers, 1,200-3,000 on 2 of
-        3 trainers (without worker:1)`; rounds that trained no step are left out."""
-        parts = []
+        3 trainers (without worker:1)`. Rounds that trained no step are left out, and rounds of the
+        same members one after another (a trainer lost and back before a save) said as one."""
+        spans: list[list] = []  # [from, to, members]
         for i, r in enumerate(self.history):
             end = self.history[i + 1].step if i + 1 < len(self.history) else (final_step or r.step)
             if end <= r.step:
                 continue
-            missing = [n for n in self.names if n not in r.members]
+            if spans and spans[-1][2] == r.members:
+                spans[-1][1] = end
+            else:
+                spans.append([r.step, end, r.members])
+        parts = []
+        for start, end, members in spans:
+            missing = [n for n in self.names if n not in members]
             without = f" (without {', '.join(missing)})" if missing else ""
-            parts.append(f"{r.step:,}-{end:,} on {len(r.members)} of {len(self.names)} trainers{without}")
+            parts.append(f"{start:,}-{end:,} on {len(members)} of {len(self.names)} trainers{without}")
         return "trained steps " + ", ".join(parts) if parts else ""
