@@ -654,56 +654,37 @@ def test_lead_never_ran(slurm_cluster, tmp_path):
     assert not (tmp_path / "never-model" / "slurm" / f"{job}.0" / "1").exists()
 
 
-def test_requeue_at_the_time_limit(slurm_cluster, tmp_path):
-    """A job at --signal's warning before its time limit (--time=1: at once) has its tasks stop as
-    at scancel (SIGTERM, exit 143 once saved), requeues itself, and its restart goes on until done
-    (the tasks' training replaced: the first run waits for the SIGTERM, the restart ends at once)."""
-    fake_run = (
-        "    def run(cfg):\n"
-        "        import signal, time\n"
-        "        if os.environ.get('SLURM_RESTART_COUNT', '0') != '0':\n"
-        "            print('training done', file=sys.stderr, flush=True)  # stdout: the task's log\n"
-        "            return 0\n"
-        "        got = []\n"
-        "        signal.signal(signal.SIGTERM, lambda *a: got.append(1))\n"
-        "        while not got:\n"
-        "            time.sleep(0.1)\n"
-        "        print('saved at the warning', file=sys.stderr, flush=True)\n"
-        "        return 143\n"
-        "    fake.run = run\n"
-    )
-    env = _shim(tmp_path, _no_training(tmp_path, fake_run))
+# The requeue test's tasks: the first run waits for the SIGTERM, the restart ends at once.
+REQUEUE_FAKE_RUN = (
+    "    def run(cfg):\n"
+    "        import signal, time\n"
+    "        if os.environ.get('SLURM_RESTART_COUNT', '0') != '0':\n"
+    "            print('training done', file=sys.stderr, flush=True)  # stdout: the task's log\n"
+    "            return 0\n"
+    "        got = []\n"
+    "        signal.signal(signal.SIGTERM, lambda *a: got.append(1))\n"
+    "        while not got:\n"
+    "            time.sleep(0.1)\n"
+    "        print('saved at the warning', file=sys.stderr, flush=True)\n"
+    "        return 143\n"
+    "    fake.run = run\n"
+)
+
+
+@pytest.fixture(scope="module")
+def requeue_job(slurm_cluster, tmp_path_factory):
+    """The requeue test's job, a master and a worker at --time=1: (job ID, its folder, its script).
+    Slurm sends the time limit's warning at its next check of the limits, up to 30 s after the job
+    starts: the parameter_server scancel test asks for this job first (it does not read it), so
+    that wait runs while that test's job trains, not on its own."""
+    tmp_path = tmp_path_factory.mktemp("requeue")
+    env = _shim(tmp_path, _no_training(tmp_path, REQUEUE_FAKE_RUN))
     script = _write_job(tmp_path, "master: h1:2030\nworker: [h2:2031]\n", "data", 1, "rq", "--time=1")
-    assert "#SBATCH --signal=B:USR1@120\n" in script.read_text()
-    job = slurm_cluster.sbatch(script, tmp_path, env)
-    deadline = time.monotonic() + 120
-    while slurm_cluster.job(job)["Restarts"] == "0":
-        assert time.monotonic() < deadline, _output(tmp_path, job)
-        time.sleep(0.3)
-    # Slurm holds a requeued job a while (Reason=BeginTime): let it start sooner, though not within
-    # the second of the requeue: slurmd refuses a credential made in the second it revoked the job's
-    # last one ("Job credential revoked", the restart FAILED; seen in a CI run with StartTime=now).
-    slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now+3")
-    fields = slurm_cluster.wait_end(job, 60)
-    out = _output(tmp_path, job)
-    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), (
-        fields,
-        out,
-    )
-    assert (
-        "od-dist: the time limit is near: the tasks save a checkpoint, then the job requeues itself\n" in out
-    ), out
-    assert (
-        "1: saved at the warning\n" in out
-        and "od-dist: master:0 (rank 1) exited 143: the job's exit code\n" in out
-    )
-    assert "od-dist: requeued: restart 1 goes on from the checkpoint\n" in out, out
-    assert out.rstrip().endswith("od-dist: master:0 (rank 1) exited 0: the job's exit code"), out
-    assert "1: training done\n" in out, out
-    assert (tmp_path / "rq-model" / "slurm" / f"{job}.1" / "1").read_text().strip() == "0"
+    return slurm_cluster.sbatch(script, tmp_path, env), tmp_path, script
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("requeue_job")  # sent first, for the requeue test (see requeue_job)
 def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     """ps, master and 2 workers, uneven over 3 nodes (ps and worker 0 on one, worker 1 and the
     master alone: a heterogeneous job), each task under its supervisor (--max_restarts 1):
@@ -760,6 +741,47 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     print(
         f"\nparameter_server on Slurm: scancel at ckpt-{saved}, resumed to 15: {time.monotonic() - started:.0f} s"
     )
+
+
+def test_requeue_at_the_time_limit(slurm_cluster, requeue_job):
+    """A job at --signal's warning before its time limit (--time=1: at once) has its tasks stop as
+    at scancel (SIGTERM, exit 143 once saved), requeues itself, and its restart goes on until done
+    (the tasks' training replaced: the first run waits for the SIGTERM, the restart ends at once)."""
+    job, tmp_path, script = requeue_job
+    assert "#SBATCH --signal=B:USR1@120\n" in script.read_text()
+    deadline = time.monotonic() + 120
+    while (fields := slurm_cluster.job(job))["Restarts"] == "0" or fields["JobState"] in (
+        "REQUEUED",
+        "COMPLETING",
+    ):
+        assert time.monotonic() < deadline, (fields, _output(tmp_path, job))
+        time.sleep(0.3)
+    # Slurm holds a requeued job a while (Reason=BeginTime): let it start sooner, though not within
+    # the second of the requeue: slurmd refuses a credential made in the second it revoked the job's
+    # last one ("Job credential revoked", the restart FAILED; seen in a CI run with StartTime=now
+    # given at once). So StartTime=now 3 s after it is pending again: the update schedules it then
+    # and there (StartTime=now+3 left it to slurmctld's next periodic pass, about 30 s later). A
+    # job Slurm started meanwhile refuses the update.
+    if fields["JobState"] == "PENDING":
+        time.sleep(3)
+        slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+    fields = slurm_cluster.wait_end(job, 60)
+    out = _output(tmp_path, job)
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), (
+        fields,
+        out,
+    )
+    assert (
+        "od-dist: the time limit is near: the tasks save a checkpoint, then the job requeues itself\n" in out
+    ), out
+    assert (
+        "1: saved at the warning\n" in out
+        and "od-dist: master:0 (rank 1) exited 143: the job's exit code\n" in out
+    )
+    assert "od-dist: requeued: restart 1 goes on from the checkpoint\n" in out, out
+    assert out.rstrip().endswith("od-dist: master:0 (rank 1) exited 0: the job's exit code"), out
+    assert "1: training done\n" in out, out
+    assert (tmp_path / "rq-model" / "slurm" / f"{job}.1" / "1").read_text().strip() == "0"
 
 
 @pytest.mark.slow
