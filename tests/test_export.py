@@ -12,6 +12,15 @@ from loopback import COCO_LINE, SMALL, od_dist
 from loopback import PIPELINE as DEMO
 
 
+def run_cli(capsys, *args):
+    """The command in this process, where TensorFlow is imported already: (code, out, err)."""
+    from od_dist import cli
+
+    code = cli.main(["od-dist", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 @pytest.fixture(scope="module")
 def labelimg_run(tmp_path_factory):
     """A labelImg folder, its records, and a detector trained 6 steps on them: the SavedModel and
@@ -38,7 +47,7 @@ def labelimg_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(labelimg_run, tmp_path):
+def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(labelimg_run, tmp_path, capsys):
     import tensorflow as tf
     from PIL import Image
 
@@ -94,14 +103,14 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(labelimg
     edge = changed[min(max(ymin, 0), SIZE - 1), max(xmin, 0) : min(xmax, 159) + 1]
     assert edge.any()
 
-    r = od_dist("report", "--model_dir", model_dir, timeout=300)
-    assert r.returncode == 0, r.stderr
+    code, _, err = run_cli(capsys, "report", "--model_dir", model_dir)
+    assert code == 0, err
     with Image.open(os.path.join(model_dir, "report.png")) as im:
         assert im.size[0] > 400 and im.size[1] > 300
 
 
 @pytest.mark.slow
-def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path):
+def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path, capsys):
     """The same checkpoint to the three .tflite files: each loads in LiteRT's interpreter and
     returns detections in the documented layout (the Object Detection API's TFLite detectors');
     predict draws them in the image's pixels, eval computes COCO metrics of them."""
@@ -165,11 +174,11 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path):
         assert d["class"] in ("circle", "square", "triangle")
 
     # eval's line for the .tflite: the step it was exported from, COCO metrics of its detections.
-    r = od_dist(
-        "eval", f"--pipeline={DEMO}", f"--params_override={override}", f"--model={outs['none']}", timeout=300
+    code, out, err = run_cli(
+        capsys, "eval", f"--pipeline={DEMO}", f"--params_override={override}", f"--model={outs['none']}"
     )
-    assert r.returncode == 0, r.stderr
-    (line,) = [m.group(0) for m in map(COCO_LINE.fullmatch, r.stdout.splitlines()) if m]
+    assert code == 0, err
+    (line,) = [m.group(0) for m in map(COCO_LINE.fullmatch, out.splitlines()) if m]
     assert line.startswith("od-dist eval | step 6 | AP ") and float(COCO_LINE.fullmatch(line)["AP50"]) <= 1.0
 
 
