@@ -2,12 +2,11 @@
 
 import os
 import signal
-import subprocess
 import sys
 
 import netns
 import pytest
-from loopback import ROOT, WINDOWS_LIKE, clean_env, python_path
+from loopback import WINDOWS_LIKE, python_path
 
 # Every test, and every process a test starts, runs as on a Windows machine's install: without
 # tensorflow_text (tests/test_windows.py says which tests cover which command).
@@ -15,27 +14,31 @@ sys.path.insert(0, WINDOWS_LIKE)
 if WINDOWS_LIKE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # xdist's workers inherit it
     os.environ["PYTHONPATH"] = python_path(WINDOWS_LIKE)
 
-# The slowest modules, longest first (their share of `--durations=0` on 2 cores): xdist
-# hands a whole module (--dist loadfile) to whichever worker is free, so the long ones start at
-# once and the short ones fill in at the end, and both workers finish together.
+# The slowest modules, longest first (each alone with `--durations=15`, 2026-11-28; docs/tests.md):
+# xdist hands a whole module (--dist loadfile) to whichever worker is free, so the long ones start
+# at once and the short ones fill in at the end, and both workers finish together.
 LONGEST_FIRST = (
-    "test_faults_trainer.py",
-    "test_faults.py",
-    "test_distributed.py",
-    "test_defects.py",
     "test_multihost.py",
+    "test_faults_trainer.py",
+    "test_distributed.py",
     "test_slurm.py",
-    "test_odapi.py",
-    "test_export.py",
+    "test_faults.py",
+    "test_defects.py",
     "test_trainer.py",
-    "test_user_inputs.py",
-    "test_hostile.py",
-    "test_data.py",
+    "test_odapi.py",
     "test_supervisor.py",
+    "test_export.py",
+    "test_user_inputs.py",
+    "test_data.py",
+    "test_hostile.py",
     "test_scripts.py",
-    "test_launch.py",
-    "test_windows.py",
+    "test_devices.py",
     "test_patches.py",
+    "test_elastic.py",
+    "test_windows.py",
+    "test_scaling.py",
+    "test_launch.py",
+    "test_cli.py",
 )
 
 
@@ -46,28 +49,15 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
-    """A small shapes dataset (48 training, 8 validation images of 64x64), written once per run by
-    `od-dist data shapes`."""
+    """A small shapes dataset (48 training, 8 validation images of 64x64), written once per run
+    (per xdist worker) by `od-dist data shapes`, in this process: a child of its own would start
+    Python and import TensorFlow once more (3.5 s of CPU), which a run's workers have imported as
+    they collected the tests."""
+    from od_dist import cli
+
     out = tmp_path_factory.mktemp("shapes")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "od_dist",
-            "data",
-            "shapes",
-            f"--out={out}",
-            "--num_train=48",
-            "--num_val=8",
-            "--image_size=64",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=clean_env(),
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    args = ["data", "shapes", f"--out={out}", "--num_train=48", "--num_val=8", "--image_size=64"]
+    assert cli.main(["od-dist", *args]) == 0
     return str(out)
 
 
