@@ -4,13 +4,11 @@ as its supervisor steps it, its trainers standing in as a flag. The rounds' trai
 in tests/test_multihost.py; here the rules run in seconds, through every race the issue names."""
 
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from loopback import ROOT
+from loopback import od_dist
 
 from od_dist.cluster import spec
 from od_dist.host import elastic
@@ -306,22 +304,14 @@ def test_a_trainer_of_an_elastic_job_outside_a_supervisor_is_refused(tmp_path):
         "strategy: multi_worker_mirrored\nmaster: 127.0.0.1:2322\nworker: [127.0.0.1:2323, 127.0.0.1:2324]\n"
         "min_trainers: 2\nmembership_port: 2326\n"
     )
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "od_dist",
-            "train",
-            f"--cluster={path}",
-            "--role=worker",
-            "--index=0",
-            "--pipeline=pipelines/shapes_retinanet.yaml",
-            f"--model_dir={tmp_path / 'm'}",
-        ],
-        capture_output=True,
-        text=True,
+    r = od_dist(
+        "train",
+        f"--cluster={path}",
+        "--role=worker",
+        "--index=0",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        f"--model_dir={tmp_path / 'm'}",
         timeout=120,
-        cwd=ROOT,
     )
     assert r.returncode == 2, r.stderr
     assert r.stdout == ""  # nothing started
@@ -330,13 +320,7 @@ def test_a_trainer_of_an_elastic_job_outside_a_supervisor_is_refused(tmp_path):
         "to agree each round with the other trainer machines; pass --max_restarts 3 (the generated scripts do)"
     ), r.stderr
 
-    r = subprocess.run(
-        [sys.executable, "-m", "od_dist", "validate", f"--cluster={path}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    r = od_dist("validate", f"--cluster={path}", timeout=120)
     assert r.returncode == 0, r.stderr
     assert (
         "elastic: the trainers up go on while at least min_trainers 2 of 3 are, agreeing each round on "
@@ -375,13 +359,7 @@ def test_the_side_ports_of_an_elastic_job_are_checked_by_doctor_and_opened_by_th
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", ports[4]))
         taken.listen()
-        r = subprocess.run(
-            [sys.executable, "-m", "od_dist", "doctor", f"--cluster={path}"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
+        r = od_dist("doctor", f"--cluster={path}", timeout=120)
     lines = r.stdout.splitlines()
     assert f"  ok    port {ports[3]} here: free for master:0's checkpoints" in lines, r.stdout
     taken_line = [line for line in lines if line.startswith(f"  FIX   port {ports[4]} here: in use")]
