@@ -48,9 +48,14 @@ def test_fetched_whole_named_once_and_reported(feed, tmp_path):
         with open(os.path.join(here, name), "rb") as a, open(os.path.join(feed.model_dir, name), "rb") as b:
             assert a.read() == b.read()
     assert checkpoint_feed.newest(here) == (4, "ckpt-4")
-    assert feed.fetched(4)
+    # The feed's thread counts a file once it wrote it all, which may be just after this side read it.
+    assert feed.wait_fetched(4, 10)
     assert checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", here) is None  # nothing newer
     _save(feed.model_dir, 6)
+    # A worker of an elastic job keeps a copy: the feed's end waits for the evaluator's, not this.
+    copy = str(tmp_path / "worker")
+    assert checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", copy, by="worker:0") == 6
+    assert feed.wait_fetched(6, 10, by="worker:0") and not feed.fetched(6)
     assert checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", here) == 6
     assert checkpoint_feed.newest(here) == (6, "ckpt-6")
     assert not [n for n in os.listdir(here) if checkpoint_feed.FETCH_PART in n]

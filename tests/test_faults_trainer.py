@@ -430,7 +430,7 @@ def test_parameter_server_master_stops_and_resumes_then_ctrl_c_on_the_ps(tmp_pat
     m = STOPPED.search(master.out)
     assert m and m.group(3) == "ps:0 was stopped by Ctrl+C", master.out[-3000:]
     assert checkpoint_step(str(model_dir)) == int(m.group(2)), master.out[-3000:]
-    assert "master: stopped the job: ps:0 was stopped by Ctrl+C; told ps:0, worker:0, worker:1 to stop" in (
+    assert "master:0: stopped the job: ps:0 was stopped by Ctrl+C; told ps:0, worker:0, worker:1 to stop" in (
         master.out
     ), master.out[-3000:]
     assert "ps:0: Ctrl+C: asking the master to save a checkpoint and end the job" in ps.out, ps.out[-2000:]

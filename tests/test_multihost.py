@@ -635,3 +635,70 @@ def test_elastic_three_machines_go_on_without_a_lost_one_take_it_back_and_lose_t
     final = [m for m in COCO_LINE.finditer(job.output("evaluator:0")) if int(m["step"]) == steps]
     assert final, out
     print("\n" + trained.group(1) + "; " + "; ".join(f"{k}: {v:.0f} s" for k, v in figures.items()))
+
+@pytest.mark.slow
+def test_elastic_parameter_server_the_masters_machine_lost_for_good_a_worker_coordinates(
+    tmp_path, machines, data_dir
+):
+    """An elastic parameter_server job (min_trainers: 2): a master, two workers, a ps and an
+    evaluator, each machine with its own disk, each started by its generated script. The workers
+    keep copies of the master's checkpoints (its feed). The master's machine is powered off for
+    good: the worker whose copy is newest coordinates the next round from it, with the other worker
+    and the same ps (never restarted), trains to the end, serves the final checkpoint to the
+    evaluator, and every machine left exits 0."""
+    net = machines(5)
+    roles = {0: "master", 1: "worker", 2: "worker", 3: "ps", 4: "evaluator"}
+    cluster = job_cluster(
+        tmp_path, net, roles, checkpoint_port=PORT + 1, min_trainers=2, membership_port=PORT + 2
+    )
+    steps = 120
+    # A checkpoint every 20 steps: the evaluator scores each, which the job's end waits for.
+    override = TINY.format(steps=steps, data=data_dir).replace(
+        "checkpoint_interval=5", "checkpoint_interval=20"
+    )
+    scripts, _ = write_scripts(
+        tmp_path, cluster, data_dir, steps, wait_timeout=120, override=override, model_dir="runs/lan"
+    )
+    own = {i: tmp_path / net[i].hostname / "runs" / "lan" for i in roles}
+    job = Job.from_scripts(tmp_path, net, roles, scripts)
+    round_line = re.compile(r"round \d+: (worker:\d), worker:\d train from step ([\d,]+), \1 coordinating")
+    try:
+        deadline = time.monotonic() + 420
+        while not any(checkpoint_step(str(own[i])) for i in (1, 2)) and time.monotonic() < deadline:
+            assert job.procs["master:0"].poll() is None, job.all_output()
+            time.sleep(0.5)
+        net[0].power_off()
+        lost = time.monotonic()
+        held = max(checkpoint_step(str(own[i])) or 0 for i in (1, 2))
+        deadline = time.monotonic() + 180
+        while not round_line.search(job.output("worker:0")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        lead, resumed = round_line.search(job.output("worker:0")).groups()
+        lead_disk = own[1 + int(lead[-1])]
+        while (checkpoint_step(str(lead_disk)) or 0) <= held and time.monotonic() < deadline:
+            time.sleep(0.25)
+        training_again = time.monotonic() - lost
+        codes = job.wait(["worker:0", "worker:1", "ps:0", "evaluator:0"], timeout=600)
+        took = time.monotonic() - lost
+    finally:
+        job.kill()
+    out = job.all_output()
+    assert codes == {"worker:0": 0, "worker:1": 0, "ps:0": 0, "evaluator:0": 0}, out
+    assert int(resumed.replace(",", "")) >= held > 0, out  # from its copy, not from scratch
+    assert checkpoint_step(str(lead_disk)) == steps, out  # written by the new coordinator's machine
+    assert f"{lead}: round 2 of an elastic job: {lead}, worker:" in job.output(lead), out
+    assert "train; it coordinates the round" in job.output(lead), out
+    assert job.output("ps:0").count("ps:0 serving on") == 1, out  # the variables' server stayed up
+    for name in ("worker:0", "worker:1"):
+        trained = re.search(r"od-dist train: (trained steps .*)", job.output(name))
+        assert trained and re.fullmatch(
+            rf"trained steps 0-[\d,]+ on 3 of 3 trainers, [\d,]+-{steps} on 2 of 3 trainers \(without master:0\)",
+            trained.group(1),
+        ), out
+    lead_ip = net[1 + int(lead[-1])].ip
+    assert re.search(rf"fetched ckpt-{steps} from the checkpoint feed at {lead_ip}:{PORT + 1}", out), out
+    assert [m for m in COCO_LINE.finditer(job.output("evaluator:0")) if int(m["step"]) == steps], out
+    print(
+        f"\n{trained.group(1)}; {lead} coordinated from step {resumed}; master lost to training again: "
+        f"{training_again:.0f} s, to the job's end: {took:.0f} s"
+    )

@@ -251,10 +251,10 @@ RULES = [
         ["membership_port: '2226'", "used only with min_trainers"],
     ),
     (
-        "min_trainers: not under parameter_server",
-        PS_OK,
+        "min_trainers under parameter_server counts the master and the workers",
         PS_OK + "min_trainers: 2\nmembership_port: 2226\n",
-        ["min_trainers: '2'", "parameter_server", "strategy: multi_worker_mirrored"],
+        PS_OK + "min_trainers: 1\nmembership_port: 2226\n",
+        ["min_trainers: '1'", "1 of 3 trainers would let both sides", "2 or more"],
     ),
     (
         "membership_port is free on every trainer's machine",

@@ -147,14 +147,14 @@ def _in_group(fv: flags.FlagValues, selected):
     to train in: refused."""
     import dataclasses
 
-    from od_dist.cluster import duties
     from od_dist.cluster.messages import problem
+    from od_dist.cluster.spec import MEMBER_ROLES, PARAMETER_SERVER
     from od_dist.protocol import membership
 
     cluster, task = selected.cluster, selected.task
     if cluster is None or task is None or not cluster.min_trainers or fv.slurm:
         return selected
-    if not duties.of(cluster.strategy, task.role).is_trainer:
+    if task.role not in MEMBER_ROLES:
         return selected
     group = membership.group_from_env()
     if group is None:
@@ -172,9 +172,12 @@ def _in_group(fv: flags.FlagValues, selected):
     if task.name not in group.members:
         raise UsageError(f"{task.name} is not a member of round {group.round} ({', '.join(group.members)})")
     place = cluster.in_group(task, group.members)
+    if place.role == "master" and cluster.strategy == PARAMETER_SERVER:
+        here = "it coordinates the round"
+    else:
+        here = f"TensorFlow's {place.tf_job} {place.index} here"
     print(
-        f"{task.name}: round {group.round} of an elastic job: {', '.join(group.members)} train; "
-        f"TensorFlow's {place.tf_job} {place.index} here",
+        f"{task.name}: round {group.round} of an elastic job: {', '.join(group.members)} train; {here}",
         flush=True,
     )
     return dataclasses.replace(selected, cluster=cluster.group(group.members), task=place)
@@ -183,11 +186,9 @@ def _in_group(fv: flags.FlagValues, selected):
 def elastic_for(fv: flags.FlagValues, cluster, tasks):
     """(say) -> the agreement of this machine's trainers of an elastic job (host/elastic.py), or
     None: no min_trainers, no trainer here, or a Slurm job (whose srun step is one fixed group)."""
-    from od_dist.cluster import duties
+    from od_dist.cluster.spec import MEMBER_ROLES
 
-    trainers = (
-        tuple(t for t in tasks if t and duties.of(cluster.strategy, t.role).is_trainer) if cluster else ()
-    )
+    trainers = tuple(t for t in tasks if t and t.role in MEMBER_ROLES) if cluster else ()
     if not trainers or not cluster.min_trainers or ("slurm" in fv and fv.slurm):
         return None
     from od_dist.host import elastic

@@ -45,6 +45,10 @@ class Address:
         return hostport.format_address(self.host, self.port)
 
 
+# The roles an elastic job's rounds are made of (Cluster.members).
+MEMBER_ROLES = ("master", "worker")
+
+
 @dataclass(frozen=True)
 class Task:
     role: str  # master | worker | ps | evaluator
@@ -201,7 +205,7 @@ class Cluster:
         feed = self.checkpoint_feed()
         if feed is None:
             return ()
-        hosts = [feed.host] + [t.address.host for t in self.trainers() if self.min_trainers]
+        hosts = [feed.host] + [t.address.host for t in self.members() if self.min_trainers]
         return tuple(Address(h, feed.port) for h in dict.fromkeys(hosts))
 
     def side_ports(self, task: Task) -> tuple[tuple[int, str, str], ...]:
@@ -210,7 +214,7 @@ class Cluster:
         and, with min_trainers, membership_port (host/elastic.py); once per machine, on its first
         trainer."""
         machine = hostport.machine_of(task.address.host)
-        trainers = self.trainers() if self.min_trainers else ()
+        trainers = self.members() if self.min_trainers else ()
         first_here = task in trainers and task == next(
             t for t in trainers if hostport.machine_of(t.address.host) == machine
         )
@@ -226,13 +230,25 @@ class Cluster:
         ordered = self.tasks_of("master") + self.tasks_of("worker")
         return tuple(t for t in ordered if duties.of(self.strategy, t.role).is_trainer)
 
+    def members(self) -> tuple[Task, ...]:
+        """The tasks an elastic job's rounds are made of (min_trainers): the master and the workers,
+        in the file's order. Under multi_worker_mirrored they are the trainers; under
+        parameter_server any of them may coordinate a round (group())."""
+        return tuple(t for role in MEMBER_ROLES for t in self.tasks_of(role))
+
     def group(self, members) -> Cluster:
-        """The cluster of an elastic job's group: the trainers named in `members` (by their names in
-        this file), the others left out, the workers numbered again in order. Without the master
-        its first worker is TensorFlow's chief, the lead. The job's id stays this file's."""
-        kept = {t.name: t for t in self.trainers() if t.name in members}
-        master = kept.get("master:0")
-        workers = tuple(t.address for t in self.tasks_of("worker") if t.name in kept)
+        """The cluster of an elastic job's round: the members named in `members` (by their names in
+        this file), the others left out, the workers numbered again in order. Under
+        multi_worker_mirrored without the master its first worker is TensorFlow's chief, the lead;
+        under parameter_server the first of `members` is the master (the coordinator, at its own
+        address) and the others its workers. The job's id stays this file's."""
+        kept = {t.name: t for t in self.members() if t.name in members}
+        if self.strategy == validate.PARAMETER_SERVER:
+            master = kept[members[0]]
+            workers = tuple(t.address for t in kept.values() if t is not master)
+        else:
+            master = kept.get("master:0")
+            workers = tuple(t.address for t in self.tasks_of("worker") if t.name in kept)
         return dataclasses.replace(
             self,
             master=master.address if master else None,
@@ -243,6 +259,11 @@ class Cluster:
 
     def in_group(self, task: Task, members) -> Task:
         """`task` (of this file) as it is in group(members)."""
+        if self.strategy == validate.PARAMETER_SERVER and task.role in ("master", "worker"):
+            if task.name == members[0]:
+                return Task("master", 0, task.address, task.name)
+            others = [t.name for t in self.members() if t.name in members[1:]]
+            return Task("worker", others.index(task.name), task.address, task.name)
         if task.role != "worker":
             return task
         before = [t for t in self.tasks_of("worker") if t.name in members and t.index < task.index]

@@ -207,10 +207,11 @@ def check_checkpoint_port(doc: dict) -> list[str]:
 
 
 def check_elastic(doc: dict) -> list[str]:
-    """`min_trainers` (a smaller group of multi_worker_mirrored trainers goes on without a lost one)
-    and `membership_port` (where each trainer machine's od-dist agrees the group with the others:
-    host/elastic.py). More than half of the trainers: the two sides of a split network can then
-    never both form a group."""
+    """`min_trainers` (a smaller group of trainers goes on without a lost one: under
+    multi_worker_mirrored the all-reduce group, under parameter_server the master and workers, any
+    of which may coordinate) and `membership_port` (where each trainer machine's od-dist agrees the
+    group with the others: host/elastic.py). More than half of the trainers: the two sides of a
+    split network can then never both form a group."""
     if "min_trainers" not in doc and "membership_port" not in doc:
         return []
     if "min_trainers" not in doc:
@@ -223,16 +224,6 @@ def check_elastic(doc: dict) -> list[str]:
             )
         ]
     wanted = doc["min_trainers"]
-    if infer_strategy(doc) == PARAMETER_SERVER:
-        return [
-            problem(
-                "min_trainers",
-                wanted,
-                "parameter_server trains on without a lost worker already, and its master holds the "
-                "checkpoints and the coordinator, so no group goes on without it",
-                "remove min_trainers, or use 'strategy: multi_worker_mirrored'",
-            )
-        ]
     trainers = _trainer_hosts(doc)
     n, half = len(trainers), len(trainers) // 2 + 1
     if isinstance(wanted, bool) or not isinstance(wanted, int) or not 1 <= wanted <= n:

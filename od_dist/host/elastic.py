@@ -1,8 +1,11 @@
-"""An elastic multi_worker_mirrored job (the cluster file's min_trainers): the group that trains is
-agreed by the trainer machines' own od-dist supervisors, over their membership ports, without a
-shared folder or a service outside the job. TensorFlow's all-reduce needs a fixed group, so a change
-of members is a new round: every member's trainers start again, in the round's cluster, from the
-newest checkpoint any member holds (task/controller.py's resume sends it to those behind).
+"""An elastic job (the cluster file's min_trainers): the group that trains is agreed by the trainer
+machines' own od-dist supervisors, over their membership ports, without a shared folder or a service
+outside the job. TensorFlow's all-reduce needs a fixed group, so a change of members is a new round:
+every member's trainers start again, in the round's cluster, from the newest checkpoint any member
+holds (task/controller.py's resume sends it to those behind). Under parameter_server the members are
+the master and the workers, and a round's first member coordinates it (Cluster.group): the machine
+holding the newest checkpoint (each member follows the coordinator's checkpoint feed), so a lost
+master's place goes to a worker, while the ps keep serving (task/server.py follows the round's lead).
 
 The rules, for each trainer machine:
   - Its phase: forming (no trainer of its runs), ready (it took a proposal and waits for every
@@ -32,11 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from od_dist.cluster import hostport
-from od_dist.cluster.spec import Cluster, Task
+from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
 from od_dist.protocol import membership
-from od_dist.protocol.membership import Group
+from od_dist.protocol.membership import DONE, FORMING, READY, TRAINING, Group
 
-FORMING, READY, TRAINING, DONE = "forming", "ready", "training", "done"
 SETTLE_S = 3.0  # the machines seen forming unchanged this long: none is still on its way
 CONFIRM_S = 30.0  # a proposal not taken by every member within this is dropped
 LOOK_EVERY_S = 1.0
@@ -52,7 +54,7 @@ class Round:
 def machines(cluster: Cluster) -> dict[str, tuple[str, ...]]:
     """The trainers of each machine (hostport.machine_of), in the cluster file's order."""
     out: dict[str, list[str]] = {}
-    for t in cluster.trainers():
+    for t in cluster.members():
         out.setdefault(hostport.machine_of(t.address.host), []).append(t.name)
     return {m: tuple(names) for m, names in out.items()}
 
@@ -81,11 +83,11 @@ class Elastic:
     history: list[Round] = field(default_factory=list)
 
     def __post_init__(self):
-        self.names = [t.name for t in self.cluster.trainers()]
+        self.names = [t.name for t in self.cluster.members()]
         self.tasks_of = machines(self.cluster)
         self.mine = next(m for m, names in self.tasks_of.items() if self.here[0].name in names)
         if self.addresses is None:
-            hosts = {t.name: t.address.host for t in self.cluster.trainers()}
+            hosts = {t.name: t.address.host for t in self.cluster.members()}
             self.addresses = {
                 m: (hosts[names[0]], self.cluster.membership_port) for m, names in self.tasks_of.items()
             }
@@ -231,9 +233,22 @@ class Elastic:
                 self._say_once(f"no group of {', '.join(members)}: {problem}; waiting for a trainer more")
                 return None
         self.history = list(history)
+        if self.cluster.strategy == PARAMETER_SERVER:
+            members = self._newest_first(members, alive)
         rounds = [self.round] + [s["round"] for s in alive.values()] + [h[-1].round for h in histories if h]
         self._take(Group(max(rounds) + 1, members), now)
         return None
+
+    def _newest_first(self, members: tuple[str, ...], alive: dict[str, dict]) -> tuple[str, ...]:
+        """parameter_server: the round's coordinator (its first member) is a trainer of the machine
+        that holds the newest checkpoint (the file's order among equals), so it resumes from it
+        without a fetch: a master back on an old disk joins as a worker."""
+        steps = {m: (alive[m]["step"] if m in alive else 0) for m in self._machines_of(members)}
+        steps[self.mine] = self.newest_step() or 0
+        newest = max(steps.values())
+        holder = next(m for m in self._machines_of(members) if steps[m] == newest)
+        lead = next(n for n in members if n in self.tasks_of[holder])
+        return (lead,) + tuple(n for n in members if n != lead)
 
     def _take(self, group: Group, now: float) -> None:
         self.phase, self.round, self.members = READY, group.round, group.members
@@ -272,8 +287,9 @@ class Elastic:
         r = self.history[-1]
         missing = [n for n in self.names if n not in r.members]
         without = f"; without {', '.join(missing)}" if missing else ""
+        lead = f", {r.members[0]} coordinating" if self.cluster.strategy == PARAMETER_SERVER else ""
         return (
-            f"round {r.round}: {', '.join(r.members)} train from step {r.step:,} "
+            f"round {r.round}: {', '.join(r.members)} train from step {r.step:,}{lead} "
             f"({len(r.members)} of {len(self.names)} trainers{without})"
         )
 
@@ -301,12 +317,17 @@ class Elastic:
         """Who trained which steps: `trained steps 0-1,200 on 3 of 3 trainers, 1,200-3,000 on 2 of
         3 trainers (without worker:1)`. Rounds that trained no step are left out, and rounds of the
         same members one after another (a trainer lost and back before a save) said as one."""
+        # The final step as the lead wrote it, which a member may not hold (parameter_server): read
+        # now, as the last look may be from before the final save.
+        others = [self.addresses[m] for m in self.order if m != self.mine]
+        states = [s for s in membership.read_all(others) if s and s.get("job") == self.job]
+        final_step = max([final_step or 0] + [s.get("step", 0) for s in states + list(self._alive.values())])
         spans: list[list] = []  # [from, to, members]
         for i, r in enumerate(self.history):
             end = self.history[i + 1].step if i + 1 < len(self.history) else (final_step or r.step)
             if end <= r.step:
                 continue
-            if spans and spans[-1][2] == r.members:
+            if spans and set(spans[-1][2]) == set(r.members):
                 spans[-1][1] = end
             else:
                 spans.append([r.step, end, r.members])

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from od_dist.cluster.spec import Task
+from od_dist.cluster.spec import MEMBER_ROLES, Task
 from od_dist.host import elastic as elastic_mod
 from od_dist.host.policy import (
     BACKOFF_RESET_S,
@@ -232,7 +232,7 @@ class Supervisor:
         try:
             with self._membership():
                 for task in self.tasks:
-                    if self.elastic is None or not is_trainer(self.strategy, task.role):
+                    if self.elastic is None or task.role not in MEMBER_ROLES:
                         self.running[task.name] = self._start(task)
                 return self._loop()
         except MembershipPortTaken:
@@ -607,7 +607,7 @@ class Supervisor:
     def _done(self, task: Task) -> None:
         self.finished.add(task.name)
         self._finish(self.running.pop(task.name))
-        if self.elastic is not None and is_trainer(self.strategy, task.role):
+        if self.elastic is not None and task.role in MEMBER_ROLES:
             self.elastic.done()
         if self.first_done is None and is_trainer(self.strategy, task.role):
             self.first_done = (task.name, time.monotonic())
@@ -642,7 +642,7 @@ class Supervisor:
                 f"{task.name} was stopped by a person ({describe(code)}: Ctrl+C, on this machine or "
                 "another of the job); not restarted",
             )
-        if self.elastic is not None and p.action == RESTART_ALL:
+        if self.elastic is not None and p.action in (RESTART_ALL, RESTART_TASK):
             return self._regroup(cause, code, exits)
         waited = [(t, c) for t, c in exits if self._waited_out(t)]
         if waited and p.action in (RESTART_ALL, RESTART_TASK):
@@ -718,7 +718,11 @@ class Supervisor:
     # ----- an elastic job (host/elastic.py) ---------------------------------------------------------
 
     def _trainers(self) -> list[Task]:
-        return [t for t in self.tasks if is_trainer(self.strategy, t.role)]
+        """The members here (Cluster.members): under parameter_server, its master or workers."""
+        return [t for t in self.tasks if t.role in MEMBER_ROLES]
+
+    def _member_runs(self) -> list[Running]:
+        return [r for r in self.running.values() if r.task.role in MEMBER_ROLES]
 
     def _elastic_step(self) -> int | None:
         """Forms the next round when no trainer runs here, or, while they train, stops them for a
@@ -732,7 +736,7 @@ class Supervisor:
                     names = ", ".join(t.name for t in running)
                     self.say(f"{why}: asking {names} to save a checkpoint and stop, to go on in a new round")
                     self.regrouping = True
-                    for r in self._runs(trainers=True):
+                    for r in self._member_runs():
                         send(r, signal.SIGTERM)
             return None
         if e.phase == elastic_mod.DONE or running:
@@ -778,10 +782,16 @@ class Supervisor:
                 return self._out_of_restarts(cause, code)
             self.budget.started(now)
             how = f"restart {count}"
-        stop(self._runs(trainers=True), RESTART_STOP_GRACE_S, lambda: len(self.signals) > 1)
+        stop(self._member_runs(), RESTART_STOP_GRACE_S, lambda: len(self.signals) > 1)
         for t in self._trainers():
             if t.name in self.running:
                 self._finish(self.running.pop(t.name))
+        # A ps here lost (its variables with it): started again at once; the round's coordinator,
+        # which lost them too, is in the next round.
+        for t, _ in exits:
+            if t.role == "ps" and t.name in self.running:
+                self._finish(self.running.pop(t.name))
+                self.pending[t.name] = time.monotonic()
         self.say(
             f"{cause}; {how}: forming the next round with the trainers up (min_trainers "
             f"{self.elastic.cluster.min_trainers}), from the newest checkpoint any of them holds"

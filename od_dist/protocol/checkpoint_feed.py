@@ -39,6 +39,9 @@ TIMEOUT_S = 30.0  # a request, or a read of its answer, that takes longer is a l
 FETCH_PART = ".od-dist-fetching-"  # + the file's name: what a fetch writes before the rename
 
 
+EVALUATOR = "evaluator"  # the fetcher a feed waits for at the end (Feed.fetched)
+
+
 def newest(model_dir: str) -> tuple[int, str] | None:
     """(step, prefix) of the checkpoint `model_dir`'s state file names, or None."""
     try:
@@ -70,8 +73,8 @@ class Feed:
         self._sums: dict[tuple[str, int, int], str] = {}  # (name, size, mtime) -> SHA-256
         self._lock = threading.Lock()
         self._served: set[int] = set()  # steps whose every file went out whole
-        self._sent: dict[int, set[str]] = {}
-        self._have = 0  # the newest step a fetcher said it holds
+        self._sent: dict[tuple[str, int], set[str]] = {}  # (fetcher, step) -> the files it took
+        self._have: dict[str, int] = {}  # fetcher -> the newest step it said it holds
         self._server = serving.Server(host, port, self._answer, "checkpoint-feed")
         self.everywhere = self._server.everywhere
 
@@ -103,11 +106,12 @@ class Feed:
     def _answer(self, request) -> None:
         path, _, query = request.path.partition("?")
         name = path.lstrip("/")
+        said = dict(re.findall(r"(have|by)=([\w:.-]{1,64})", query))
+        by = said.get("by", EVALUATOR)
         if not name:
-            have = re.fullmatch(r"have=(\d{1,12})", query)
-            if have:  # the fetcher's newest step: a number it reports, nothing is written
+            if said.get("have", "").isdigit():  # the fetcher's newest step: a number it reports
                 with self._lock:
-                    self._have = max(self._have, int(have.group(1)))
+                    self._have[by] = max(self._have.get(by, 0), int(said["have"]))
             serving.send_json(request, self.listing())
             return
         m = _FILE.match(name)
@@ -124,18 +128,20 @@ class Feed:
                 request.wfile.write(chunk)
         step = int(m.group(1))
         with self._lock:
-            self._sent.setdefault(step, set()).add(name)
+            self._sent.setdefault((by, step), set()).add(name)
 
-    def fetched(self, step: int) -> bool:
-        """Whether a fetcher holds checkpoint `step`: it said so, or took its every file."""
+    def fetched(self, step: int, by: str = EVALUATOR) -> bool:
+        """Whether the fetcher `by` holds checkpoint `step`: it said so, or took its every file."""
         listed = {f["name"] for f in self.listing()["files"]}
         with self._lock:
-            return self._have >= step or (bool(listed) and listed <= self._sent.get(step, set()))
+            return self._have.get(by, 0) >= step or (
+                bool(listed) and listed <= self._sent.get((by, step), set())
+            )
 
-    def wait_fetched(self, step: int, timeout_s: float) -> bool:
-        """Waits up to `timeout_s` for a fetcher to hold checkpoint `step`."""
+    def wait_fetched(self, step: int, timeout_s: float, by: str = EVALUATOR) -> bool:
+        """Waits up to `timeout_s` for the fetcher `by` to hold checkpoint `step`."""
         deadline = time.monotonic() + timeout_s
-        while not self.fetched(step):
+        while not self.fetched(step, by):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.5)
@@ -146,10 +152,12 @@ class FeedError(Exception):
     """A fetch that failed: said in one line; the next poll tries again."""
 
 
-def read_listing(host: str, port: int, timeout: float = TIMEOUT_S, have: int = 0) -> dict:
-    """The feed's listing (`have`: the newest step the caller holds); raises FeedError (not
+def read_listing(
+    host: str, port: int, timeout: float = TIMEOUT_S, have: int = 0, by: str = EVALUATOR
+) -> dict:
+    """The feed's listing (`have`: the newest step the caller, `by`, holds); raises FeedError (not
     reachable, not a feed)."""
-    url = serving.url(host, port, f"?have={have}")
+    url = serving.url(host, port, f"?have={have}&by={by}")
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             listing = json.loads(answer.read(1 << 20))
@@ -160,11 +168,15 @@ def read_listing(host: str, port: int, timeout: float = TIMEOUT_S, have: int = 0
     return listing
 
 
-def fetch(host: str, port: int, job: str, model_dir: str, timeout: float = TIMEOUT_S) -> int | None:
+def fetch(
+    host: str, port: int, job: str, model_dir: str, timeout: float = TIMEOUT_S, by: str = EVALUATOR
+) -> int | None:
     """Fetches the feed's newest checkpoint into `model_dir` when it is newer than the one there;
-    returns its step, or None when there was nothing newer. Raises FeedError: another job's feed,
-    a file that did not arrive whole (nothing of it is then named; the next call tries again)."""
-    listing = read_listing(host, port, timeout, (newest(model_dir) or (0,))[0])
+    returns its step, or None when there was nothing newer. `by`: who fetches (the feed waits for
+    the evaluator's fetch of the final checkpoint, not a worker's copy). Raises FeedError: another
+    job's feed, a file that did not arrive whole (nothing of it is then named; the next call tries
+    again)."""
+    listing = read_listing(host, port, timeout, (newest(model_dir) or (0,))[0], by)
     if listing.get("job") != job:
         raise FeedError(
             f"it serves the checkpoints of another job ({listing.get('job')}, this one is {job}): "
@@ -184,7 +196,7 @@ def fetch(host: str, port: int, job: str, model_dir: str, timeout: float = TIMEO
     arrived = []
     try:
         for entry in files:
-            arrived.append(_fetch_file(host, port, entry, model_dir, timeout))
+            arrived.append(_fetch_file(host, port, entry, model_dir, timeout, by))
         # The index last, as TensorFlow writes it: a reader that lists the folder meanwhile
         # finds shards without an index, which no restore reads.
         for name, part in sorted(arrived, key=lambda a: a[0].endswith(".index")):
@@ -197,10 +209,12 @@ def fetch(host: str, port: int, job: str, model_dir: str, timeout: float = TIMEO
     return step
 
 
-def _fetch_file(host: str, port: int, entry: dict, model_dir: str, timeout: float) -> tuple[str, str]:
+def _fetch_file(
+    host: str, port: int, entry: dict, model_dir: str, timeout: float, by: str
+) -> tuple[str, str]:
     name, size, want = entry["name"], int(entry["size"]), entry["sha256"]
     part = os.path.join(model_dir, FETCH_PART + name)
-    url = serving.url(host, port, name)
+    url = serving.url(host, port, f"{name}?by={by}")
     digest, got = hashlib.sha256(), 0
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer, open(part, "wb") as out:
@@ -256,8 +270,8 @@ class Follower:
     `feeds`: where a lead may serve, (host, port) each, the usual lead's first: an elastic job's
     lead moves to another trainer's machine when its own is lost (cluster.checkpoint_feeds())."""
 
-    def __init__(self, feeds, job: str, model_dir: str, say, every_s: float = 2.0):
-        self.feeds, self.job, self.model_dir, self.say = list(feeds), job, model_dir, say
+    def __init__(self, feeds, job: str, model_dir: str, say, every_s: float = 2.0, by: str = EVALUATOR):
+        self.feeds, self.job, self.model_dir, self.say, self.by = list(feeds), job, model_dir, say, by
         self.every_s = every_s
         self.reachable: bool | None = None
         self._at = 0  # the feed asked now: the last that answered
@@ -281,7 +295,7 @@ class Follower:
         at = self._at
         host, port = self.feeds[at]
         try:
-            step = fetch(host, port, self.job, self.model_dir)
+            step = fetch(host, port, self.job, self.model_dir, by=self.by)
         except FeedError as e:
             others = (
                 f" (or {', '.join(f'{h}:{p}' for h, p in self.feeds[:at] + self.feeds[at + 1 :])}, "

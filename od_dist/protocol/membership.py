@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from od_dist.protocol import serving
 
 TIMEOUT_S = 2.0  # a machine that does not answer within this is not up, for this look
+# A machine's phase: forming (no trainer of its runs), ready (it took a proposal and waits for every
+# member to take it), training, or done (its trainers finished). host/elastic.py says when.
+FORMING, READY, TRAINING, DONE = "forming", "ready", "training", "done"
 # The supervisor's word to the trainers it starts: the round and its members (by their names in
 # the cluster file), as JSON.
 GROUP_ENV = "OD_DIST_GROUP"
@@ -80,3 +83,11 @@ def read_all(addresses, timeout: float = TIMEOUT_S) -> list[dict | None]:
         return []
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
         return list(pool.map(lambda a: read(a[0], a[1], timeout), addresses))
+
+
+def training_lead(addresses, job: str) -> str | None:
+    """The first member of the newest round a machine of `job` trains in (under parameter_server, its
+    coordinator), read from the machines at `addresses`; None while none trains."""
+    states = [s for s in read_all(addresses) if s and s.get("job") == job and s.get("phase") == TRAINING]
+    newest = max(states, key=lambda s: s.get("round", 0), default=None)
+    return newest["members"][0] if newest and newest.get("members") else None

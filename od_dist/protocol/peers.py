@@ -31,6 +31,9 @@ class Unreachable:
             first = self._start if self._start is not None and name not in self._seen else now
             self._since.setdefault(name, first)
 
+    def seen(self, name: str) -> bool:
+        return name in self._seen
+
     def lost(self, name: str, now: float, timeout_s: float) -> bool:
         return name in self._since and now - self._since[name] >= timeout_s
 

@@ -17,7 +17,7 @@ import time
 from typing import NoReturn
 
 from od_dist.host.config import TrainConfig
-from od_dist.protocol import exit_codes, notes, peers
+from od_dist.protocol import checkpoint_feed, exit_codes, notes, peers
 
 EVAL_POLL_S = 30
 
@@ -58,14 +58,21 @@ def run_server(config: TrainConfig) -> NoReturn:
             return devices.configure(config.num_clones, config.clone_on_cpu)
         return devices.apply_policy()
 
+    cluster = selected.cluster
+    # A worker of an elastic job keeps a copy of the coordinator's checkpoints on its own disk: the
+    # next round may have it coordinate (host/elastic.py), from the newest step it holds.
+    member = cluster.min_trainers is not None and selected.task.role == "worker"
+    lead = cluster.checkpoint_feed() if member else None
     try:
-        code = server.serve(
-            selected.cluster,
-            selected.task,
-            config.wait_timeout,
-            devices=set_up_devices,
-            term_to_all=selected.term_to_all,
-        )
+        with _following(config, [lead] if lead else [], selected.task.name):
+            code = server.serve(
+                cluster,
+                selected.task,
+                config.wait_timeout,
+                devices=set_up_devices,
+                term_to_all=selected.term_to_all,
+                lost_s=config.lost_peer_timeout if member else None,
+            )
     except server.ServerError as e:  # a DeviceError is invalid input: exit 2 (cli/train.py)
         raise RoleError(str(e)) from None
     # TensorFlow's teardown of a server at interpreter exit can crash (SIGSEGV, exit 139, after
@@ -150,7 +157,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             # come back and then restarting. SIGTERM is a pause (a drained node, an orchestrator's
             # restart): they stay up for the master's return, as after a crash.
             own = e.why in ("SIGINT", "SIGBREAK")
-            _stop_servers(cluster, notes.by_person() if own else notes.stopped_the_job(e.why))
+            _stop_servers(cluster, notes.by_person() if own else notes.stopped_the_job(e.why), who)
         if e.code == exit_codes.INTERRUPTED and cluster is not None and task == cluster.lead_task():
             _tell_evaluators(config.model_dir, f"{who} was stopped by a person ({e.why}) at step {e.step}")
         if cluster is not None:
@@ -171,7 +178,9 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             if config.is_coordinator:
                 # A permanent failure: the servers would otherwise wait --wait_timeout for a master
                 # that will not come back, exit 138 and be restarted by their own supervisors.
-                _stop_servers(cluster, notes.word(f"failed ({missing or type(e).__name__})", _code_of(e)))
+                _stop_servers(
+                    cluster, notes.word(f"failed ({missing or type(e).__name__})", _code_of(e)), who
+                )
             if missing:
                 raise RoleError(missing) from None
             raise
@@ -181,7 +190,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             f"({type(e).__name__}); {_after_loss(config)}",
         )
     if config.is_coordinator:
-        _stop_servers(cluster, notes.DONE)
+        _stop_servers(cluster, notes.DONE, who)
     return 0
 
 
@@ -302,7 +311,7 @@ def _server_requests(config: TrainConfig, peers):
     return lambda: server.stop_requests(config.selected.cluster, servers)
 
 
-def _stop_servers(cluster, why: str) -> None:
+def _stop_servers(cluster, why: str, who: str) -> None:
     """Tells the ps and parameter_server workers to exit 0 (their stop marker says `why`)."""
     from od_dist.task import server
 
@@ -310,7 +319,7 @@ def _stop_servers(cluster, why: str) -> None:
     failed = server.send_stop(cluster, servers, why)
     told = [t.name for t in servers if t.name not in failed]
     print(
-        f"master: {notes.shown(why)}; told {', '.join(told) or 'no server'} to stop"
+        f"{who}: {notes.shown(why)}; told {', '.join(told) or 'no server'} to stop"
         + "".join(f"; {name}: {reason}" for name, reason in failed.items()),
         flush=True,
     )
@@ -391,17 +400,17 @@ def _is_peer_error(e: Exception) -> bool:
 
 
 @contextlib.contextmanager
-def _following(config: TrainConfig):
-    """The evaluator's fetches from the lead's checkpoint feed, when the cluster file has one."""
-    from od_dist.protocol import checkpoint_feed
+def _following(config: TrainConfig, feeds, who: str):
+    """Fetches from the lead's checkpoint `feeds` (cluster.checkpoint_feeds()) into --model_dir,
+    when the cluster file has one; yields the Follower, or None."""
 
-    cluster = config.selected.cluster
-    feeds = [(a.host, a.port) for a in cluster.checkpoint_feeds()] if cluster is not None else []
     if not feeds:
         yield None
         return
-    say = lambda line: print(f"evaluator: {line}", flush=True)
-    with checkpoint_feed.Follower(feeds, cluster.job_id(), config.model_dir, say) as follower:
+    say = lambda line: print(f"{who}: {line}", flush=True)
+    job = config.selected.cluster.job_id()
+    feeds = [(a.host, a.port) for a in feeds]
+    with checkpoint_feed.Follower(feeds, job, config.model_dir, say, by=who) as follower:
         yield follower
 
 
@@ -441,7 +450,9 @@ def run_evaluator(config: TrainConfig) -> int:
             return False
         return not absent.lost("master", now, config.wait_timeout)
 
-    with _following(config) as follower:
+    cluster = config.selected.cluster
+    feeds = cluster.checkpoint_feeds() if cluster else ()
+    with _following(config, feeds, checkpoint_feed.EVALUATOR) as follower:
         following.extend([follower] if follower else [])
         metrics = trainer.continuous_eval(
             params,
@@ -483,7 +494,6 @@ def run_evaluator(config: TrainConfig) -> int:
 @contextlib.contextmanager
 def _checkpoint_feed(config: TrainConfig):
     """The lead's checkpoint feed (the cluster file's checkpoint_port) while it trains, else None."""
-    from od_dist.protocol import checkpoint_feed
 
     cluster, task = config.selected.cluster, config.selected.task
     at = cluster.checkpoint_feed() if cluster is not None and task == cluster.lead_task() else None
@@ -509,7 +519,6 @@ def _checkpoint_feed(config: TrainConfig):
 def _serve_final(feed, config: TrainConfig) -> None:
     """Training is done: the feed stays up until the evaluator holds the final checkpoint (it
     may be on a machine without the folder), at most --wait_timeout."""
-    from od_dist.protocol import checkpoint_feed
 
     cluster = config.selected.cluster
     final = checkpoint_feed.newest(config.model_dir)

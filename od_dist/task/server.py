@@ -27,7 +27,7 @@ from absl import logging
 from od_dist import patches
 from od_dist.cluster import hostinfo
 from od_dist.cluster.spec import Cluster, Task
-from od_dist.protocol import exit_codes, notes, peers
+from od_dist.protocol import exit_codes, membership, notes, peers
 from od_dist.task import stop as stop_mod
 
 POLL_S = 0.5
@@ -144,10 +144,18 @@ def bind_port(task: Task) -> socket.socket:
         raise
 
 
-def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_to_all: bool = False) -> int:
+def serve(
+    cluster: Cluster,
+    task: Task,
+    wait_timeout: float,
+    devices=None,
+    term_to_all: bool = False,
+    lost_s: float | None = None,
+) -> int:
     """Runs this task's server until the master says done (0) or that a person stopped it (130),
     a signal (143 for SIGTERM, 130 for SIGINT/SIGBREAK, unless the master's word came first), or the master stays
-    unreachable for wait_timeout seconds (LOST_PEER, 138: it never came, or it died).
+    unreachable for wait_timeout seconds (LOST_PEER, 138: it never came, or it died); `lost_s`, once
+    it was up: a worker of an elastic job, whose supervisor then forms the next round.
     `term_to_all`: a SIGTERM reaches the master too (scancel, a Slurm time limit), which saves
     its checkpoint through the servers: they serve on until its port closes, then exit 143."""
     import tensorflow as tf
@@ -202,6 +210,8 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_
     print(f"{task.name} serving on {task.address}", flush=True)
 
     master = cluster.master
+    # A ps of an elastic job serves whichever member coordinates the round (host/elastic.py).
+    follows_rounds = task.role == "ps" and cluster.min_trainers is not None
     absent = peers.Unreachable(never_seen_since=time.monotonic())
     next_probe = 0.0
     unwritten = 0
@@ -221,7 +231,7 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_
                         )
                     stop.clear()
                     continue
-                if asked_at is None and _ask_master(cluster, task, request, received):
+                if asked_at is None and _ask_master(master, task, request, received):
                     asked_at = time.monotonic()
                     stop.clear()
                     continue
@@ -247,19 +257,29 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_
             now = time.monotonic()
             if master is not None and now >= next_probe:
                 next_probe = now + MASTER_PROBE_S
+                if follows_rounds:
+                    master = round_lead(cluster) or master
                 listening, word = probe_master(master.host, master.port)
                 if word:  # the master stops before training: no marker will come
                     return _told(task, word)
                 absent.look("master", listening, now)
-                if absent.lost("master", now, wait_timeout):
+                in_round = lost_s is not None and absent.seen("master")
+                lost_after = lost_s if in_round else wait_timeout
+                if absent.lost("master", now, lost_after):
+                    then = (
+                        "its od-dist forms the next round"
+                        if in_round
+                        else "restart the job to resume from the last checkpoint, or raise --wait_timeout "
+                        "to wait longer"
+                    )
                     print(
-                        f"{task.name}: {peers.lost_line(f'the master at {master}', wait_timeout)}; "
-                        f"stopping, exit {exit_codes.LOST_PEER} (restart the job to resume from the last "
-                        "checkpoint, or raise --wait_timeout to wait longer)",
+                        f"{task.name}: {peers.lost_line(f'the master at {master}', lost_after)}; "
+                        f"stopping, exit {exit_codes.LOST_PEER} ({then})",
                         file=sys.stderr,
                         flush=True,
                     )
-                    notes.leave_for_supervisor(notes.WAITED_OUT)  # its restart would wait again
+                    if not in_round:
+                        notes.leave_for_supervisor(notes.WAITED_OUT)  # its restart would wait again
                     return exit_codes.LOST_PEER
         if os.path.exists(marker):  # the master said done (or stopped), then the signal came
             return _told(task, _read_marker(marker))
@@ -274,11 +294,18 @@ def serve(cluster: Cluster, task: Task, wait_timeout: float, devices=None, term_
                 os.remove(path)
 
 
-def _ask_master(cluster: Cluster, task: Task, request: str, received: list) -> bool:
+def round_lead(cluster: Cluster):
+    """The address of the member that coordinates the round an elastic parameter_server job trains
+    in now (its trainer machines' membership), None while none trains."""
+    hosts = dict.fromkeys(t.address.host for t in cluster.members())
+    name = membership.training_lead([(h, cluster.membership_port) for h in hosts], cluster.job_id())
+    return next((t.address for t in cluster.members() if t.name == name), None)
+
+
+def _ask_master(master, task: Task, request: str, received: list) -> bool:
     """After a first Ctrl+C (SIGINT, SIGBREAK; not SIGTERM, a pause) with the master up: asks it to
     save a checkpoint and end the job, which it reads at its next loop boundary. False when the
     server should stop at once instead."""
-    master = cluster.master
     if len(received) != 1 or received[0] == signal.SIGTERM or master is None:
         return False
     if not is_listening(master.host, master.port):
