@@ -24,14 +24,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def cluster_of(n: int, min_trainers: int) -> spec.Cluster:
+def cluster_of(n: int, min_trainers: int, strategy: str = "multi_worker_mirrored") -> spec.Cluster:
+    ps = {"ps": [f"{HOSTS[-1]}:2223"], "checkpoint_port": 2230} if strategy == "parameter_server" else {}
     return spec.from_document(
         {
-            "strategy": "multi_worker_mirrored",
+            "strategy": strategy,
             "master": f"{HOSTS[0]}:2222",
             "worker": [f"{h}:2222" for h in HOSTS[1:n]],
             "min_trainers": min_trainers,
             "membership_port": 2226,
+            **ps,
         }
     )
 
@@ -40,9 +42,10 @@ class Machine:
     """One trainer machine: its Elastic, served; `trains` stands for its trainers."""
 
     def __init__(self, cluster, index, ports, batch_problem=None, wait_timeout=60.0, lines=None):
-        self.task = cluster.trainers()[index]
+        self.task = cluster.members()[index]
         self.lines = lines if lines is not None else []
         self.ports = ports
+        self.step = 0
         self.e = elastic.Elastic(
             cluster,
             (self.task,),
@@ -50,12 +53,11 @@ class Machine:
             wait_timeout,
             lambda: self.step,
             batch_problem or (lambda members: None),
-            addresses={h: ("127.0.0.1", ports[h]) for h in HOSTS[: len(cluster.trainers())]},
+            addresses={h: ("127.0.0.1", ports[h]) for h in HOSTS[: len(cluster.members())]},
             **FAST,
         )
         self.serving = self.e.serving()
         self.trains: membership.Group | None = None
-        self.step = 0
 
     def tick(self) -> None:
         e = self.e
@@ -82,8 +84,8 @@ class Cluster:
     """The machines, stepped together in a thread, with the one invariant checked at every tick:
     never two groups training at once (a group trains while all its members train in it)."""
 
-    def __init__(self, n, min_trainers, absent=(), **kwargs):
-        self.cluster = cluster_of(n, min_trainers)
+    def __init__(self, n, min_trainers, absent=(), strategy="multi_worker_mirrored", **kwargs):
+        self.cluster = cluster_of(n, min_trainers, strategy)
         self.ports = {h: _free_port() for h in HOSTS[:n]}
         self.lines: list[str] = []
         self.machines = [
@@ -238,6 +240,45 @@ def test_the_masters_machine_lost_for_good_the_lead_moves(clusters):
     ]
 
 
+def test_parameter_server_the_newest_holder_coordinates_and_a_master_back_joins_as_a_worker(clusters):
+    """parameter_server: a round's first member coordinates it (Cluster.group), and the proposer puts
+    first the machine holding the newest checkpoint: after the master's loss, worker 1's copy is
+    newer; the master back on its old disk then joins as a worker, not as the coordinator."""
+    c = clusters(3, 2, strategy="parameter_server")
+    first = c.wait_for(ALL3)  # all at step 0: the file's order, the master coordinates
+    assert c.cluster.group(first[1]).master == c.cluster.master
+    c.power_off(0)
+    c.act(lambda c: [setattr(m, "step", s) for m, s in zip(c.machines[1:], (1100, 1200))])
+    c.lose_trainers(1, 2)
+    group = c.wait_for(("worker:1", "worker:0"))
+    assert any("worker:1 coordinating (2 of 3 trainers; without master:0)" in line for line in c.lines), (
+        c.lines
+    )
+    smaller = c.cluster.group(group[1])
+    worker0, worker1 = c.cluster.task("worker", 0), c.cluster.task("worker", 1)
+    assert smaller.master == worker1.address and smaller.workers == (worker0.address,)
+    assert [(t.name, t.role, t.index) for t in smaller.members()] == [
+        ("worker:1", "master", 0),
+        ("worker:0", "worker", 0),
+    ]
+    assert smaller.ps == c.cluster.ps and smaller.job_id() == c.cluster.job_id()
+    coordinator = c.cluster.in_group(worker1, group[1])
+    assert (coordinator.role, coordinator.index, coordinator.name) == ("master", 0, "worker:1")
+    # The master's machine back on its old disk: the group saves (step 1300, on the coordinator's
+    # disk) and takes it in; worker 1, which holds it, coordinates again.
+    c.act(lambda c: setattr(c.machines[2], "step", 1300))
+    c.start(0)
+    c.act(lambda c: setattr(c.machines[0], "step", 500))
+    again = c.wait_for(("worker:1", "master:0", "worker:0"))
+    assert again[0] > group[0]
+    master = c.cluster.in_group(c.cluster.task("master"), again[1])
+    assert (master.role, master.index, master.name) == ("worker", 0, "master:0")
+    # The ps read which member coordinates from the members' states (task/server.py).
+    addresses = [("127.0.0.1", port) for port in c.ports.values()]
+    assert membership.training_lead(addresses, c.cluster.job_id()) == "worker:1"
+    assert membership.training_lead(addresses, "another job") is None
+
+
 def test_a_machine_that_returns_while_a_group_forms_makes_no_second_group(clusters):
     c = clusters(3, 2)
     c.wait_for(ALL3)
@@ -349,6 +390,15 @@ def test_the_side_ports_of_an_elastic_job_are_checked_by_doctor_and_opened_by_th
         others = tuple(h for h in HOSTS[:3] if h != HOSTS[i])
         assert rules[(t.name, 2225)] == ("checkpoints", (HOSTS[3],)), rules
         assert rules[(t.name, 2226)] == ("membership", others), rules
+    # parameter_server: any member may coordinate (every member and the ps reach its port) and every
+    # worker keeps a copy of the coordinator's checkpoints (every member reads its checkpoint_port).
+    ps = cluster_of(3, 2, "parameter_server")
+    rules = {(r.task.name, r.port): (r.what, r.sources) for r in readme.inbound_rules(ps)}
+    for i, t in enumerate(ps.members()):
+        others = tuple(h for h in HOSTS[:3] if h != HOSTS[i])
+        assert rules[(t.name, 2222)] == ("", others + (HOSTS[-1],)), rules
+        assert rules[(t.name, 2230)] == ("checkpoints", others), rules
+    assert rules[("ps:0", 2223)] == ("", tuple(HOSTS[:3])), rules
     ports = [_free_port() for _ in range(5)]
     path = tmp_path / "loop.yaml"
     path.write_text(

@@ -252,9 +252,15 @@ RULES = [
     ),
     (
         "min_trainers under parameter_server counts the master and the workers",
-        PS_OK + "min_trainers: 2\nmembership_port: 2226\n",
-        PS_OK + "min_trainers: 1\nmembership_port: 2226\n",
+        PS_OK + "min_trainers: 2\nmembership_port: 2226\ncheckpoint_port: 2230\n",
+        PS_OK + "min_trainers: 1\nmembership_port: 2226\ncheckpoint_port: 2230\n",
         ["min_trainers: '1'", "1 of 3 trainers would let both sides", "2 or more"],
+    ),
+    (
+        "min_trainers under parameter_server needs checkpoint_port",
+        PS_OK + "min_trainers: 2\nmembership_port: 2226\ncheckpoint_port: 2230\n",
+        PS_OK + "min_trainers: 2\nmembership_port: 2226\n",
+        ["min_trainers: '2'", "needs checkpoint_port", "checkpoint_port: 2230"],
     ),
     (
         "membership_port is free on every trainer's machine",

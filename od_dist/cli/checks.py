@@ -27,7 +27,7 @@ def _summary(selected) -> str:
     if c.min_trainers:
         lines.append(
             f"elastic: the trainers up go on while at least min_trainers {c.min_trainers} of "
-            f"{len(c.trainers())} are, agreeing each round on membership_port {c.membership_port}"
+            f"{len(c.members())} are, agreeing each round on membership_port {c.membership_port}"
         )
     names = ", ".join(t.name for t in ((selected.task,) if selected.task else selected.here))
     lines.append(f"this machine: {names + ', ' if names else ''}{selected.machine_note}")

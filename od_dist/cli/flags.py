@@ -156,7 +156,8 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         LOST_PEER_TIMEOUT_S,
         "multi_worker_mirrored: seconds another trainer may stay unreachable (a network outage, "
         "a switch restarting) before this trainer takes it for lost and exits 138 to be restarted "
-        "with every trainer from the last checkpoint.",
+        "with every trainer from the last checkpoint. In an elastic parameter_server job "
+        "(min_trainers): the same for a worker and its round's coordinator.",
         lower_bound=1,
         flag_values=fv,
     )

@@ -82,8 +82,9 @@ backoff, doubling; see the flag) when it is lost (a retryable exit: lost peer, s
 their generated script heals itself; the default 0 runs a single task in this process, as an
 orchestrator (Kubernetes) that restarts pods itself expects (the evaluator always runs under a
 supervisor of its own: its failures are never the job's). With min_trainers in the cluster file
-(multi_worker_mirrored) the trainer machines' supervisors agree each round's group on membership_port:
-the trainers up go on without a lost machine and take it back when it returns (docs/faults.md).
+the trainer machines' supervisors agree each round's group on membership_port: the trainers up go on
+without a lost machine (under parameter_server, the master's: a worker then coordinates) and take it
+back when it returns (docs/faults.md).
 """,
     lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0), define_slurm_task_flag(fv)),
 )

@@ -16,7 +16,12 @@ def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
     masters, workers = cluster.tasks_of("master"), cluster.tasks_of("worker")
     if task.role == "evaluator" or task.address.port is None:
         return ()
-    if cluster.strategy == PARAMETER_SERVER:
+    if cluster.strategy == PARAMETER_SERVER and cluster.min_trainers:
+        # An elastic job: any member may coordinate a round (host/elastic.py), and the ps check its port.
+        members = masters + workers
+        others = tuple(t for t in members if t != task)
+        peers = members if task.role == "ps" else others + cluster.tasks_of("ps")
+    elif cluster.strategy == PARAMETER_SERVER:
         servers = cluster.tasks_of("ps") + workers
         peers = {"ps": masters + workers, "worker": masters, "master": servers}.get(task.role, ())
     else:
@@ -27,14 +32,23 @@ def connecting_peers(cluster: Cluster, task: Task) -> tuple[Task, ...]:
 
 
 def feed_readers(cluster: Cluster) -> tuple[Task, ...]:
-    """The tasks that fetch the lead's checkpoints from its checkpoint_port: the evaluator."""
-    return cluster.tasks_of("evaluator") if cluster.checkpoint_feed() else ()
+    """The tasks that fetch the lead's checkpoints from its checkpoint_port: the evaluator, and in an
+    elastic parameter_server job every member (a worker keeps a copy of the coordinator's)."""
+    if not cluster.checkpoint_feed():
+        return ()
+    copies = cluster.members() if cluster.strategy == PARAMETER_SERVER and cluster.min_trainers else ()
+    return cluster.tasks_of("evaluator") + copies
 
 
 def model_dir_line(cluster: Cluster) -> str:
     """Whether --model_dir must be a shared folder (it need not: task/controller.py,
     protocol/checkpoint_feed.py), in the words of the scripts' README and doctor."""
-    if cluster.strategy == PARAMETER_SERVER:
+    if cluster.strategy == PARAMETER_SERVER and cluster.min_trainers and cluster.checkpoint_port:
+        kept = (
+            "The round's coordinator writes the checkpoints into its own `--model_dir`, and every "
+            "worker keeps a copy from its checkpoint_port, so any may coordinate the next round"
+        )
+    elif cluster.strategy == PARAMETER_SERVER:
         kept = "The master writes the checkpoints into its own `--model_dir`"
     else:
         kept = (

@@ -245,6 +245,17 @@ def check_elastic(doc: dict) -> list[str]:
                 f"write more than half of them: {half} or more",
             )
         )
+    if infer_strategy(doc) == PARAMETER_SERVER and "checkpoint_port" not in doc:
+        out.append(
+            problem(
+                "min_trainers",
+                wanted,
+                "under parameter_server needs checkpoint_port: the workers keep copies of the "
+                "coordinator's checkpoints from it, so that the next round's coordinator resumes from "
+                "the newest on its own disk",
+                "add a free port of every trainer's machine, e.g. 'checkpoint_port: 2230'",
+            )
+        )
     port = doc.get("membership_port")
     if port is None:
         return out + [

@@ -38,7 +38,7 @@ def inbound_rules(cluster: Cluster) -> list[InboundRule]:
     for task in cluster.tasks():
         uses = [(task.address.port, connecting_peers(cluster, task), "")]
         for port, what, _ in cluster.side_ports(task):
-            uses.append((port, feed_readers(cluster) if what == "checkpoints" else cluster.trainers(), what))
+            uses.append((port, feed_readers(cluster) if what == "checkpoints" else cluster.members(), what))
         for port, peers, what in uses:
             # A dict keeps the peers' order and finds a repeated host at once (a list would make the
             # rule of a ps or master, which thousands of workers reach, quadratic).
