@@ -697,6 +697,22 @@ def test_a_server_that_waited_out_its_master_is_not_restarted():
     assert sorted(job.started) == [("ps:0", 0), ("worker:0", 0)]
 
 
+def test_a_ps_lost_for_good_in_an_elastic_job_ends_it_with_no_new_round():
+    """An elastic parameter_server round's coordinator (here worker 0, coordinating) waited
+    --wait_timeout for a ps: the variables were there, so neither a restart nor another round could
+    go on: this machine's od-dist ends, 138, at once."""
+    lost = WAITED_OUT.replace(
+        "notes.WAITED_OUT)", "notes.WAITED_OUT)\nnotes.leave_for_supervisor(notes.PS_LOST)"
+    )
+    job = Job(PS, [W0], lambda t, n: lost, max_restarts=3)
+    assert job.run() == 138, job.lines
+    assert job.started == [("worker:0", 0)]
+    assert job.lines[-1] == (
+        "worker:0 waited --wait_timeout for a ps (its line above names it): the variables were there, so "
+        "no round can go on without it; stopping every task"
+    )
+
+
 def test_a_task_behind_a_launcher_is_heard():
     """On Windows a venv's python.exe is a launcher that runs the interpreter as its child: the
     supervisor knows the task by the launcher's PID. A server that waited out its master behind

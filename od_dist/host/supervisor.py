@@ -404,11 +404,12 @@ class Supervisor:
             )
         return f"{names} killed {how}, before {its} save: the newest checkpoint on disk is {at}; exit {code}"
 
-    def _waited_out(self, task: Task) -> bool:
+    def _waited_out(self, task: Task, note: str = notes.WAITED_OUT) -> bool:
         """The task said it exits 138 after --wait_timeout without its peers (a pause elsewhere
-        that did not end, a machine that never came): one wait, not one per restart."""
+        that did not end, a machine that never came): one wait, not one per restart. notes.PS_LOST:
+        the peer was a ps of an elastic job, without which no round can go on."""
         r = self.running.get(task.name)
-        return r is not None and bool(r.notes_dir) and notes.left(r.notes_dir, r.proc.pid, notes.WAITED_OUT)
+        return r is not None and bool(r.notes_dir) and notes.left(r.notes_dir, r.proc.pid, note)
 
     def _log_note(self, task: Task) -> str:
         log = self.running[task.name].log_path if task.name in self.running else None
@@ -642,6 +643,13 @@ class Supervisor:
                 f"{task.name} was stopped by a person ({describe(code)}: Ctrl+C, on this machine or "
                 "another of the job); not restarted",
             )
+        lost_ps = [t for t, _ in exits if self._waited_out(t, notes.PS_LOST)]
+        if lost_ps:
+            self.say(
+                f"{lost_ps[0].name} waited --wait_timeout for a ps (its line above names it): the variables "
+                "were there, so no round can go on without it; stopping every task"
+            )
+            return exit_codes.LOST_PEER
         if self.elastic is not None and p.action in (RESTART_ALL, RESTART_TASK):
             return self._regroup(cause, code, exits)
         waited = [(t, c) for t, c in exits if self._waited_out(t)]

@@ -51,6 +51,9 @@ def shown(text: str) -> str:
 # reused).
 NOTES_ENV = "OD_DIST_SUPERVISOR_NOTES"
 WAITED_OUT = "waited-out"  # exit 138 after --wait_timeout without a peer: a restart would wait again
+# An elastic parameter_server job's coordinator waited --wait_timeout for a ps: the variables were there,
+# so no round of any members can go on.
+PS_LOST = "ps-lost"
 # From the supervisor, just before it sends a stop of its own (a restart, the end of `launch`, a
 # SIGTERM to it): the signal that follows is the system's (143), not a person's. Windows can send a
 # process group only CTRL_BREAK, which alone reads as a person's Ctrl+Break (130).

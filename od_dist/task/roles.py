@@ -115,7 +115,9 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         # Retryable, like a peer lost later: a peer that is late (a pod still scheduling, a machine
         # still booting) is there at the next try; the server side exits 138 the same way.
         print(f"od-dist: {e}; exit {exit_codes.LOST_PEER}", file=sys.stderr, flush=True)
-        notes.leave_for_supervisor(notes.WAITED_OUT)  # its restart would only wait again
+        # Its restart would only wait again (a ps that never came: no round could go on either).
+        for note in _ps_lost(config) if any(t.role == "ps" for t in e.missing) else (notes.WAITED_OUT,):
+            notes.leave_for_supervisor(note)
         return exit_codes.LOST_PEER
     except server.ServerError as e:  # a DeviceError is invalid input: exit 2 (cli/train.py)
         raise RoleError(str(e)) from None
@@ -376,13 +378,25 @@ def _watched(config: TrainConfig, peers) -> list:
                 config.wait_timeout,
                 "every worker is gone, so nothing trains; restart them "
                 "on the same addresses to rejoin, or restart the job to resume from the last checkpoint",
-                True,
+                (notes.WAITED_OUT,),
             ),
-            ([t for t in peers if t.role == "ps"], False, config.wait_timeout, _after_loss(config), True),
+            (
+                [t for t in peers if t.role == "ps"],
+                False,
+                config.wait_timeout,
+                _after_loss(config),
+                _ps_lost(config),
+            ),
         ]
     if config.strategy_name == "multi_worker_mirrored":
-        return [(peers, False, config.lost_peer_timeout, _after_loss(config), False)]
+        return [(peers, False, config.lost_peer_timeout, _after_loss(config), ())]
     return []
+
+
+def _ps_lost(config: TrainConfig) -> tuple[str, ...]:
+    """The notes a coordinator leaves when a ps stayed away --wait_timeout: in an elastic job, that
+    no round can go on (its variables were there), not only that a restart would wait again."""
+    return (notes.WAITED_OUT, notes.PS_LOST) if config.selected.cluster.min_trainers else (notes.WAITED_OUT,)
 
 
 def _is_peer_error(e: Exception) -> bool:

@@ -31,7 +31,11 @@ TF_NAMES = {
 
 
 class PeerTimeout(RuntimeError):
-    """Some peers never came up; the message names each with its address."""
+    """Some peers never came up (`missing`); the message names each with its address."""
+
+    def __init__(self, message: str, missing=()):
+        super().__init__(message)
+        self.missing = tuple(missing)
 
 
 class PeerStopped(KeyboardInterrupt):
@@ -62,7 +66,7 @@ def wait_for_peers(peers, timeout_s: float) -> None:
             return
         now = time.monotonic()
         if now >= deadline:
-            raise PeerTimeout(_missing_message(missing, timeout_s))
+            raise PeerTimeout(_missing_message(missing, timeout_s), missing)
         if now >= next_report:
             next_report = now + PROGRESS_EVERY_S
             print(

@@ -78,11 +78,11 @@ def _names(tasks) -> str:
 
 
 class Watch:
-    """Probes groups of peers in a daemon thread. A group is (tasks, every, timeout_s, why,
-    waited_out): lost when one of its tasks (every=False) or all of them (every=True) stayed
-    unreachable for timeout_s; then prints one line and exits the process with LOST_PEER.
-    `waited_out`: timeout_s is --wait_timeout, so a supervisor is told a restart would only wait
-    again (notes.WAITED_OUT)."""
+    """Probes groups of peers in a daemon thread. A group is (tasks, every, timeout_s, why, told):
+    lost when one of its tasks (every=False) or all of them (every=True) stayed unreachable for
+    timeout_s; then prints one line and exits the process with LOST_PEER, leaving the notes `told`
+    for a supervisor (notes.WAITED_OUT: timeout_s is --wait_timeout, a restart would only wait
+    again)."""
 
     def __init__(self, who: str, groups):
         self.who = who
@@ -106,13 +106,13 @@ class Watch:
         absent = peers.Unreachable()
         while not self._stop.wait(peers.PROBE_S):
             now = time.monotonic()
-            for tasks, every, timeout_s, why, waited_out in self.groups:
+            for tasks, every, timeout_s, why, told in self.groups:
                 for t in tasks:
                     absent.look(t.name, is_listening(t.address.host, t.address.port), now)
                 lost = [t for t in tasks if absent.lost(t.name, now, timeout_s)]
                 if lost and (not every or len(lost) == len(tasks)) and not self._stop.is_set():
-                    if waited_out:
-                        notes.leave_for_supervisor(notes.WAITED_OUT)
+                    for note in told:
+                        notes.leave_for_supervisor(note)
                     exit_lost(self.who, f"{peers.lost_line(_names(lost), timeout_s)}; {why}")
 
 
