@@ -18,6 +18,13 @@ HOSTS = ["10.9.0.1", "10.9.0.2", "10.9.0.3", "10.9.0.4"]
 FAST = dict(settle_s=0.3, confirm_s=3.0, look_every_s=0.1)
 
 
+def wait_until(condition, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -247,6 +254,17 @@ def test_parameter_server_the_newest_holder_coordinates_and_a_master_back_joins_
     c = clusters(3, 2, strategy="parameter_server")
     first = c.wait_for(ALL3)  # all at step 0: the file's order, the master coordinates
     assert c.cluster.group(first[1]).master == c.cluster.master
+    # Worker 1's server lost (and its machine too, back with nothing): it rejoins the same round, as
+    # TensorFlow's coordinator takes a worker back; the others never stop.
+    c.lose_trainers(2)
+    wait_until(lambda: c.machines[2].trains == membership.Group(*first))
+    c.power_off(2)
+    c.start(2)
+    wait_until(lambda: c.machines[2].trains == membership.Group(*first))
+    assert c.groups_seen == [first] and all(m.trains == membership.Group(*first) for m in c.machines)
+    assert any("worker:1: rejoining round 1 (master:0, worker:0, worker:1)" in line for line in c.lines), (
+        c.lines
+    )
     c.power_off(0)
     c.act(lambda c: [setattr(m, "step", s) for m, s in zip(c.machines[1:], (1100, 1200))])
     c.lose_trainers(1, 2)

@@ -96,6 +96,7 @@ class Elastic:
         now = self.clock()
         self.started_at = self.forming_since = now
         self._alive: dict[str, dict] = {}
+        self._looked_at = float("-inf")  # when the look behind _alive started
         self._look_now = threading.Event()  # wakes the looker: a fresh look wanted at once
         self._stopped = threading.Event()
         self._settled: tuple[frozenset, float] = (frozenset(), now)
@@ -141,8 +142,10 @@ class Elastic:
     def _keep_looking(self) -> None:
         others = [m for m in self.order if m != self.mine]
         while not self._stopped.is_set():
+            started = self.clock()
             states = membership.read_all([self.addresses[m] for m in others])
             self._alive = {m: s for m, s in zip(others, states) if s and s.get("job") == self.job}
+            self._looked_at = started
             self._look_now.wait(self.look_every_s)
             self._look_now.clear()
 
@@ -176,6 +179,15 @@ class Elastic:
         alive = self._look()
         if self.phase == READY:
             return self._confirm(now, alive)
+        rejoin = self._round_to_rejoin(alive)
+        if rejoin is not None:
+            self.history = [Round(r, tuple(m), step) for r, m, step in rejoin["history"]]
+            self.phase, self.round, self.members = TRAINING, rejoin["round"], tuple(rejoin["members"])
+            self.say(
+                f"rejoining round {self.round} ({', '.join(self.members)}), which {self.members[0]} "
+                "coordinates: TensorFlow's coordinator takes a worker back on its address"
+            )
+            return Group(self.round, self.members)
         training = [s for s in alive.values() if s["phase"] == TRAINING]
         if training or self.finished_elsewhere():
             if training:
@@ -203,6 +215,24 @@ class Elastic:
                 self._take(Group(s["round"], tuple(s["members"])), now)
             return None
         return self._propose(now, alive)
+
+    def _round_to_rejoin(self, alive: dict[str, dict]) -> dict | None:
+        """parameter_server: the state of the machine coordinating the round that this machine's
+        trainers are members of, while it trains: a lost worker rejoins that round, as TensorFlow's
+        coordinator runs its steps on the others meanwhile; no new round for the others."""
+        if self.cluster.strategy != PARAMETER_SERVER or self._looked_at < self.forming_since:
+            return None  # not a look from before this machine's loss: its coordinator may be gone
+        mine = set(self.tasks_of[self.mine])
+        for s in alive.values():
+            members = s["members"]
+            if (
+                s["phase"] == TRAINING
+                and members
+                and members[0] in s["trainers"]
+                and mine <= set(members[1:])
+            ):
+                return s
+        return None
 
     def _propose(self, now: float, alive: dict[str, dict]) -> None:
         forming = [m for m in self.order if m == self.mine or alive.get(m, {}).get("phase") == FORMING]
@@ -304,6 +334,8 @@ class Elastic:
             if s["phase"] == FORMING or (s["phase"] == READY and not same):
                 names = ", ".join(s["trainers"])
                 if set(s["trainers"]) & set(self.members):
+                    if self.cluster.strategy == PARAMETER_SERVER and self.members[0] not in s["trainers"]:
+                        continue  # a worker lost and back rejoins this round (form)
                     if members:
                         return f"{names} of round {self.round} is forming a new group"
                     continue
