@@ -293,8 +293,8 @@ def test_parameter_server_the_newest_holder_coordinates_and_a_master_back_joins_
     assert (master.role, master.index, master.name) == ("worker", 0, "master:0")
     # The ps read which member coordinates from the members' states (task/server.py).
     addresses = [("127.0.0.1", port) for port in c.ports.values()]
-    assert membership.training_lead(addresses, c.cluster.job_id()) == "worker:1"
-    assert membership.training_lead(addresses, "another job") is None
+    assert membership.rounds_seen(addresses, c.cluster.job_id()) == ("worker:1", False)
+    assert membership.rounds_seen(addresses, "another job") == (None, False)
 
 
 def test_a_machine_that_returns_while_a_group_forms_makes_no_second_group(clusters):

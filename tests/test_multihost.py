@@ -642,19 +642,21 @@ def test_elastic_parameter_server_the_masters_machine_lost_for_good_a_worker_coo
 ):
     """An elastic parameter_server job (min_trainers: 2): a master, two workers, a ps and an
     evaluator, each machine with its own disk, each started by its generated script. The workers
-    keep copies of the master's checkpoints (its feed). The master's machine is powered off for
-    good: the worker whose copy is newest coordinates the next round from it, with the other worker
-    and the same ps (never restarted), trains to the end, serves the final checkpoint to the
-    evaluator, and every machine left exits 0."""
+    keep copies of the master's checkpoints (its feed). Worker 1's server killed, it rejoins the
+    round the master trains (no new round). Then the master's machine is powered off for good: the
+    worker whose copy is newest coordinates the next round from it, with the other worker and the
+    same ps (never restarted), trains to the end, serves the final checkpoint to the evaluator, and
+    every machine left exits 0."""
     net = machines(5)
     roles = {0: "master", 1: "worker", 2: "worker", 3: "ps", 4: "evaluator"}
     cluster = job_cluster(
         tmp_path, net, roles, checkpoint_port=PORT + 1, min_trainers=2, membership_port=PORT + 2
     )
-    steps = 120
-    # A checkpoint every 20 steps: the evaluator scores each, which the job's end waits for.
+    # The master trains on while worker 1 rejoins (about 10 steps/s). A checkpoint every 50 steps:
+    # the evaluator scores each, which the job's end waits for.
+    steps = 600
     override = TINY.format(steps=steps, data=data_dir).replace(
-        "checkpoint_interval=5", "checkpoint_interval=20"
+        "checkpoint_interval=5", "checkpoint_interval=50"
     )
     scripts, _ = write_scripts(
         tmp_path, cluster, data_dir, steps, wait_timeout=120, override=override, model_dir="runs/lan"
@@ -667,6 +669,16 @@ def test_elastic_parameter_server_the_masters_machine_lost_for_good_a_worker_coo
         while not any(checkpoint_step(str(own[i])) for i in (1, 2)) and time.monotonic() < deadline:
             assert job.procs["master:0"].poll() is None, job.all_output()
             time.sleep(0.5)
+        (server,) = [
+            c
+            for c in psutil.Process(job.procs["worker:1"].pid).children(recursive=True)
+            if "--role=worker" in c.cmdline()
+        ]
+        server.kill()
+        # Back in the round once its copy of the master's checkpoints is fed again.
+        rejoined = r"(?s)rejoining round 1 .*worker:1 serving on.*worker:1: fetched ckpt-"
+        assert job.wait_for_line("worker:1", rejoined, 120), job.all_output()
+        assert job.procs["master:0"].poll() is None and checkpoint_step(str(own[0])) < steps, job.all_output()
         net[0].power_off()
         lost = time.monotonic()
         held = max(checkpoint_step(str(own[i])) or 0 for i in (1, 2))
@@ -689,6 +701,8 @@ def test_elastic_parameter_server_the_masters_machine_lost_for_good_a_worker_coo
     assert f"{lead}: round 2 of an elastic job: {lead}, worker:" in job.output(lead), out
     assert "train; it coordinates the round" in job.output(lead), out
     assert job.output("ps:0").count("ps:0 serving on") == 1, out  # the variables' server stayed up
+    # Worker 1 rejoined round 1 alone: the master's only start trained until its machine was lost.
+    assert job.output("master:0").count("training with ParameterServerStrategy") == 1, out
     for name in ("worker:0", "worker:1"):
         trained = re.search(r"od-dist train: (trained steps .*)", job.output(name))
         assert trained and re.fullmatch(

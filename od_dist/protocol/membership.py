@@ -85,9 +85,12 @@ def read_all(addresses, timeout: float = TIMEOUT_S) -> list[dict | None]:
         return list(pool.map(lambda a: read(a[0], a[1], timeout), addresses))
 
 
-def training_lead(addresses, job: str) -> str | None:
-    """The first member of the newest round a machine of `job` trains in (under parameter_server, its
-    coordinator), read from the machines at `addresses`; None while none trains."""
-    states = [s for s in read_all(addresses) if s and s.get("job") == job and s.get("phase") == TRAINING]
-    newest = max(states, key=lambda s: s.get("round", 0), default=None)
-    return newest["members"][0] if newest and newest.get("members") else None
+def rounds_seen(addresses, job: str) -> tuple[str | None, bool]:
+    """Read from the machines at `addresses`: the first member of the newest round a machine of `job`
+    trains in (under parameter_server, its coordinator), None while none trains; and whether a
+    machine of it forms the next round."""
+    states = [s for s in read_all(addresses) if s and s.get("job") == job]
+    training = [s for s in states if s.get("phase") == TRAINING and s.get("members")]
+    newest = max(training, key=lambda s: s.get("round", 0), default=None)
+    forming = any(s.get("phase") in (FORMING, READY) for s in states)
+    return (newest["members"][0] if newest else None), forming

@@ -64,7 +64,7 @@ def run_server(config: TrainConfig) -> NoReturn:
     member = cluster.min_trainers is not None and selected.task.role == "worker"
     lead = cluster.checkpoint_feed() if member else None
     try:
-        with _following(config, [lead] if lead else [], selected.task.name):
+        with _following(config, [lead] if lead else [], selected.task.name) as follower:
             code = server.serve(
                 cluster,
                 selected.task,
@@ -75,6 +75,8 @@ def run_server(config: TrainConfig) -> NoReturn:
             )
     except server.ServerError as e:  # a DeviceError is invalid input: exit 2 (cli/train.py)
         raise RoleError(str(e)) from None
+    if code == 0 and follower is not None:
+        follower.poll()  # the final checkpoint too, once its thread is done: every member holds it
     # TensorFlow's teardown of a server at interpreter exit can crash (SIGSEGV, exit 139, after
     # "exit 143": benchmarks/chaos.py, a SIGTERM to a parameter_server worker), which a supervisor
     # takes for a permanent failure. A server has nothing left to do: it ends here, with its code.

@@ -33,6 +33,10 @@ from od_dist.task import stop as stop_mod
 POLL_S = 0.5
 MASTER_PROBE_S = 5.0
 MASTER_EXIT_WAIT_S = 30.0
+# An elastic round's coordinator binds its port within seconds of the round's start (task/roles.py's
+# beacon, before TensorFlow's import); a worker of the round that never sees it this long (at most
+# --wait_timeout) takes it for lost, and its od-dist forms the next round.
+ROUND_START_S = 60.0
 # A server stopped with Ctrl+C asks the master to save and end the job (stop_request), and waits
 # this long for its word (--grace_period's default: a loop plus a save).
 PERSON_STOP_WAIT_S = 120.0
@@ -257,18 +261,21 @@ def serve(
             now = time.monotonic()
             if master is not None and now >= next_probe:
                 next_probe = now + MASTER_PROBE_S
-                if follows_rounds:
-                    master = round_lead(cluster) or master
+                lead, forming = round_lead(cluster) if follows_rounds else (None, False)
+                master = lead or master
                 listening, word = probe_master(master.host, master.port)
                 if word:  # the master stops before training: no marker will come
                     return _told(task, word)
-                absent.look("master", listening, now)
-                in_round = lost_s is not None and absent.seen("master")
-                lost_after = lost_s if in_round else wait_timeout
+                # Members forming the next round: the job goes on, whatever the last coordinator's port.
+                absent.look("master", listening or (forming and not lead), now)
+                elastic = lost_s is not None
+                lost_after = wait_timeout
+                if elastic:
+                    lost_after = lost_s if absent.seen("master") else min(wait_timeout, ROUND_START_S)
                 if absent.lost("master", now, lost_after):
                     then = (
                         "its od-dist forms the next round"
-                        if in_round
+                        if elastic
                         else "restart the job to resume from the last checkpoint, or raise --wait_timeout "
                         "to wait longer"
                     )
@@ -278,7 +285,7 @@ def serve(
                         file=sys.stderr,
                         flush=True,
                     )
-                    if not in_round:
+                    if not elastic:
                         notes.leave_for_supervisor(notes.WAITED_OUT)  # its restart would wait again
                     return exit_codes.LOST_PEER
         if os.path.exists(marker):  # the master said done (or stopped), then the signal came
@@ -295,11 +302,12 @@ def serve(
 
 
 def round_lead(cluster: Cluster):
-    """The address of the member that coordinates the round an elastic parameter_server job trains
-    in now (its trainer machines' membership), None while none trains."""
+    """(the address of the member that coordinates the round an elastic parameter_server job trains
+    in now, None while none trains; whether its members form the next round), from the trainer
+    machines' membership."""
     hosts = dict.fromkeys(t.address.host for t in cluster.members())
-    name = membership.training_lead([(h, cluster.membership_port) for h in hosts], cluster.job_id())
-    return next((t.address for t in cluster.members() if t.name == name), None)
+    name, forming = membership.rounds_seen([(h, cluster.membership_port) for h in hosts], cluster.job_id())
+    return next((t.address for t in cluster.members() if t.name == name), None), forming
 
 
 def _ask_master(master, task: Task, request: str, received: list) -> bool:
