@@ -259,7 +259,7 @@ class Cluster:
 
     def in_group(self, task: Task, members) -> Task:
         """`task` (of this file) as it is in group(members)."""
-        if self.strategy == validate.PARAMETER_SERVER and task.role in ("master", "worker"):
+        if self.strategy == validate.PARAMETER_SERVER and task.role in MEMBER_ROLES:
             if task.name == members[0]:
                 return Task("master", 0, task.address, task.name)
             others = [t.name for t in self.members() if t.name in members[1:]]

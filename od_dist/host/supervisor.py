@@ -725,8 +725,8 @@ class Supervisor:
 
     # ----- an elastic job (host/elastic.py) ---------------------------------------------------------
 
-    def _trainers(self) -> list[Task]:
-        """The members here (Cluster.members): under parameter_server, its master or workers."""
+    def _members(self) -> list[Task]:
+        """The members of the rounds here (Cluster.members): its master or workers."""
         return [t for t in self.tasks if t.role in MEMBER_ROLES]
 
     def _member_runs(self) -> list[Running]:
@@ -736,7 +736,7 @@ class Supervisor:
         """Forms the next round when no trainer runs here, or, while they train, stops them for a
         machine that wants in; returns the job's exit status when this machine is done with it."""
         e = self.elastic
-        running = [t for t in self._trainers() if t.name in self.running]
+        running = [t for t in self._members() if t.name in self.running]
         if e.phase == elastic_mod.TRAINING:
             if running and not self.regrouping:
                 why = e.newcomer()
@@ -751,7 +751,7 @@ class Supervisor:
             return None
         group = e.form()
         if group is not None:
-            for t in self._trainers():
+            for t in self._members():
                 self.running[t.name] = self._start(t, group)
             return None
         finished = e.finished_elsewhere()
@@ -761,7 +761,7 @@ class Supervisor:
                 "job without this machine's"
             )
             e.done()
-            self.finished.update(t.name for t in self._trainers())
+            self.finished.update(t.name for t in self._members())
             return None
         # --wait_timeout, and the time a proposal then takes (the first round waits that long for
         # every trainer before it starts with those up).
@@ -791,7 +791,7 @@ class Supervisor:
             self.budget.started(now)
             how = f"restart {count}"
         stop(self._member_runs(), RESTART_STOP_GRACE_S, lambda: len(self.signals) > 1)
-        for t in self._trainers():
+        for t in self._members():
             if t.name in self.running:
                 self._finish(self.running.pop(t.name))
         # A ps here lost (its variables with it): started again at once; the round's coordinator,

@@ -8,7 +8,8 @@ accepts no write. The evaluator on another machine fetches each new one into its
 every file into a temporary name, checked against the listing's size and SHA-256, renamed into
 place, then named in the `checkpoint` state file, as TensorFlow names a save it finished; a
 reader sees a whole checkpoint or none. No TensorFlow here: the evaluator's continuous evaluation
-finds the checkpoint as it finds any other.
+finds the checkpoint as it finds any other. In an elastic parameter_server job every worker fetches
+them too (a copy, from which it may coordinate the next round); each fetch says who fetches.
 """
 
 from __future__ import annotations

@@ -419,7 +419,6 @@ def _is_peer_error(e: Exception) -> bool:
 def _following(config: TrainConfig, feeds, who: str):
     """Fetches from the lead's checkpoint `feeds` (cluster.checkpoint_feeds()) into --model_dir,
     when the cluster file has one; yields the Follower, or None."""
-
     if not feeds:
         yield None
         return
@@ -510,7 +509,6 @@ def run_evaluator(config: TrainConfig) -> int:
 @contextlib.contextmanager
 def _checkpoint_feed(config: TrainConfig):
     """The lead's checkpoint feed (the cluster file's checkpoint_port) while it trains, else None."""
-
     cluster, task = config.selected.cluster, config.selected.task
     at = cluster.checkpoint_feed() if cluster is not None and task == cluster.lead_task() else None
     if at is None:
@@ -535,7 +533,6 @@ def _checkpoint_feed(config: TrainConfig):
 def _serve_final(feed, config: TrainConfig) -> None:
     """Training is done: the feed stays up until the evaluator holds the final checkpoint (it
     may be on a machine without the folder), at most --wait_timeout."""
-
     cluster = config.selected.cluster
     final = checkpoint_feed.newest(config.model_dir)
     if not cluster.tasks_of("evaluator") or final is None:

@@ -159,7 +159,8 @@ def serve(
     """Runs this task's server until the master says done (0) or that a person stopped it (130),
     a signal (143 for SIGTERM, 130 for SIGINT/SIGBREAK, unless the master's word came first), or the master stays
     unreachable for wait_timeout seconds (LOST_PEER, 138: it never came, or it died); `lost_s`, once
-    it was up: a worker of an elastic job, whose supervisor then forms the next round.
+    it was up: a worker of an elastic job, whose supervisor then forms the next round. A ps of an
+    elastic job watches whichever member coordinates the round (round_lead) instead of the master.
     `term_to_all`: a SIGTERM reaches the master too (scancel, a Slurm time limit), which saves
     its checkpoint through the servers: they serve on until its port closes, then exit 143."""
     import tensorflow as tf
