@@ -47,6 +47,20 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module keeps its order
 
 
+@pytest.fixture(autouse=True)
+def _environment_kept():
+    """os.environ as it was before each test, after it: a command that a test runs in its own
+    process may set variables for the whole process (`train` takes TF_CONFIG out and may size
+    TensorFlow's thread pools by TF_NUM_*_THREADS), which must not reach the next tests of this
+    xdist worker or the processes they start."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """A small shapes dataset (48 training, 8 validation images of 64x64), written once per run

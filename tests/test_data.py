@@ -324,6 +324,26 @@ def test_data_check_passes_the_demo_data_and_reads_ids_per_split(data_dir, tmp_p
     assert "also used by val-00000-of-00002.tfrecord record 0" in again[0], r.stdout
 
 
+@pytest.mark.parametrize("level", [None, "1"])
+def test_data_check_in_a_programs_own_process_leaves_its_tensorflow_log_level(
+    data_dir, monkeypatch, capsys, level
+):
+    """`data check` quiets TensorFlow's C++ ERROR lines while it runs; a program that runs it in its
+    own process (cli.main) has its environment back as it was after, so the processes it starts
+    next log as before (no TF_CPP_MIN_LOG_LEVEL=3 left set, a level of its own kept)."""
+    from od_dist import cli
+    from od_dist.cli import data
+
+    monkeypatch.setattr(data, "_USERS_TF_LOG_LEVEL", None)  # as if od-dist were imported without one
+    if level is None:
+        monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", level)
+    train = os.path.join(data_dir, "train.tfrecord")
+    assert cli.main(["od-dist", "data", "check", "--records", train]) == 0, capsys.readouterr()
+    assert os.environ.get("TF_CPP_MIN_LOG_LEVEL") == level
+
+
 # ----- data coco ------------------------------------------------------------------------------
 
 COCO_IDS = {"circle": 1, "square": 3, "triangle": 7}  # COCO's ids have gaps; they are kept

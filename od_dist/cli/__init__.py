@@ -150,18 +150,6 @@ def main(argv: list[str]) -> int:
         return exit_codes.FAILED
 
 
-# The user's own TensorFlow C++ log level, read as od-dist starts (before run() sets its default).
-_USERS_TF_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
-
-
-def quiet_tensorflow_errors() -> None:
-    """For a command whose TensorFlow runs nothing on a device (`data check`): TensorFlow's C++ ERROR
-    lines too, such as the `failed call to cuInit` of a machine without a GPU, which say nothing
-    about its work. Before TensorFlow's import; a user's own level wins."""
-    if _USERS_TF_LOG_LEVEL is None:
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-
-
 def run() -> None:
     # TensorFlow's C++ INFO/WARNING lines (CUDA probing, oneDNN notes) drown the progress lines;
     # set before any command imports TensorFlow. A user's own setting wins.

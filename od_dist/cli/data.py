@@ -3,6 +3,7 @@ Model Garden's records, check records."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -265,6 +266,30 @@ def define_check_flags(fv: flags.FlagValues) -> None:
     define_params_override(fv)
 
 
+# The user's own TensorFlow C++ log level, read as od-dist starts (od_dist.cli imports this module
+# before its run() sets its default).
+_USERS_TF_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+
+
+@contextlib.contextmanager
+def quiet_tensorflow_errors():
+    """For a command whose TensorFlow runs nothing on a device (`data check`): TensorFlow's C++ ERROR
+    lines too, such as the `failed call to cuInit` of a machine without a GPU, which say nothing
+    about its work. Around TensorFlow's import and the command's work; a user's own level wins. The
+    environment is as it was after: a program that runs the command in its own process (cli.main)
+    keeps its level for what it starts next."""
+    before = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+    if _USERS_TF_LOG_LEVEL is None:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+        else:
+            os.environ["TF_CPP_MIN_LOG_LEVEL"] = before
+
+
 @command(
     "data check",
     "Read every record a pipeline would use; check images, boxes, ids; count per class.",
@@ -290,9 +315,11 @@ def cmd_data_check(fv) -> int:
         raise UsageError(
             "--pipeline/--records: pass exactly one: the pipeline whose data to check, or a records glob"
         )
-    from od_dist.cli import quiet_tensorflow_errors
+    with quiet_tensorflow_errors():  # TensorFlow is imported below
+        return _data_check(fv)
 
-    quiet_tensorflow_errors()  # TensorFlow is imported below
+
+def _data_check(fv) -> int:
     if fv.pipeline:
         from od_dist.model.pipeline import PipelineError, load_pipeline
 
