@@ -63,7 +63,7 @@ def test_labelimg_folder_to_trained_exported_model_and_drawn_detections(labelimg
     out = str(tmp_path / "exported")
     done = export.export(params, model_dir, out, min_score=0.0)
     assert done["checkpoint"].endswith("ckpt-6") and done["label_map"] == written.label_map
-    assert export.exported_min_score(out) == 0.0
+    assert predict.exported_min_score(out) == 0.0
     assert os.path.isfile(os.path.join(out, "saved_model.pb"))
     assert os.path.isfile(os.path.join(out, "label_map.pbtxt"))
     assert not [p for p in os.listdir(tmp_path) if "partial" in p]
@@ -117,7 +117,7 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path, 
     from ai_edge_litert.interpreter import Interpreter
     from PIL import Image
 
-    from od_dist.model import export, predict, tflite
+    from od_dist.model import predict, tflite
     from od_dist.model.pipeline import load_pipeline
 
     images, written, override, model_dir = labelimg_run
@@ -142,7 +142,7 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path, 
             0.0,
             [64, 64],
         )
-        assert export.exported_min_score(path) == 0.0
+        assert predict.exported_min_score(path) == 0.0
         run = Interpreter(model_path=path).get_signature_runner("serving_default")
         ((name, spec),) = run.get_input_details().items()
         assert (name, list(spec["shape"]), spec["dtype"]) == ("inputs", [1, 64, 64, 3], np.float32)

@@ -2,6 +2,7 @@
 beside the tasks work where TensorFlow cannot be imported: a `tensorflow` package first on the path
 fails its import, as a missing one's does, in every process these tests start."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -75,3 +76,59 @@ def test_the_host_side_imports_and_its_commands_run_without_tensorflow(tmp_path)
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert os.listdir(out), r.stdout
+
+
+def _imports_of_each_module():
+    """{module: the od_dist modules it imports}, from every import statement of od_dist's sources,
+    those inside functions too (which run later, but still make the two modules need each other)."""
+    package = os.path.join(ROOT, "od_dist")
+    files = {}
+    for folder, _, names in os.walk(package):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = os.path.relpath(path[:-3], ROOT).replace(os.sep, ".").removesuffix(".__init__")
+                files[module] = path
+    graph = {}
+    for module, path in files.items():
+        here = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        imported = set()
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package `level - 1` up from this one
+                    parts = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                for a in node.names:  # `from od_dist.cli import data` imports a module, not a name
+                    imported |= {f"{base}.{a.name}"} if f"{base}.{a.name}" in files else {base} & set(files)
+        graph[module] = imported - {module}
+    return graph
+
+
+def test_od_dists_modules_import_each_other_one_way():
+    """No two modules of od_dist import each other, directly or through others: each circle makes
+    the order of imports matter (a name one of them has not defined yet) and the two one piece."""
+    graph = _imports_of_each_module()
+    assert "od_dist.model.predict" in graph and "od_dist.model.export" in graph["od_dist.model.predict"]
+    circles = []
+    for start in sorted(graph):  # every module from which a path of imports leads back to it
+        path, seen = [start], set()
+        stack = [(start, iter(sorted(graph[start])))]
+        while stack:
+            module, rest = stack[-1]
+            nxt = next(rest, None)
+            if nxt is None:
+                stack.pop()
+                path.pop()
+            elif nxt == start:
+                circles.append(" -> ".join([*path, start]))
+                break
+            elif nxt not in seen:
+                seen.add(nxt)
+                path.append(nxt)
+                stack.append((nxt, iter(sorted(graph[nxt]))))
+    assert not circles, "\n".join(circles)

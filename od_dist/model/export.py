@@ -234,19 +234,3 @@ def _centernet_module(params, size: list[int], min_score: float, model=None):
     return CenterNetModule(
         params, batch_size=1, input_image_size=size, input_type="image_tensor", model=model
     )
-
-
-def exported_min_score(model_dir: str) -> float | None:
-    """The score under which an exported model drops detections itself (None: an export that
-    does not say, made before od-dist wrote it). ``model_dir`` may be a .tflite (its .json says)."""
-    from od_dist.model import tflite
-
-    if model_dir.endswith(tflite.SUFFIX):
-        value = tflite.read_info(model_dir).get("min_score")
-        return float(value) if isinstance(value, (int, float)) else None
-    try:
-        with open(os.path.join(model_dir, EXPORT_INFO), encoding="utf-8") as f:
-            value = json.load(f).get("min_score")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) else None

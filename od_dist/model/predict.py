@@ -103,12 +103,26 @@ def _check_out(out_dir: str, paths: list[str], files: list[str]) -> list[str]:
     return outputs
 
 
+def exported_min_score(model_dir: str) -> float | None:
+    """The score under which an exported model drops detections itself (None: an export that
+    does not say, made before od-dist wrote it). ``model_dir`` may be a .tflite (its .json says)."""
+    from od_dist.model import export, tflite
+
+    if model_dir.endswith(tflite.SUFFIX):
+        value = tflite.read_info(model_dir).get("min_score")
+        return float(value) if isinstance(value, (int, float)) else None
+    try:
+        with open(os.path.join(model_dir, export.EXPORT_INFO), encoding="utf-8") as f:
+            value = json.load(f).get("min_score")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def below_export_threshold(model_dir: str, min_score: float) -> str | None:
     """One line when `min_score` is under the score the exported model already drops detections
     at: a lower --min_score then shows nothing more."""
-    from od_dist.model import export
-
-    exported = export.exported_min_score(model_dir)
+    exported = exported_min_score(model_dir)
     if exported is None or min_score >= exported:
         return None
     return (
