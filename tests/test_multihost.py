@@ -638,6 +638,7 @@ def test_elastic_three_machines_go_on_without_a_lost_one_take_it_back_and_lose_t
     assert final, out
     print("\n" + trained.group(1) + "; " + "; ".join(f"{k}: {v:.0f} s" for k, v in figures.items()))
 
+
 @pytest.mark.slow
 def test_elastic_parameter_server_the_masters_machine_lost_for_good_a_worker_coordinates(
     tmp_path, machines, data_dir
