@@ -16,7 +16,7 @@ if WINDOWS_LIKE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # xd
 
 # The slowest modules, longest first (each alone with `--durations=15`, 2026-11-28; docs/tests.md):
 # xdist hands a whole module (--dist loadfile) to whichever worker is free, so the long ones start
-# at once and the short ones fill in at the end, and both workers finish together.
+# at once and the short ones fill in at the end, and the workers finish together.
 LONGEST_FIRST = (
     "test_multihost.py",
     "test_faults_trainer.py",
