@@ -267,9 +267,11 @@ def serve(
                 listening, word = probe_master(master.host, master.port)
                 if word:  # the master stops before training: no marker will come
                     return _told(task, word)
+                elastic = lost_s is not None
+                if elastic and listening and not absent.seen("master"):
+                    print(f"{task.name}: the round's coordinator at {master} is up", flush=True)
                 # Members forming the next round: the job goes on, whatever the last coordinator's port.
                 absent.look("master", listening or (forming and not lead), now)
-                elastic = lost_s is not None
                 lost_after = wait_timeout
                 if elastic:
                     lost_after = lost_s if absent.seen("master") else min(wait_timeout, ROUND_START_S)
