@@ -17,7 +17,7 @@ import time
 from typing import NoReturn
 
 from od_dist.host.config import TrainConfig
-from od_dist.protocol import checkpoint_feed, exit_codes, notes, peers
+from od_dist.protocol import checkpoint_feed, exit_codes, membership, notes, peers
 
 EVAL_POLL_S = 30
 
@@ -59,9 +59,10 @@ def run_server(config: TrainConfig) -> NoReturn:
         return devices.apply_policy()
 
     cluster = selected.cluster
-    # A worker of an elastic job keeps a copy of the coordinator's checkpoints on its own disk: the
-    # next round may have it coordinate (host/elastic.py), from the newest step it holds.
-    member = cluster.min_trainers is not None and selected.task.role == "worker"
+    # A worker of an elastic job's round keeps a copy of the coordinator's checkpoints on its own
+    # disk: the next round may have it coordinate (host/elastic.py), from the newest step it holds.
+    # (Its round comes from its supervisor: none in a Slurm step, one fixed group.)
+    member = selected.task.role == "worker" and membership.group_from_env() is not None
     lead = cluster.checkpoint_feed() if member else None
     try:
         with _following(config, [lead] if lead else [], selected.task.name) as follower:
