@@ -236,6 +236,14 @@ class Cluster:
         parameter_server any of them may coordinate a round (group())."""
         return tuple(t for role in MEMBER_ROLES for t in self.tasks_of(role))
 
+    def membership_addresses(self) -> dict[str, tuple[str, int]]:
+        """Where each member machine's od-dist serves its membership state (host/elastic.py): its first
+        member's host and membership_port, by machine (hostport.machine_of), in the file's order."""
+        out: dict[str, tuple[str, int]] = {}
+        for t in self.members():
+            out.setdefault(hostport.machine_of(t.address.host), (t.address.host, self.membership_port))
+        return out
+
     def group(self, members) -> Cluster:
         """The cluster of an elastic job's round: the members named in `members` (by their names in
         this file), the others left out, the workers numbered again in order. Under

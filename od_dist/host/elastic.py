@@ -51,6 +51,11 @@ class Round:
     step: int  # the newest checkpoint it started from (0: none)
 
 
+def _history_of(state: dict) -> list[Round]:
+    """The rounds so far, as a machine's state (Elastic.state) lists them."""
+    return [Round(r, tuple(m), step) for r, m, step in state["history"]]
+
+
 def machines(cluster: Cluster) -> dict[str, tuple[str, ...]]:
     """The trainers of each machine (hostport.machine_of), in the cluster file's order."""
     out: dict[str, list[str]] = {}
@@ -87,10 +92,7 @@ class Elastic:
         self.tasks_of = machines(self.cluster)
         self.mine = next(m for m, names in self.tasks_of.items() if self.here[0].name in names)
         if self.addresses is None:
-            hosts = {t.name: t.address.host for t in self.cluster.members()}
-            self.addresses = {
-                m: (hosts[names[0]], self.cluster.membership_port) for m, names in self.tasks_of.items()
-            }
+            self.addresses = self.cluster.membership_addresses()
         self.order = sorted(self.tasks_of, key=lambda m: self.names.index(self.tasks_of[m][0]))
         self.job = self.cluster.job_id()
         now = self.clock()
@@ -139,12 +141,16 @@ class Elastic:
             "history": [[r.round, list(r.members), r.step] for r in self.history],
         }
 
-    def _keep_looking(self) -> None:
+    def _read_others(self) -> dict[str, dict]:
+        """The other machines that answer now, with their states (of this job)."""
         others = [m for m in self.order if m != self.mine]
+        states = membership.read_all([self.addresses[m] for m in others])
+        return {m: s for m, s in zip(others, states) if s and s.get("job") == self.job}
+
+    def _keep_looking(self) -> None:
         while not self._stopped.is_set():
             started = self.clock()
-            states = membership.read_all([self.addresses[m] for m in others])
-            self._alive = {m: s for m, s in zip(others, states) if s and s.get("job") == self.job}
+            self._alive = self._read_others()
             self._looked_at = started
             self._look_now.wait(self.look_every_s)
             self._look_now.clear()
@@ -181,7 +187,7 @@ class Elastic:
             return self._confirm(now, alive)
         rejoin = self._round_to_rejoin(alive)
         if rejoin is not None:
-            self.history = [Round(r, tuple(m), step) for r, m, step in rejoin["history"]]
+            self.history = _history_of(rejoin)
             self.phase, self.round, self.members = TRAINING, rejoin["round"], tuple(rejoin["members"])
             self.say(
                 f"rejoining round {self.round} ({', '.join(self.members)}), which {self.members[0]} "
@@ -211,7 +217,7 @@ class Elastic:
                 and s["round"] > self.round
                 and set(self.tasks_of[self.mine]) <= set(s["members"])
             ):
-                self.history = [Round(r, tuple(m), step) for r, m, step in s["history"]]
+                self.history = _history_of(s)
                 self._take(Group(s["round"], tuple(s["members"])), now)
             return None
         return self._propose(now, alive)
@@ -243,9 +249,7 @@ class Elastic:
             return None
         members = tuple(n for n in self.names if any(n in self.tasks_of[m] for m in forming))
         missing = [n for n in self.names if n not in members]
-        histories = [self.history] + [
-            [Round(r, tuple(m), step) for r, m, step in s["history"]] for s in alive.values()
-        ]
+        histories = [self.history] + [_history_of(s) for s in alive.values()]
         history = max(histories, key=lambda h: h[-1].round if h else 0)
         if missing:
             up = f"{len(members)} of {len(self.names)} trainers up ({', '.join(members)}; not up: {', '.join(missing)})"
@@ -351,9 +355,8 @@ class Elastic:
         same members one after another (a trainer lost and back before a save) said as one."""
         # The final step as the lead wrote it, which a member may not hold (parameter_server): read
         # now, as the last look may be from before the final save.
-        others = [self.addresses[m] for m in self.order if m != self.mine]
-        states = [s for s in membership.read_all(others) if s and s.get("job") == self.job]
-        final_step = max([final_step or 0] + [s.get("step", 0) for s in states + list(self._alive.values())])
+        states = list(self._read_others().values()) + list(self._alive.values())
+        final_step = max([final_step or 0] + [s.get("step", 0) for s in states])
         spans: list[list] = []  # [from, to, members]
         for i, r in enumerate(self.history):
             end = self.history[i + 1].step if i + 1 < len(self.history) else (final_step or r.step)

@@ -308,8 +308,8 @@ def round_lead(cluster: Cluster):
     """(the address of the member that coordinates the round an elastic parameter_server job trains
     in now, None while none trains; whether its members form the next round), from the trainer
     machines' membership."""
-    hosts = dict.fromkeys(t.address.host for t in cluster.members())
-    name, forming = membership.rounds_seen([(h, cluster.membership_port) for h in hosts], cluster.job_id())
+    addresses = list(cluster.membership_addresses().values())
+    name, forming = membership.rounds_seen(addresses, cluster.job_id())
     return next((t.address for t in cluster.members() if t.name == name), None), forming
 
 
