@@ -16,6 +16,7 @@ import sys
 import time
 from typing import NoReturn
 
+from od_dist.cluster.spec import PARAMETER_SERVER
 from od_dist.host.config import TrainConfig
 from od_dist.protocol import checkpoint_feed, exit_codes, membership, notes, peers
 
@@ -533,21 +534,30 @@ def _checkpoint_feed(config: TrainConfig):
 
 def _serve_final(feed, config: TrainConfig) -> None:
     """Training is done: the feed stays up until the evaluator holds the final checkpoint (it
-    may be on a machine without the folder), at most --wait_timeout."""
+    may be on a machine without the folder), and, in an elastic round, every worker that keeps a
+    copy (run_server), at most --wait_timeout."""
     cluster = config.selected.cluster
     final = checkpoint_feed.newest(config.model_dir)
-    if not cluster.tasks_of("evaluator") or final is None:
+    fetchers = [checkpoint_feed.EVALUATOR] if cluster.tasks_of("evaluator") else []
+    if membership.group_from_env() is not None and cluster.strategy == PARAMETER_SERVER:
+        fetchers += [t.name for t in cluster.tasks_of("worker")]
+    waiting = [by for by in fetchers if final is not None and not feed.fetched(final[0], by)]
+    if not waiting:
         return
-    if feed.fetched(final[0]):
-        return
+    who = "the evaluator" if waiting == [checkpoint_feed.EVALUATOR] else ", ".join(waiting)
     print(
-        f"{config.selected.task.name}: serving {final[1]} until the evaluator has it "
+        f"{config.selected.task.name}: serving {final[1]} until {who} {'has' if len(waiting) == 1 else 'have'} it "
         f"(at most --wait_timeout, {config.wait_timeout} s)",
         flush=True,
     )
-    if not feed.wait_fetched(final[0], config.wait_timeout):
+    deadline = time.monotonic() + config.wait_timeout
+    missed = [
+        by for by in waiting if not feed.wait_fetched(final[0], max(0.0, deadline - time.monotonic()), by)
+    ]
+    if missed:
+        who = "the evaluator" if missed == [checkpoint_feed.EVALUATOR] else ", ".join(missed)
         print(
-            f"{config.selected.task.name}: the evaluator did not fetch {final[1]} within --wait_timeout; "
+            f"{config.selected.task.name}: {who} did not fetch {final[1]} within --wait_timeout; "
             f"it is in {config.model_dir} on this machine",
             flush=True,
         )
