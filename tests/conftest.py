@@ -14,6 +14,13 @@ sys.path.insert(0, WINDOWS_LIKE)
 if WINDOWS_LIKE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # xdist's workers inherit it
     os.environ["PYTHONPATH"] = python_path(WINDOWS_LIKE)
 
+# CI's 2 cores run three xdist workers, each starting TensorFlow processes that size their intra-op
+# pools for the whole machine unless od-dist gives them a share (tasks of one loopback cluster): the
+# pools of a simulated machine's task, a lone trainer and the workers' own TensorFlow outnumber the
+# cores and spin waiting for each other. One intra-op thread each: three 110-step trainers at once
+# took 34.5 s and 52.0 s of CPU with TensorFlow's pools, 25.3 s and 45.9 s with one (2026-11-28).
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+
 # The slowest modules, longest first (each alone with `--durations=15`, 2026-11-28; docs/tests.md):
 # xdist hands a whole module (--dist loadfile) to whichever worker is free, so the long ones start
 # at once and the short ones fill in at the end, and the workers finish together.
