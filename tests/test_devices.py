@@ -41,17 +41,21 @@ CPU_LINE = (
 
 @pytest.mark.slow  # trains a step
 def test_a_trainer_on_the_cpu_says_so_on_its_console(tmp_path, data_dir):
-    """The console (od-dist's own lines, the rest in the log file) shows it, before training."""
+    """The console (od-dist's own lines, the rest in the log file) shows it, before training, and
+    the pools that TensorFlow's own variables sized (tf.config.threading reports 0 for them)."""
     r = od_dist(
         "train",
         f"--pipeline={PIPELINE}",
         f"--model_dir={tmp_path / 'model'}",
         tiny(data_dir, steps=1),
-        env=clean_env(CUDA_VISIBLE_DEVICES=""),
+        env=clean_env(CUDA_VISIBLE_DEVICES="", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="3"),
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert CPU_LINE in lines, r.stdout
+    assert any(
+        line.startswith("single: threads intra-op 1, inter-op 3, tf.data default (") for line in lines
+    ), r.stdout
     started = next(i for i, line in enumerate(lines) if "training with" in line)
     assert lines.index(CPU_LINE) < started, r.stdout
 

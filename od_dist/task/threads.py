@@ -25,8 +25,8 @@ def apply(threads: Threads, label: str) -> Threads:
     if threads.inter_op:
         tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
     applied = Threads(
-        tf.config.threading.get_intra_op_parallelism_threads(),
-        tf.config.threading.get_inter_op_parallelism_threads(),
+        tf.config.threading.get_intra_op_parallelism_threads() or _from_environment("TF_NUM_INTRAOP_THREADS"),
+        tf.config.threading.get_inter_op_parallelism_threads() or _from_environment("TF_NUM_INTEROP_THREADS"),
         threads.data,
     )
     limit, runnable = cpu_limit(), runnable_cores()
@@ -34,6 +34,13 @@ def apply(threads: Threads, label: str) -> Threads:
     cores = cores_within(limit, runnable)
     print(f"{label}: threads {applied.describe()} ({cores} core{'s' * (cores != 1)}{shown})", flush=True)
     return applied
+
+
+def _from_environment(name: str) -> int:
+    """A pool size set through TensorFlow's own variable (by the user, where od-dist left the
+    default): TensorFlow sizes the pool by it, yet tf.config.threading reports 0."""
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else 0
 
 
 def with_data_threads(build_inputs, data_threads: int):
