@@ -176,7 +176,8 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps_then_ctrl_c(t
     model_dir = str(tmp_path / "model")
     args = launch_args(tmp_path, data_dir, cluster, 100000, "--max_restarts=2")
     # A checkpoint every 25 steps, not every loop: the job trains on while its tasks restart, and
-    # each save costs its coordinator more than the 5 steps (the test alone: 48 s, 65 s of CPU; 54 s, 71 s).
+    # each save costs its coordinator more than the 5 steps (the test alone: 48 s and 65 s of CPU,
+    # against 54 s and 71 s).
     args[4] = args[4].replace("checkpoint_interval=5", "checkpoint_interval=25")
     job = jobs(*args, cwd=str(tmp_path))
     i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/100000")
