@@ -7,6 +7,9 @@ import os
 
 from od_dist.host.cpu_budget import Threads, cores_within, cpu_limit, runnable_cores
 
+# TensorFlow's own variables for its pool sizes, read as it creates the pools.
+INTRA_OP_ENV, INTER_OP_ENV = "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"
+
 
 def apply(threads: Threads, label: str) -> Threads:
     """Sets TensorFlow's pools before it initialises and prints what TensorFlow now reports.
@@ -15,9 +18,9 @@ def apply(threads: Threads, label: str) -> Threads:
     too; tf.config.threading sets the eager context's. Must run before any op or device query.
     """
     if threads.intra_op:
-        os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads.intra_op)
+        os.environ[INTRA_OP_ENV] = str(threads.intra_op)
     if threads.inter_op:
-        os.environ["TF_NUM_INTEROP_THREADS"] = str(threads.inter_op)
+        os.environ[INTER_OP_ENV] = str(threads.inter_op)
     import tensorflow as tf
 
     if threads.intra_op:
@@ -25,8 +28,8 @@ def apply(threads: Threads, label: str) -> Threads:
     if threads.inter_op:
         tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
     applied = Threads(
-        tf.config.threading.get_intra_op_parallelism_threads() or _from_environment("TF_NUM_INTRAOP_THREADS"),
-        tf.config.threading.get_inter_op_parallelism_threads() or _from_environment("TF_NUM_INTEROP_THREADS"),
+        tf.config.threading.get_intra_op_parallelism_threads() or _from_environment(INTRA_OP_ENV),
+        tf.config.threading.get_inter_op_parallelism_threads() or _from_environment(INTER_OP_ENV),
         threads.data,
     )
     limit, runnable = cpu_limit(), runnable_cores()
