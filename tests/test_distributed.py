@@ -292,64 +292,6 @@ def test_every_role_applies_the_device_policy(ps_job, tmp_path, data_dir):
     assert "od-dist device policy: no GPU visible" in (model_dir / "logs" / "eval.log").read_text()
 
 
-def test_one_command_per_machine_keeps_the_rules_of_separate_commands(tmp_path, data_dir):
-    """`train` without --role on a machine holding the whole parameter_server cluster (as `launch`
-    runs it), --max_restarts 0: worker:1 killed at the master's first progress line ends alone, as
-    under a command of its own; the ps and worker:0 go on, the master trains on worker:0 to the
-    end, and the machine exits 0, its last line naming what was lost."""
-    cluster = write_cluster(tmp_path)
-    model_dir = str(tmp_path / "model")
-    command = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "od_dist",
-            "train",
-            f"--cluster={cluster}",
-            f"--pipeline={PIPELINE}",
-            f"--model_dir={model_dir}",
-            tiny(data_dir, steps=25),
-            "--wait_timeout=120",
-            "--max_restarts=0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=str(tmp_path),
-        env=clean_env(),
-    )
-    lines = []
-    try:
-        while not any(re.match(r"\[master:0\] od-dist train \| step \d+/25", line) for line in lines):
-            line = command.stdout.readline()
-            assert line, "".join(lines[-50:])
-            lines.append(line)
-        children = psutil.Process(command.pid).children(recursive=True)
-        assert len(children) >= 4
-        victim = next(c for c in children if "--role=worker" in c.cmdline() and "--index=1" in c.cmdline())
-        victim.kill()
-        rest, _ = command.communicate(timeout=300)
-    finally:
-        if command.poll() is None:
-            command.kill()
-    out = "".join(lines) + rest
-    assert command.returncode == 0, out[-3000:]
-    assert (
-        "od-dist train: worker:1 died (exit 137, killed); no restart left (--max_restarts 0); it ends "
-        "alone: the master trains on the workers left (ps:0, worker:0, master:0 go on here). Its log: "
-        f"{os.path.join(model_dir, 'logs', 'worker-1.log')}"
-    ) in out, out[-3000:]
-    assert re.search(r"\[master:0\] od-dist train \| done at step 25\b", out), out[-3000:]
-    for name in ("ps:0", "worker:0"):
-        assert f"[{name}] {name}: the master finished training; stopping" in out, out[-3000:]
-    assert out.splitlines()[-1] == (
-        "od-dist train: every task finished but worker:1 (exit 137, killed), lost with no restart "
-        "left: the master trained on the workers left"
-    ), out[-3000:]
-    gone = psutil.wait_procs(children, timeout=30)[1]
-    assert not gone, f"left running: {gone}"
-
-
 STOP_FROM_MASTER = """
 import json, sys
 import tensorflow as tf

@@ -425,6 +425,11 @@ def test_the_same_train_line_on_three_machines_trains_with_a_ps_on_each_worker_m
         assert f"[ps:{i}] ps:{i} serving on {servers[i]}\n" in text, out
         assert f"[worker:{i}] worker:{i} serving on {workers[i]}\n" in text, out
     assert job.output("node2").rstrip().endswith("od-dist train: every task finished"), out
+    # One command per machine keeps the rules of separate commands: the lost worker ends alone.
+    assert (
+        "od-dist train: worker:1 died (exit 137, killed); no restart left (--max_restarts 0); it ends alone: "
+        "the master trains on the workers left (ps:1 goes on here). Its log: runs/lan/logs/worker-1.log"
+    ) in job.output("node3"), out
     assert (
         job.output("node3")
         .rstrip()

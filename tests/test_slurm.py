@@ -686,13 +686,13 @@ def requeue_job(slurm_cluster, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.usefixtures("requeue_job")  # sent first, for the requeue test (see requeue_job)
 def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
-    """ps, master and 2 workers, uneven over 3 nodes (ps and worker 0 on one, worker 1 and the
-    master alone: a heterogeneous job), each task under its supervisor (--max_restarts 1):
+    """A ps, a worker and the master, uneven over 2 nodes (the ps and the worker on one, the master
+    alone: a heterogeneous job), each task under its supervisor (--max_restarts 1):
     scancel (of every process: the batch shell and srun too) mid-training leaves a checkpoint,
-    though the master's save, through the ps, is made to take 12 s (more than a supervisor's 10 s for stopping a server); the job sent again resumes
-    from it and ends COMPLETED, exit 0."""
-    p = free_ports(4)
-    text = f"ps: [h1:{p[0]}]\nworker: [h1:{p[1]}, h2:{p[2]}]\nmaster: h3:{p[3]}\n"
+    though the master's save, through the ps, is made to take 12 s (more than a supervisor's 10 s
+    for stopping a server); the job sent again resumes from it and ends COMPLETED, exit 0."""
+    p = free_ports(3)
+    text = f"ps: [h1:{p[0]}]\nworker: [h1:{p[1]}]\nmaster: h2:{p[2]}\n"
     started = time.monotonic()
     script = _write_job(tmp_path, text, data_dir, 15, "ps", "--address={node}-ib", restarts=1)
     env = _shim(tmp_path)
@@ -700,7 +700,7 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(
         "import os, time\n"
-        "if os.environ.get('SLURM_PROCID') == '3' and os.environ.get('OD_DIST_SUPERVISOR_NOTES'):\n"
+        "if os.environ.get('SLURM_PROCID') == '2' and os.environ.get('OD_DIST_SUPERVISOR_NOTES'):\n"
         "    from od_dist import patches  # the master's trainer: its save at a stop takes 12 s more\n"
         "    save_now = patches.save_now\n"
         "    def slow(*args):\n"
@@ -724,8 +724,8 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     assert (fields["JobState"], fields["Restarts"]) == ("CANCELLED", "0"), (fields, out)  # not requeued
     saved = checkpoint_step(model_dir)
     # The master saved where SIGTERM stopped it (the end of its loop), through the ps, and exited 143.
-    assert f"3: master:0: stopped at step {saved} (SIGTERM); saved " in out, out[-4000:]
-    assert saved > 5 and (model_dir / "slurm" / f"{job}.0" / "3").read_text().strip() == "143", out
+    assert f"2: master:0: stopped at step {saved} (SIGTERM); saved " in out, out[-4000:]
+    assert saved > 5 and (model_dir / "slurm" / f"{job}.0" / "2").read_text().strip() == "143", out
     # Sent again: resumes at the checkpoint and finishes.
     job = slurm_cluster.sbatch(script, tmp_path, env)
     fields = slurm_cluster.wait_end(job)
