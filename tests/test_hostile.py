@@ -15,7 +15,7 @@ import mslex
 import powershell
 import pytest
 import yaml
-from loopback import ROOT, od_dist, site_hook
+from loopback import ROOT
 
 from od_dist import cli
 from od_dist.cluster import hostport, messages
@@ -425,25 +425,26 @@ def test_scripts_out_never_deletes_or_replaces_a_changed_file(tmp_path, capsys):
     assert scripts_into(capsys, small, out)[0] == 0 and (out / "worker-1.cmd").exists()
 
 
-# Written into --out by another program (a trainer's checkpoint) while od-dist replaces its output:
-# at od-dist's first rename in the folder.
-WRITER_MEANWHILE = """
-import os
-OUT = os.environ["MEANWHILE_OUT"]
+def writes_meanwhile(monkeypatch, out):
+    """Another program (a trainer's checkpoint) writes into --out while od-dist replaces its output
+    there: at od-dist's first rename in the folder."""
+    done = []
 
-def _around(real):
-    def move(src, dst, *a, **k):
-        if OUT in (os.path.dirname(os.path.abspath(dst)), os.path.abspath(src)) and not os.environ.get("DONE"):
-            os.environ["DONE"] = "1"
-            with open(os.path.join(OUT, "ckpt-7.index"), "w") as f:
-                f.write("a checkpoint written meanwhile")
-        return real(src, dst, *a, **k)
-    return move
+    def around(real):
+        def move(src, dst, *a, **k):
+            if str(out) in (os.path.dirname(os.path.abspath(dst)), os.path.abspath(src)) and not done:
+                done.append(True)
+                (out / "ckpt-7.index").write_text("a checkpoint written meanwhile")
+            return real(src, dst, *a, **k)
 
-os.rename, os.replace = _around(os.rename), _around(os.replace)
-"""
+        return move
+
+    monkeypatch.setattr(os, "rename", around(os.rename))
+    monkeypatch.setattr(os, "replace", around(os.replace))
 
 
+# In this process (`data voc` would pay TensorFlow's import in a process of its own each time):
+# what is tested is the files --out holds after, not the console.
 @pytest.mark.parametrize(
     "command,earlier",
     [
@@ -452,29 +453,30 @@ os.rename, os.replace = _around(os.rename), _around(os.replace)
         ("data voc", "only od-dist's output"),
     ],
 )
-def test_out_keeps_what_is_written_into_it_meanwhile(command, earlier, tmp_path):
+def test_out_keeps_what_is_written_into_it_meanwhile(command, earlier, tmp_path, capsys, monkeypatch):
     """A file another program writes into --out while od-dist replaces its output there stays:
     whether od-dist swaps a folder of its own output whole or renames each file in."""
     out = tmp_path / "out"
-    if command == "scripts":  # relative: the file's master runs Windows (od_dist runs in ROOT)
+    monkeypatch.chdir(ROOT)
+    if command == "scripts":  # relative: the file's master runs Windows
         args = ["scripts", "--cluster=clusters/lan-example.yaml", "--pipeline=p", "--model_dir=m"]
     else:
         images, ann, _ = voc_folder(tmp_path)
         args = ["data", "voc", f"--images={images}", f"--annotations={ann}", "--val_fraction=0"]
-    first = od_dist(*args, f"--out={out}")
-    assert first.returncode == 0, first.stderr
+    code, _, err = run_cli(capsys, *args, f"--out={out}")
+    assert code == 0, err
     if earlier != "only od-dist's output":
         (out / "notes.txt").write_text("mine")
-    env = {"MEANWHILE_OUT": str(out), "PYTHONPATH": site_hook(tmp_path, WRITER_MEANWHILE) + os.pathsep + ROOT}
-    r = od_dist(*args, f"--out={out}", env=env)
-    assert r.returncode == 0, r.stderr
+    writes_meanwhile(monkeypatch, out)
+    code, _, err = run_cli(capsys, *args, f"--out={out}")
+    assert code == 0, err
     assert (out / "ckpt-7.index").read_text() == "a checkpoint written meanwhile"
     assert earlier == "only od-dist's output" or (out / "notes.txt").read_text() == "mine"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # nothing left beside it
 
 
 @pytest.mark.parametrize("command", ["scripts", "data voc"])
-def test_out_dot_writes_into_the_working_directory_and_keeps_the_rest(command, tmp_path):
+def test_out_dot_writes_into_the_working_directory_and_keeps_the_rest(command, tmp_path, capsys, monkeypatch):
     """`--out .`: the working directory is never moved or copied; its other files stay."""
     work = tmp_path / "work"
     (work / "runs" / "a").mkdir(parents=True)
@@ -489,9 +491,10 @@ def test_out_dot_writes_into_the_working_directory_and_keeps_the_rest(command, t
         images, ann, _ = voc_folder(tmp_path)
         args = ["data", "voc", f"--images={images}", f"--annotations={ann}", "--val_fraction=0"]
         wrote = "label_map.pbtxt"
+    monkeypatch.chdir(work)
     for _ in range(2):  # a new output, then one replacing it
-        r = od_dist(*args, "--out=.", cwd=str(work))
-        assert r.returncode == 0, r.stderr
+        code, _, err = run_cli(capsys, *args, "--out=.")
+        assert code == 0, err
         assert (work / wrote).is_file()
         assert (work / "runs" / "a" / "ckpt-5.index").read_text() == "a checkpoint"
         assert (work / "notes.txt").read_text() == "mine"
