@@ -80,6 +80,17 @@ def od_dist(*args, cwd=ROOT, timeout=180, env=None):
     )
 
 
+def run_cli(capsys, *args):
+    """The command in this process, where TensorFlow is imported once (a process of its own pays
+    its import each time): (code, out, err). For what a command does, not the console a user
+    sees (TensorFlow's own lines go to the process's stderr, not to capsys)."""
+    from od_dist import cli
+
+    code = cli.main(["od-dist", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def checkpoint_step(model_dir):
     """The step of the latest complete checkpoint, from TensorFlow's `checkpoint` state file (no
     TensorFlow here); None without one."""

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 from labelimg import SIZE, labelimg_xml, make_voc
-from loopback import ROOT, od_dist
+from loopback import ROOT, od_dist, run_cli
 
 from od_dist.data import shapes
 
@@ -160,15 +160,17 @@ def test_voc_hostile_annotation_exit_2_nothing_written(voc, tmp_path, case):
     assert leftovers(tmp_path) == []
 
 
-def test_voc_skip_bad_skips_and_says_how_many(voc, tmp_path):
+def test_voc_skip_bad_skips_and_says_how_many(voc, tmp_path, capsys):
     images, anns, _, out = voc
     with open(os.path.join(anns, "photo_003.xml"), "w") as f:
         f.write("not xml at all")
     os.remove(os.path.join(images, "photo_005.jpg"))
-    r = od_dist("data", "voc", "--images", images, "--annotations", anns, "--out", out, "--skip_bad")
-    assert r.returncode == 0, r.stderr
-    assert "photo_003.xml: not readable XML" in r.stderr and "photo_005.xml: image" in r.stderr
-    assert "skipped 2 bad annotation file(s)" in r.stdout
+    code, stdout, stderr = run_cli(
+        capsys, "data", "voc", "--images", images, "--annotations", anns, "--out", out, "--skip_bad"
+    )
+    assert code == 0, stderr
+    assert "photo_003.xml: not readable XML" in stderr and "photo_005.xml: image" in stderr
+    assert "skipped 2 bad annotation file(s)" in stdout
     assert len(read_records(os.path.join(out, "*.tfrecord"))) == 6
 
 
@@ -432,7 +434,7 @@ def test_coco_converts_with_ids_kept(coco):
 
 
 @pytest.mark.parametrize("case", ["box_outside", "missing_image", "unknown_category", "bad_json"])
-def test_coco_hostile_exit_2_nothing_written(coco, tmp_path, case):
+def test_coco_hostile_exit_2_nothing_written(coco, tmp_path, case, capsys):
     images, path, doc, out = coco
     if case == "box_outside":
         doc["annotations"][2]["bbox"] = [50.0, 50.0, 80.0, 10.0]
@@ -454,9 +456,11 @@ def test_coco_hostile_exit_2_nothing_written(coco, tmp_path, case):
     _one_line_error(r, *want)
     assert leftovers(tmp_path) == []
     if case == "box_outside":
-        r = od_dist("data", "coco", "--images", images, "--annotations", path, "--out", out, "--skip_bad")
-        assert r.returncode == 0, r.stderr
-        assert "skipped 1 bad image(s)" in r.stdout and "task.model.num_classes: 8" in r.stdout
+        code, stdout, stderr = run_cli(
+            capsys, "data", "coco", "--images", images, "--annotations", path, "--out", out, "--skip_bad"
+        )
+        assert code == 0, stderr
+        assert "skipped 1 bad image(s)" in stdout and "task.model.num_classes: 8" in stdout
         assert len(read_records(os.path.join(out, "*.tfrecord"))) == 5
 
 

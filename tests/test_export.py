@@ -8,17 +8,8 @@ import os
 import numpy as np
 import pytest
 from labelimg import SIZE, make_voc
-from loopback import COCO_LINE, SMALL, od_dist
+from loopback import COCO_LINE, SMALL, od_dist, run_cli
 from loopback import PIPELINE as DEMO
-
-
-def run_cli(capsys, *args):
-    """The command in this process, where TensorFlow is imported already: (code, out, err)."""
-    from od_dist import cli
-
-    code = cli.main(["od-dist", *args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

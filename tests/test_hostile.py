@@ -15,9 +15,8 @@ import mslex
 import powershell
 import pytest
 import yaml
-from loopback import ROOT
+from loopback import ROOT, run_cli
 
-from od_dist import cli
 from od_dist.cluster import hostport, messages
 from od_dist.cluster import spec as cluster_mod
 from od_dist.data import writing
@@ -67,13 +66,6 @@ SAFE = [s for s in HOSTILE if not messages.unsafe_char(s)]
 
 def test_hostile_list_covers_both_kinds():
     assert len(UNSAFE) == 10 and len(SAFE) == len(HOSTILE) - 10
-
-
-def run_cli(capsys, *args):
-    """od-dist in this process: an exception escaping main() would be a traceback."""
-    code = cli.main(["od-dist", *args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line_refusal(code, err):

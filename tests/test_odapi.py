@@ -12,9 +12,8 @@ import re
 import loopback
 import numpy as np
 import pytest
-from loopback import ROOT
+from loopback import ROOT, run_cli
 
-from od_dist import cli
 from od_dist.data import errors, records, shapes, textproto
 
 # The TF2 Detection Zoo's pipeline.config files, as downloaded (placeholders included).
@@ -377,13 +376,6 @@ LABEL_MAP = "".join(f"item {{\n  id: {i}\n  name: '{n}'\n}}\n" for i, n in enume
 
 def od_dist(*args, cwd=ROOT, timeout=600):
     return loopback.od_dist(*args, cwd=cwd, timeout=timeout)
-
-
-def run_cli(capsys, *args):
-    """The command in this process (TensorFlow is imported once for the module): (code, out, err)."""
-    code = cli.main(["od-dist", *args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_odapi_records(path, count, seed, size=96, with_labels=True, rename=None):
