@@ -693,6 +693,7 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     for stopping a server); the job sent again resumes from it and ends COMPLETED, exit 0."""
     p = free_ports(3)
     text = f"ps: [h1:{p[0]}]\nworker: [h1:{p[1]}]\nmaster: h2:{p[2]}\n"
+    master_rank = 2  # ranks go by node: h1's ps and worker, then the master
     started = time.monotonic()
     script = _write_job(tmp_path, text, data_dir, 15, "ps", "--address={node}-ib", restarts=1)
     env = _shim(tmp_path)
@@ -700,7 +701,7 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(
         "import os, time\n"
-        "if os.environ.get('SLURM_PROCID') == '2' and os.environ.get('OD_DIST_SUPERVISOR_NOTES'):\n"
+        f"if os.environ.get('SLURM_PROCID') == '{master_rank}' and os.environ.get('OD_DIST_SUPERVISOR_NOTES'):\n"
         "    from od_dist import patches  # the master's trainer: its save at a stop takes 12 s more\n"
         "    save_now = patches.save_now\n"
         "    def slow(*args):\n"
@@ -724,8 +725,9 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
     assert (fields["JobState"], fields["Restarts"]) == ("CANCELLED", "0"), (fields, out)  # not requeued
     saved = checkpoint_step(model_dir)
     # The master saved where SIGTERM stopped it (the end of its loop), through the ps, and exited 143.
-    assert f"2: master:0: stopped at step {saved} (SIGTERM); saved " in out, out[-4000:]
-    assert saved > 5 and (model_dir / "slurm" / f"{job}.0" / "2").read_text().strip() == "143", out
+    assert f"{master_rank}: master:0: stopped at step {saved} (SIGTERM); saved " in out, out[-4000:]
+    rank_code = model_dir / "slurm" / f"{job}.0" / str(master_rank)
+    assert saved > 5 and rank_code.read_text().strip() == "143", out
     # Sent again: resumes at the checkpoint and finishes.
     job = slurm_cluster.sbatch(script, tmp_path, env)
     fields = slurm_cluster.wait_end(job)
