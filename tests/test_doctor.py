@@ -12,6 +12,7 @@ from loopback import ROOT, free_ports, od_dist
 
 from od_dist.cluster import spec as cluster_mod
 from od_dist.host import doctor
+from od_dist.protocol import lineage
 
 
 def loopback_cluster(tmp_path, ports, extra=""):
@@ -339,7 +340,7 @@ def test_doctor_says_fix_when_the_driver_shows_gpus_and_tensorflow_none(tmp_path
 def write_checkpoint(folder, step):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"x" * 10)
-    (folder / f"ckpt-{step}.index").write_bytes(b"i")
+    (folder / f"ckpt-{step}.index").write_bytes(b"i" + bytes(48) + lineage.TABLE_MAGIC)  # a table's footer
     (folder / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
 
 

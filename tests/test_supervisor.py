@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from loopback import checkpoint_code, write_checkpoint
 
 from od_dist.cluster.spec import Address, Task
 from od_dist.host import policy, supervisor
@@ -285,11 +286,7 @@ def test_the_restart_budget_counts_restarts_in_a_row():
 
 def saves_then_dies(model_dir, step, after=0.2):
     """A trainer that saved `step` (TensorFlow's state file naming ckpt-<step>) and is then lost."""
-    state = f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}"\n'
-    return (
-        f"import os, time\nopen(os.path.join({str(model_dir)!r}, 'checkpoint'), 'w').write({state!r})\n"
-        + kill_self(after)
-    )
+    return "import time\n" + checkpoint_code(model_dir, step) + kill_self(after)
 
 
 def test_restarts_that_each_follow_a_new_checkpoint_never_use_up_the_budget(tmp_path):
@@ -467,9 +464,7 @@ def test_a_trainer_killed_after_the_grace_period_is_said_with_the_newest_checkpo
     read from the state file (no TensorFlow in the supervisor)."""
     model_dir, ready = tmp_path / "model", tmp_path / "ready"
     model_dir.mkdir()
-    (model_dir / "checkpoint").write_text(
-        'model_checkpoint_path: "ckpt-20"\nall_model_checkpoint_paths: "ckpt-20"\n'
-    )
+    write_checkpoint(model_dir, 20)
     job = Job(MWMS, [MASTER], lambda t, n: stubborn_trainer(ready), grace_s=1.0, model_dir=str(model_dir))
     stop_once_started(job, signum, ready)
     assert job.run() == code, job.lines
@@ -485,8 +480,7 @@ def test_a_trainer_killed_after_saving_during_the_stop_or_with_no_checkpoint_say
     saved during the stop. Killed before the first checkpoint: a restart starts from step 0."""
     model_dir, ready = tmp_path / "model", tmp_path / "ready"
     model_dir.mkdir()
-    state = 'model_checkpoint_path: "ckpt-35"\n'
-    save = f"open(os.path.join({str(model_dir)!r}, 'checkpoint'), 'w').write({state!r})"
+    save = f"exec({checkpoint_code(model_dir, 35)!r})"
     job = Job(
         MWMS, [MASTER], lambda t, n: stubborn_trainer(ready, save), grace_s=1.0, model_dir=str(model_dir)
     )

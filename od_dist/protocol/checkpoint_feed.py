@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 
-from od_dist.protocol import serving
+from od_dist.protocol import lineage, serving
 
 # Said by eval, export and report when a model_dir here holds nothing: where a LAN job without a
 # shared folder left it.
@@ -32,29 +32,15 @@ ELSEWHERE = (
     "trained (the master's --model_dir; under multi_worker_mirrored every trainer's too) and the "
     "evaluator's (the checkpoints it fetched, its evaluations): run this there, or copy that folder here"
 )
-STATE_FILE = "checkpoint"  # TensorFlow's: names the newest checkpoint of a folder
-_NAMED = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
-_FILE = re.compile(r"^ckpt-(\d+)(\.index|\.data-\d{5}-of-\d{5})$")
+STATE_FILE = lineage.STATE_FILE
+_FILE = lineage.CHECKPOINT_FILE
+newest = lineage.newest  # (step, prefix) of the newest checkpoint whole on disk, or None
 _CHUNK = 1 << 20
 TIMEOUT_S = 30.0  # a request, or a read of its answer, that takes longer is a lost peer
 FETCH_PART = ".od-dist-fetching-"  # + the file's name: what a fetch writes before the rename
 
 
 EVALUATOR = "evaluator"  # the fetcher a feed waits for at the end (Feed.fetched)
-
-
-def newest(model_dir: str) -> tuple[int, str] | None:
-    """(step, prefix) of the checkpoint `model_dir`'s state file names, or None."""
-    try:
-        with open(os.path.join(model_dir, STATE_FILE), encoding="utf-8") as f:
-            named = _NAMED.search(f.read())
-    except (OSError, UnicodeDecodeError):
-        return None
-    if not named:
-        return None
-    prefix = os.path.basename(named.group(1))
-    m = re.fullmatch(r"ckpt-(\d+)", prefix)
-    return (int(m.group(1)), prefix) if m else None
 
 
 def _sha256(path: str) -> str:

@@ -10,11 +10,12 @@ import time
 from dataclasses import dataclass, field
 
 from od_dist import patches
+from od_dist.protocol import lineage
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import TrainerError
 
 _CHECKPOINT_FILE = re.compile(r"^(ckpt-(\d+))(\.index|\.data-\d+-of-\d+|_temp)$")
-SET_ASIDE = "set-aside-"  # + the time: where complete checkpoints nobody named are moved
+SET_ASIDE = lineage.SET_ASIDE  # + the time: where complete checkpoints nobody named are moved
 
 
 @dataclass
