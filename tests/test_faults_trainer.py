@@ -17,6 +17,8 @@ import psutil
 import pytest
 from loopback import PIPELINE, SMALL, checkpoint_step, clean_env, site_hook, write_cluster
 
+from od_dist.protocol import lineage
+
 OVERRIDE = (
     "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
     "trainer.checkpoint_interval={interval},"
@@ -503,7 +505,11 @@ def test_multi_worker_mirrored_pair_stop_and_mismatch(tmp_path, data_dir, procs)
         r"master:0: .*; all-reduced in bfloat16 in [1-4] packs of 0\.\d+( to 0\.\d+)? MB", master.out
     ), master.out[-3000:]
 
-    # 2. The trainers must all-reduce alike.
+    # 2. The trainers must all-reduce alike, and go on with one run: the worker's folder now holds
+    # another run's checkpoint at the same step (a folder of an earlier training of this file).
+    run = lineage.run_of(str(model_dir))
+    assert run and lineage.run_of(str(own)) == run, (master.out[-2000:], worker.out[-2000:])
+    lineage.write_run(str(own), "0123456789ab")
     for p, here, other in zip(
         pair("mismatch", own, "float32"), ("bfloat16", "float32"), ("worker", "master")
     ):
@@ -512,4 +518,9 @@ def test_multi_worker_mirrored_pair_stop_and_mismatch(tmp_path, data_dir, procs)
             f"--all_reduce_dtype: {here} here, another value on {other}:0: every trainer needs the same "
             "--all_reduce_dtype; start them all with one command line" in p.out
         ), p.out[-3000:]
+        assert (
+            f"checkpoints of two runs: master:0 holds run {run} at step {stopped:,}, worker:0 holds run "
+            f"0123456789ab at step {stopped:,}" in p.out
+        ), p.out[-3000:]
         assert "different steps" not in p.out, p.out[-3000:]
+    assert lineage.run_of(str(own)) == "0123456789ab"  # nothing taken over

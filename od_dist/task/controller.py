@@ -14,7 +14,7 @@ from typing import Any
 
 from od_dist import patches
 from od_dist.cluster.spec import TF_JOB
-from od_dist.protocol import exit_codes, membership
+from od_dist.protocol import exit_codes, lineage, membership
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import StartMismatch, Stopped
 
@@ -170,6 +170,8 @@ def _controller_cls():
             broadcasts rank 0's state: no shared folder is needed."""
             if isinstance(self.strategy, tf.distribute.experimental.ParameterServerStrategy):
                 options = self._od_coordinator_io()
+                # The coordinator alone writes: its folder's run goes on, or a run starts here.
+                _name_run(self._od_model_dir, (lineage.run_of(self._od_model_dir) if latest else None))
                 if not latest:
                     return super().restore_checkpoint(None)  # nothing to read: initialise
                 with self.strategy.scope():
@@ -178,6 +180,7 @@ def _controller_cls():
                 self._od_count_saves_from(self._od_step(latest))
                 return latest
             starts = self._od_check_same_start(latest)
+            run = self._od_agree_run(starts)
             # Created now on every trainer, in the same order: a restore creates it otherwise, and
             # creating a variable is collective under multi_worker_mirrored (the master's initial value).
             self.checkpoint_manager.checkpoint.save_counter  # noqa: B018
@@ -197,7 +200,7 @@ def _controller_cls():
             self._od_count_saves_from(newest)
             behind = ", ".join(f"{s[0]}'s at step {s[1]}" for s in starts if s[1] != newest)
             print(
-                f"{_PREFIX} train | resuming at step {newest} from {names[source]}'s checkpoint, its "
+                f"{_PREFIX} train | resuming run {run} at step {newest} from {names[source]}'s checkpoint, its "
                 f"variables sent over the all-reduce to the trainers whose --model_dir is behind ({behind}; "
                 "0: no checkpoint)",
                 flush=True,
@@ -230,8 +233,14 @@ def _controller_cls():
             every trainer must have the same od_same_flags (their all-reduces would not match: a
             collective's error or a hang at the first step)."""
             flags = sorted(self._od_same_flags.items())
+            # Its run (0: none named, or no checkpoint to go on) and a new run's id it proposes:
+            # the last two columns, read by _od_agree_run.
+            held = lineage.run_of(self._od_model_dir) if latest else None
             starts = self._od_all_trainers(
-                self._od_step(latest), *(zlib.crc32(value.encode()) for _, value in flags)
+                self._od_step(latest),
+                *(zlib.crc32(value.encode()) for _, value in flags),
+                int(held or "0", 16),
+                int(lineage.new_run(), 16),
             )
             problems = []
             for column, (flag, value) in enumerate(flags, start=2):
@@ -242,9 +251,27 @@ def _controller_cls():
                         f"{flag}: {value} here, another value on {', '.join(others)}: every trainer "
                         f"needs the same {flag}; start them all with one command line"
                     )
+            if len(_runs_held(starts)) > 1:
+                held = ", ".join(
+                    f"{s[0]} holds run {s[-2]:012x} at step {s[1]:,}" for s in starts if s[1] > 0
+                )
+                problems.append(
+                    f"checkpoints of two runs: {held} (this trainer's --model_dir: {self._od_model_dir}); "
+                    "no trainer takes over another run's: go on with one run by moving the other's "
+                    f"checkpoints out of its --model_dir, or {lineage.FRESH_HINT}"
+                )
             if problems:
                 raise StartMismatch("\n".join(problems))
             return starts
+
+        def _od_agree_run(self, starts: list) -> str:
+            """The run every trainer goes on with, from the gathered starts (_od_check_same_start
+            refused checkpoints of two runs): the one run their checkpoints belong to, or (none
+            holds one) a new run, the first trainer's proposal."""
+            runs = _runs_held(starts)
+            run = f"{runs.pop():012x}" if runs else f"{starts[0][-1]:012x}"
+            _name_run(self._od_model_dir, run)
+            return run
 
         def _od_stop_if_asked(self):
             """At a loop boundary: if any trainer got a stop signal, every trainer saves a
@@ -376,7 +403,7 @@ def _trainer_name(strategy) -> str:
     return _trainer_names(strategy)[_trainer_id(strategy)]
 
 
-_GATHER_WIDTH = 4  # values per trainer at most
+_GATHER_WIDTH = 8  # values per trainer at most
 _GATHERS: dict = {}  # strategy -> its gather, traced once
 
 
@@ -411,6 +438,26 @@ def _gather(strategy, *values: int) -> dict:
     table[me, : 2 + len(values)] = [1, len(values), *values]
     summed = strategy.experimental_local_results(_GATHERS[id(strategy)](tf.constant(table)))[0].numpy()
     return {i: tuple(int(v) for v in r[2 : 2 + r[1]]) for i, r in enumerate(summed.tolist()) if r[0]}
+
+
+def _runs_held(starts: list) -> set[int]:
+    """The runs of the trainers' checkpoints, from the gathered starts (the step second, the run
+    second to last: 0 for a folder that names none)."""
+    return {s[-2] for s in starts if s[1] > 0 and s[-2]}
+
+
+def _name_run(model_dir: str, run: str | None) -> None:
+    """Names the run this folder's checkpoints belong to (a new one when `run` is None), said in
+    one line when it changes: every copy of a run's checkpoints carries its id (protocol/lineage.py)."""
+    if run is None:
+        run = lineage.new_run()
+    if lineage.run_of(model_dir) != run:
+        before = lineage.run_of(model_dir)
+        lineage.write_run(model_dir, run)
+        how = (
+            f"it held run {before}'s" if before else "new" if not lineage.holds_checkpoints(model_dir) else ""
+        )
+        print(f"{_PREFIX} train | run {run} in {model_dir}{f' ({how})' if how else ''}", flush=True)
 
 
 def _first_replica(strategy, trainer: int) -> int:
