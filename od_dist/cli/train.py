@@ -86,10 +86,17 @@ the trainer machines' supervisors agree each round's group on membership_port: t
 without a lost machine (under parameter_server, the master's: a worker then coordinates) and take it
 back when it returns (docs/faults.md).
 """,
-    lambda fv: (define_train_flags(fv), define_restart_flags(fv, 0), define_slurm_task_flag(fv)),
+    lambda fv: (
+        define_train_flags(fv),
+        define_restart_flags(fv, 0),
+        define_slurm_task_flag(fv),
+        define_new_run_flag(fv),
+    ),
 )
 def cmd_train(fv) -> int:
     honour_ctrl_c()
+    if fv.new_run:
+        start_afresh(fv.model_dir)
     if fv.slurm:
         selected = select_slurm_task(fv)
     else:
@@ -192,9 +199,9 @@ def elastic_for(fv: flags.FlagValues, cluster, tasks):
     trainers = tuple(t for t in tasks if t and t.role in MEMBER_ROLES) if cluster else ()
     if not trainers or not cluster.min_trainers or ("slurm" in fv and fv.slurm):
         return None
-    from od_dist.host import elastic
+    from od_dist.host import agreement, elastic
     from od_dist.model import pipeline
-    from od_dist.protocol import checkpoint_feed
+    from od_dist.protocol import checkpoint_feed, lineage
 
     def batch_problem(members) -> str | None:
         if fv.fixed_replica_batch:
@@ -211,7 +218,46 @@ def elastic_for(fv: flags.FlagValues, cluster, tasks):
         newest = checkpoint_feed.newest(fv.model_dir) if fv.model_dir else None
         return newest[0] if newest else None
 
-    return lambda say: elastic.Elastic(cluster, trainers, say, fv.wait_timeout, newest_step, batch_problem)
+    def run_of() -> str | None:
+        return lineage.run_of(fv.model_dir) if fv.model_dir else None
+
+    return lambda say: elastic.Elastic(
+        cluster,
+        trainers,
+        say,
+        fv.wait_timeout,
+        newest_step,
+        batch_problem,
+        run_of=run_of,
+        model_dir=fv.model_dir,
+        # Shorter than the workers' patience with their coordinator (host/agreement.py's lease).
+        lease_s=min(agreement.LEASE_S, fv.lost_peer_timeout * 0.4),
+    )
+
+
+def define_new_run_flag(fv: flags.FlagValues) -> None:
+    """train's own: done once by the command a person runs, never passed on to a task (a restart
+    must not start afresh again)."""
+    flags.DEFINE_boolean(
+        "new_run",
+        False,
+        "Start a new run instead of going on with the checkpoints in --model_dir: they are moved "
+        "into <model_dir>/set-aside-<time>/ (nothing is deleted) before anything starts. Pass it on "
+        "every machine of the job: a machine still holding the earlier run's checkpoints is refused "
+        "by the others, never taken over.",
+        flag_values=fv,
+    )
+
+
+def start_afresh(model_dir: str | None) -> None:
+    """--new_run: this machine's checkpoints set aside, said in one line."""
+    from od_dist.protocol import lineage
+
+    aside = lineage.set_aside(model_dir) if model_dir else None
+    if aside:
+        print(f"od-dist: --new_run: the checkpoints of {model_dir} moved to {aside}", flush=True)
+    else:
+        print(f"od-dist: --new_run: no checkpoint in {model_dir or 'no --model_dir'}: a new run", flush=True)
 
 
 def define_slurm_task_flag(fv: flags.FlagValues) -> None:

@@ -743,16 +743,23 @@ class Supervisor:
                 if why:
                     names = ", ".join(t.name for t in running)
                     self.say(f"{why}: asking {names} to save a checkpoint and stop, to go on in a new round")
-                    self.regrouping = True
+                    self.regrouping = e.stopping = True
                     for r in self._member_runs():
                         send(r, signal.SIGTERM)
             return None
         if e.phase == elastic_mod.DONE or running:
             return None
-        group = e.form()
+        try:
+            group = e.form()
+        except elastic_mod.RunConflict as conflict:
+            self.say(f"{conflict}; exit {exit_codes.INVALID}")
+            return exit_codes.INVALID
         if group is not None:
             for t in self._members():
                 self.running[t.name] = self._start(t, group)
+            # The budget's clock starts when a round trains, not at the regroup: a slow forming
+            # is no time of the tasks running without a loss.
+            self.budget.started(time.monotonic())
             return None
         finished = e.finished_elsewhere()
         if finished:
@@ -780,15 +787,18 @@ class Supervisor:
         # Asked here, or by another member for the same newcomer (its stop reaches every trainer).
         planned = self.regrouping or self.elastic.newcomer(members=False) is not None
         self.regrouping = False
+        # A peer lost (138) is another member's failure, charged on its machine, not on this one:
+        # one machine that fails at every start must not use up every healthy machine's budget.
+        others = exit_codes.normalize(code) == exit_codes.LOST_PEER
         how = "as asked"
         if planned:
             cause = f"{', '.join(t.name for t, _ in exits)} saved and stopped ({describe(code)})"
+        elif others:
+            how = "not counted against --max_restarts (another machine's loss)"
         else:
-            now = time.monotonic()
-            count = self._take_restart(now, cause)
+            count = self._take_restart(time.monotonic(), cause)
             if count is None:
                 return self._out_of_restarts(cause, code)
-            self.budget.started(now)
             how = f"restart {count}"
         stop(self._member_runs(), RESTART_STOP_GRACE_S, lambda: len(self.signals) > 1)
         for t in self._members():
@@ -804,7 +814,7 @@ class Supervisor:
             f"{cause}; {how}: forming the next round with the trainers up (min_trainers "
             f"{self.elastic.cluster.min_trainers}), from the newest checkpoint any of them holds"
         )
-        self.elastic.regroup()
+        self.elastic.regroup(failed=not planned and not others)
         evaluators = [t for t, _ in exits if t.role == "evaluator" and t.name in self.running]
         return self._restart_evaluators(evaluators, exits) if evaluators else None
 
