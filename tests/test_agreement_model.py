@@ -1,0 +1,335 @@
+"""The elastic agreement (host/agreement.py) checked by a model, not only by scenarios: hypothesis
+drives 3-4 simulated machines, each an Agreement stepped as its supervisor steps it, through random
+cuts (both ways), inbound-only blocks (a firewall that lets a machine's own connections out),
+kills, power-offs and returns (same disk, a wiped one, another run's), slow looks and time, under
+both strategies, in simulated seconds. TensorFlow's part is modelled as docs/faults.md says it
+behaves: a multi_worker_mirrored group trains while every member trains in it and all reach each
+other, and fails after --lost_peer_timeout otherwise; a parameter_server coordinator trains while it
+reaches the ps and a worker of its round, a worker server gives up on a coordinator it has not
+reached for --lost_peer_timeout. After every step the invariants of docs/faults.md ("The
+agreement's invariants") are checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from od_dist.cluster import spec
+from od_dist.host import agreement
+from od_dist.protocol.membership import DONE, TRAINING, Group
+
+LOST_PEER_S = 10.0  # --lost_peer_timeout's default
+TICK_S = 1.0  # a supervisor's look and step, as often as the real ones
+HOSTS = ["10.9.0.1", "10.9.0.2", "10.9.0.3", "10.9.0.4"]
+
+
+def cluster_of(n: int, strategy: str) -> spec.Cluster:
+    ps = {"ps": ["10.9.0.9:2223"], "checkpoint_port": 2230} if strategy == spec.PARAMETER_SERVER else {}
+    return spec.from_document(
+        {
+            "strategy": strategy,
+            "master": f"{HOSTS[0]}:2222",
+            "worker": [f"{h}:2222" for h in HOSTS[1:n]],
+            "min_trainers": n // 2 + 1,
+            "membership_port": 2226,
+            **ps,
+        }
+    )
+
+
+@dataclass
+class Disk:
+    step: int = 0
+    run: str | None = None
+
+
+class Machine:
+    """One trainer machine: its supervisor's Agreement, its disk, its trainers (`trains`)."""
+
+    def __init__(self, model, index: int, disk: Disk):
+        self.model, self.index, self.disk = model, index, disk
+        self.task = model.cluster.members()[index]
+        self.trains: Group | None = None
+        self.refused = ""
+        self.slow = False
+        self.broken_since: float | None = None  # since when its trainers miss what they need
+        self.a = agreement.Agreement(
+            model.cluster,
+            (self.task,),
+            lambda line: model.lines.append(f"{model.t:6.0f} {self.task.name}: {line}"),
+            wait_timeout=60.0,
+            newest_step=lambda: self.disk.step or None,
+            batch_problem=lambda members: None,
+            clock=lambda: model.t,
+            run_of=lambda: self.disk.run,
+            model_dir=f"/disk{index}",
+            lease_s=agreement.LEASE_S,
+        )
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+
+class AgreementModel(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.t = 0.0
+        self.lines: list[str] = []
+
+    @initialize(
+        n=st.sampled_from([3, 4]),
+        strategy=st.sampled_from([spec.PARAMETER_SERVER, spec.MULTI_WORKER_MIRRORED]),
+    )
+    def start(self, n, strategy):
+        self.n, self.strategy = n, strategy
+        self.cluster = cluster_of(n, strategy)
+        self.min = self.cluster.min_trainers
+        self.cut: set[frozenset] = set()
+        self.blocked_in: set[int] = set()
+        self.disks = [Disk() for _ in range(n)]
+        self.machines: list[Machine | None] = [Machine(self, i, self.disks[i]) for i in range(n)]
+        self.top_round = 0  # the newest round that trained
+        self.run = "run-now"  # the run the rounds train (its id, as a trainer names it)
+        self.minority_since: dict[int, float] = {}
+
+    # ----- the network and the machines ------------------------------------------------------------
+
+    def reaches(self, i: int, j: int) -> bool:
+        """A connection from machine i to machine j gets through (and its answers back)."""
+        return (
+            self.machines[i] is not None
+            and self.machines[j] is not None
+            and frozenset((i, j)) not in self.cut
+            and j not in self.blocked_in
+        )
+
+    def reaches_ps(self, i: int) -> bool:
+        """The ps is on its own machine, on the switch: cut off with a machine cut from all."""
+        return any(self.reaches(i, j) for j in range(self.n) if j != i) or self.n == 1
+
+    def up(self):
+        return [m for m in self.machines if m is not None and not m.refused]
+
+    def state_of(self, m: Machine) -> dict:
+        return m.a.state()
+
+    def training(self) -> dict[tuple, list[Machine]]:
+        """The rounds whose trainers make steps now, with the machines in them."""
+        out: dict[tuple, list[Machine]] = {}
+        for m in self.up():
+            if m.trains is None:
+                continue
+            g = m.trains
+            if self.strategy == spec.MULTI_WORKER_MIRRORED:
+                group = [x for x in self.up() if x.name in g.members]
+                if len(group) == len(g.members) and all(
+                    x.trains == g and all(self.reaches(x.index, y.index) for y in group if y is not x)
+                    for x in group
+                ):
+                    out[(g.round, g.members)] = group
+            elif g.members[0] == m.name and self.reaches_ps(m.index):
+                workers = [
+                    x for x in self.up() if x is not m and x.trains == g and self.reaches(m.index, x.index)
+                ]
+                if workers:
+                    out[(g.round, g.members)] = [m, *workers]
+        return out
+
+    def step(self):
+        """One second: every machine looks (unless its looks are slow) and acts as its supervisor
+        does; then TensorFlow's part: steps made, trainers that fail."""
+        for m in self.up():
+            if not m.slow:
+                others = {
+                    x.a.mine: self.state_of(x)
+                    for x in self.up()
+                    if x is not m and self.reaches(m.index, x.index)
+                }
+                m.a.seen(others, self.t)
+        for m in self.up():
+            a = m.a
+            if a.phase == TRAINING and m.trains is not None:
+                if a.newcomer():
+                    m.trains = None  # saved and stopped, as asked
+                    a.regroup()
+            elif a.phase != DONE and m.trains is None:
+                try:
+                    group = a.form()
+                except agreement.RunConflict as e:
+                    m.refused = str(e)
+                    continue
+                if group is not None:
+                    m.trains = group
+        self.train()
+        self.t += TICK_S
+
+    def train(self):
+        rounds = self.training()
+        for (r, members), group in rounds.items():
+            assert r >= self.top_round, f"round {r} trains after round {self.top_round}\n" + self.log()
+            if r > self.top_round:
+                # A round starts from the newest checkpoint of its members (the coordinator holds it
+                # under parameter_server: the agreement put it first; the broadcast otherwise).
+                newest = max((x.disk.step for x in group), default=0)
+                source = (
+                    group[0]
+                    if self.strategy == spec.PARAMETER_SERVER
+                    else max(group, key=lambda x: x.disk.step)
+                )
+                assert source.disk.step == newest, (
+                    f"round {r} starts from {source.name}'s step {source.disk.step}, not the newest {newest}\n"
+                    + self.log()
+                )
+                runs = {x.disk.run for x in group if x.disk.step and x.disk.run}
+                assert len(runs) <= 1, f"round {r} trains on checkpoints of two runs {runs}\n" + self.log()
+                self.top_round = r
+                self.run = runs.pop() if runs else self.run
+            lead = (
+                group[0] if self.strategy == spec.PARAMETER_SERVER else max(group, key=lambda x: x.disk.step)
+            )
+            lead.disk.step += 10
+            lead.disk.run = lead.disk.run or self.run
+            for x in group:
+                if self.strategy == spec.MULTI_WORKER_MIRRORED or self.reaches(x.index, lead.index):
+                    x.disk.step, x.disk.run = lead.disk.step, lead.disk.run  # saved, or fetched
+        # Trainers that fail: a multi_worker_mirrored member outside a whole group, a parameter_server
+        # worker whose coordinator it cannot reach; each after --lost_peer_timeout.
+        trained = {x.name for group in rounds.values() for x in group}
+        for m in self.up():
+            if m.trains is None:
+                m.broken_since = None
+                continue
+            if self.strategy == spec.MULTI_WORKER_MIRRORED:
+                broken = m.name not in trained
+            else:
+                lead = next((x for x in self.up() if x.name == m.trains.members[0]), None)
+                broken = lead is not m and (
+                    lead is None or lead.trains != m.trains or not self.reaches(m.index, lead.index)
+                )
+            if not broken:
+                m.broken_since = None
+            elif m.broken_since is None:
+                m.broken_since = self.t
+            elif self.t - m.broken_since >= LOST_PEER_S:
+                m.trains, m.broken_since = None, None
+                m.a.regroup()  # a lost peer: not its own failure
+
+    def log(self) -> str:
+        return "\n".join(self.lines[-60:])
+
+    # ----- faults ----------------------------------------------------------------------------------
+
+    @rule(i=st.integers(0, 3), j=st.integers(0, 3))
+    def cut_link(self, i, j):
+        if i < self.n and j < self.n and i != j:
+            self.cut.add(frozenset((i, j)))
+
+    @rule(i=st.integers(0, 3))
+    def cut_off(self, i):
+        """A cable pulled: machine i reaches no one."""
+        self.cut |= {frozenset((i, j)) for j in range(self.n) if j != i and i < self.n}
+
+    @rule(i=st.integers(0, 3))
+    def block_inbound(self, i):
+        """A firewall that blocks what comes in (a Windows network profile flipped to Public)."""
+        if i < self.n:
+            self.blocked_in.add(i)
+
+    @rule()
+    def heal(self):
+        self.cut.clear()
+        self.blocked_in.clear()
+
+    @rule(i=st.integers(0, 3))
+    def kill_trainers(self, i):
+        m = self.machines[i] if i < self.n else None
+        if m is not None and m.trains is not None:
+            m.trains = None
+            m.a.regroup(failed=True)
+
+    @rule(i=st.integers(0, 3))
+    def power_off(self, i):
+        if i < self.n and self.machines[i] is not None:
+            self.machines[i] = None
+        if all(m is None for m in self.machines):
+            self.top_round = 0  # no supervisor left that remembers a round: they start from 1 again
+
+    @rule(i=st.integers(0, 3), disk=st.sampled_from(["same", "wiped", "another run"]))
+    def power_on(self, i, disk):
+        if i < self.n and self.machines[i] is None:
+            if disk == "wiped":
+                self.disks[i] = Disk()
+            elif disk == "another run":
+                self.disks[i] = Disk(step=5000, run="earlier")
+            self.machines[i] = Machine(self, i, self.disks[i])
+
+    @rule(i=st.integers(0, 3), slow=st.booleans())
+    def slow_looks(self, i, slow):
+        if i < self.n and self.machines[i] is not None:
+            self.machines[i].slow = slow
+
+    @rule(seconds=st.integers(1, 20))
+    def wait(self, seconds):
+        for _ in range(seconds):
+            self.step()
+
+    # ----- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def one_round_trains(self):
+        if not hasattr(self, "cluster"):
+            return
+        rounds = self.training()
+        assert len(rounds) <= 1, f"two rounds train at once: {sorted(rounds)}\n" + self.log()
+
+    @invariant()
+    def a_minority_never_trains(self):
+        """The trainers of a round that makes steps reach min_trainers of its members, or did within
+        the coordinator's lease (and one look)."""
+        if not hasattr(self, "cluster"):
+            return
+        for (r, members), group in self.training().items():
+            lead = group[0]
+            held = [
+                x for x in self.up() if x.name in members and (x is lead or self.reaches(x.index, lead.index))
+            ]
+            if len(held) >= self.min:
+                self.minority_since.pop(r, None)
+            else:
+                since = self.minority_since.setdefault(r, self.t)
+                assert self.t - since <= agreement.LEASE_S + 2 * TICK_S, (
+                    f"round {r} trains on {len(held)} of min_trainers {self.min} for {self.t - since:.0f} s\n"
+                    + self.log()
+                )
+
+    def teardown(self):
+        """A majority connected makes progress: everything healed and up (a refused machine aside),
+        some round trains within two minutes."""
+        if not hasattr(self, "cluster"):
+            return
+        self.heal()
+        for i in range(self.n):
+            if self.machines[i] is None:
+                self.power_on(i, "same")
+            self.machines[i].slow = False
+        if any(m.refused for m in self.machines) or any(m.a.phase == DONE for m in self.machines):
+            return
+        for _ in range(180):
+            self.step()
+            if self.training() or any(m.refused for m in self.machines):
+                return  # trains, or machines of two runs refused (exit 2, each saying why)
+        raise AssertionError("healed and up, no round trained within 180 s\n" + self.log())
+
+
+AgreementModel.TestCase.settings = settings(
+    max_examples=30,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,  # the same cases on every run: a failure found once is found again
+)
+test_agreement_model = AgreementModel.TestCase
