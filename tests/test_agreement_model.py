@@ -5,14 +5,15 @@ kills, power-offs and returns (same disk, a wiped one, another run's), slow look
 both strategies, in simulated seconds. TensorFlow's part is modelled as docs/faults.md says it
 behaves: a multi_worker_mirrored group trains while every member trains in it and all reach each
 other, and fails after --lost_peer_timeout otherwise; a parameter_server coordinator trains while it
-reaches the ps and a worker of its round, a worker server gives up on a coordinator it has not
-reached for --lost_peer_timeout. After every step the invariants of docs/faults.md ("The
-agreement's invariants") are checked."""
+reaches the ps and any worker server (a server runs the steps of any coordinator, of its round or
+not), and a worker server gives up on a coordinator it has not reached for --lost_peer_timeout.
+After every step the invariants of docs/faults.md ("The agreement's invariants") are checked."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -132,8 +133,12 @@ class AgreementModel(RuleBasedStateMachine):
                 ):
                     out[(g.round, g.members)] = group
             elif g.members[0] == m.name and self.reaches_ps(m.index):
+                # TensorFlow's worker servers run the steps of any coordinator that reaches them,
+                # of their round or not: what makes two coordinators harmful.
                 workers = [
-                    x for x in self.up() if x is not m and x.trains == g and self.reaches(m.index, x.index)
+                    x
+                    for x in self.up()
+                    if x is not m and x.trains is not None and self.reaches(m.index, x.index)
                 ]
                 if workers:
                     out[(g.round, g.members)] = [m, *workers]
@@ -153,7 +158,9 @@ class AgreementModel(RuleBasedStateMachine):
         for m in self.up():
             a = m.a
             if a.phase == TRAINING and m.trains is not None:
-                if a.newcomer():
+                why = a.newcomer()
+                if why:
+                    self.lines.append(f"{self.t:6.0f} {m.name}: {why}")
                     m.trains = None  # saved and stopped, as asked
                     a.regroup()
             elif a.phase != DONE and m.trains is None:
@@ -169,7 +176,10 @@ class AgreementModel(RuleBasedStateMachine):
 
     def train(self):
         rounds = self.training()
+        remembered = max((max([m.a.round] + [h.round for h in m.a.history]) for m in self.up()), default=0)
         for (r, members), group in rounds.items():
+            if r < self.top_round and remembered < self.top_round:
+                self.top_round = 0  # no supervisor up remembers the newer round: they count anew
             assert r >= self.top_round, f"round {r} trains after round {self.top_round}\n" + self.log()
             if r > self.top_round:
                 # A round starts from the newest checkpoint of its members (the coordinator holds it
@@ -272,7 +282,7 @@ class AgreementModel(RuleBasedStateMachine):
         if i < self.n and self.machines[i] is not None:
             self.machines[i].slow = slow
 
-    @rule(seconds=st.integers(1, 20))
+    @rule(seconds=st.integers(1, 30))
     def wait(self, seconds):
         for _ in range(seconds):
             self.step()
@@ -293,9 +303,10 @@ class AgreementModel(RuleBasedStateMachine):
         if not hasattr(self, "cluster"):
             return
         for (r, members), group in self.training().items():
+            # Reached by the lead: the coordinator opens the connections to its workers' servers.
             lead = group[0]
             held = [
-                x for x in self.up() if x.name in members and (x is lead or self.reaches(x.index, lead.index))
+                x for x in self.up() if x.name in members and (x is lead or self.reaches(lead.index, x.index))
             ]
             if len(held) >= self.min:
                 self.minority_since.pop(r, None)
@@ -333,3 +344,64 @@ AgreementModel.TestCase.settings = settings(
     derandomize=True,  # the same cases on every run: a failure found once is found again
 )
 test_agreement_model = AgreementModel.TestCase
+
+
+def scenario(strategy: str, n: int = 3) -> AgreementModel:
+    model = AgreementModel()
+    model.start(n=n, strategy=strategy)
+    model.wait(10)
+    assert model.training(), model.log()
+    return model
+
+
+def run_checked(model: AgreementModel, seconds: int) -> None:
+    for _ in range(seconds):
+        model.step()
+        model.one_round_trains()
+        model.a_minority_never_trains()
+
+
+@pytest.mark.parametrize("fault", ["cut_off", "block_inbound"])
+def test_parameter_server_a_master_cut_off_for_60_s_then_healed_one_coordinator_at_any_time(fault):
+    """The master (coordinating round 1) cut off for 60 s, both ways (a cable, a switch's reboot) or
+    inbound only (a Windows network profile flipped to Public): the workers form round 2 without it,
+    the master's lease has stopped it first; healed, it sees the newer round and joins it. Before the
+    lease and the newer-round rule, rounds 1 and 2 both trained after the heal."""
+    model = scenario(spec.PARAMETER_SERVER)
+    getattr(model, fault)(0)
+    run_checked(model, 60)
+    ((r, members),) = model.training()
+    assert r == 2 and members[0] != "master:0", model.log()
+    assert any(
+        "master:0: " in line and "stops before the others form without it" in line for line in model.lines
+    ) or (fault == "block_inbound"), model.log()
+    model.heal()
+    run_checked(model, 60)
+    ((r, members),) = model.training()
+    assert r >= 3 and set(members) == {"master:0", "worker:0", "worker:1"}, model.log()
+
+
+def test_parameter_server_a_machine_back_is_taken_in_by_a_planned_stop_that_loses_no_step():
+    """A worker's machine powered off, a round forms without it; back on its old disk: only the
+    coordinator stops for it (saving through the worker servers, which serve on until it left the
+    round), and the next round starts from the coordinator's newest step. Before, every member
+    stopped its worker servers at once and the coordinator could not save."""
+    model = scenario(spec.PARAMETER_SERVER)
+    model.power_off(2)
+    model.kill_trainers(0)  # a round without worker:1 follows (a worker lost alone would rejoin its round)
+    run_checked(model, 30)
+    ((r, members),) = model.training()
+    assert "worker:1" not in members, model.log()
+    step = model.machines[0].disk.step
+    model.power_on(2, "same")
+    stops = []
+    for _ in range(40):
+        model.step()
+        model.one_round_trains()
+        stops += [line for line in model.lines if "left round" in line and line not in stops]
+        if model.training() and list(model.training())[0][0] > r:
+            break
+    ((r2, members),) = model.training()
+    assert r2 > r and set(members) == {"master:0", "worker:0", "worker:1"}, model.log()
+    assert model.machines[0].disk.step >= step, model.log()
+    assert any("worker:0: master:0 left round" in line for line in stops), model.log()

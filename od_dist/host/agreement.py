@@ -127,22 +127,21 @@ class Agreement:
         self._settled: tuple[frozenset, float] = (frozenset(), now)
         self._proposed_at = now
         self._said = ""
-        self._step_seen = 0  # the newest step at the last state(), and the round it came in
+        self._step_seen = 0  # the newest step at the last look, and the round it came in
         self._step_round = 0
+        self._trained_round = 0  # the round this machine's trainers last trained in
 
     # ----- what this machine says, what it reads ------------------------------------------------
 
     def state(self) -> dict:
-        step = self.newest_step() or 0
-        if step != self._step_seen:  # a checkpoint saved or fetched in this round
-            self._step_seen, self._step_round = step, (self.round if self.phase == TRAINING else 0)
+        self._note_step()
         return {
             "job": self.job,
             "trainers": list(self.tasks_of[self.mine]),
             "phase": self.phase,
             "round": self.round,
             "members": list(self.members),
-            "step": step,
+            "step": self._step_seen,
             "step_round": self._step_round,
             "run": self.run_of(),
             "model_dir": self.model_dir,
@@ -152,8 +151,17 @@ class Agreement:
             "history": [[r.round, list(r.members), r.step] for r in self.history],
         }
 
+    def _note_step(self) -> None:
+        """The round of this machine's newest checkpoint: the round its trainers last trained in
+        when the step changed (saved, a stop's save, a copy fetched); 0 for what a new process of
+        od-dist finds on the disk, which a round of the live machines then beats."""
+        step = self.newest_step() or 0
+        if step != self._step_seen:
+            self._step_seen, self._step_round = step, (self._trained_round if step else 0)
+
     def seen(self, states: dict[str, dict], at: float) -> None:
         """A look, started at `at`: the other machines that answered, with their states."""
+        self._note_step()
         self._alive = {m: s for m, s in states.items() if s.get("job") == self.job}
         self._looked_at = at
         if self.phase == TRAINING and self._quorum(self._alive):
@@ -242,6 +250,8 @@ class Agreement:
             self.history = history_of(rejoin)
             self.phase, self.round, self.members = TRAINING, rejoin["round"], tuple(rejoin["members"])
             self.training_since = self._quorum_at = now
+            self._note_step()
+            self._trained_round = self.round
             self.say(
                 f"rejoining round {self.round} ({', '.join(self.members)}), which {self.members[0]} "
                 "coordinates: TensorFlow's coordinator takes a worker back on its address"
@@ -353,7 +363,8 @@ class Agreement:
         among equals), so it resumes from it without a fetch: a master back on an old disk joins as a
         worker."""
         keys = {m: (self._key(alive[m]) if m in alive else (0, 0)) for m in self._machines_of(members)}
-        keys[self.mine] = self._key(self.state())
+        self._note_step()
+        keys[self.mine] = (self._step_round, self._step_seen)
         newest = max(keys.values())
         holder = next(m for m in self._machines_of(members) if keys[m] == newest)
         lead = next(n for n in members if n in self.tasks_of[holder])
@@ -384,6 +395,8 @@ class Agreement:
             self.history.append(Round(self.round, self.members, step))
             self.phase = TRAINING
             self.training_since = self._quorum_at = now
+            self._note_step()  # what it holds now is of the rounds before
+            self._trained_round = self.round
             self.say(self.round_line())
             return Group(self.round, self.members)
         if newer:
