@@ -90,7 +90,7 @@ class Feed:
         self._from: dict[str, set] = {}  # fetcher -> the addresses its claims are believed from
         for name, at in fetchers:
             self._from.setdefault(name, set()).update(_addresses(at))
-        self._sent: dict[tuple[str, int], set[str]] = {}  # (fetcher, step) -> the files it took
+        self._sent: dict[str, tuple[int, set[str]]] = {}  # fetcher -> (step, the files of it taken)
         self._have: dict[str, int] = {}  # fetcher -> the newest step of this run it said it holds
         self._server = serving.Server(host, port, self._answer, "checkpoint-feed", limits)
         self.everywhere = self._server.everywhere
@@ -143,16 +143,18 @@ class Feed:
         with open(path, "rb") as f:
             serving.send_file(request, f, _CHUNK)
         if believed:
-            with self._lock:
-                self._sent.setdefault((by, int(m.group(1))), set()).add(name)
+            step = int(m.group(1))
+            with self._lock:  # a fetcher takes the newest checkpoint's files: a newer starts anew
+                if self._sent.get(by, (None,))[0] != step:
+                    self._sent[by] = (step, set())
+                self._sent[by][1].add(name)
 
     def fetched(self, step: int, by: str = EVALUATOR) -> bool:
         """Whether the fetcher `by` holds checkpoint `step`: it said so, or took its every file."""
         listed = {f["name"] for f in self.listing()["files"]}
         with self._lock:
-            return self._have.get(by, 0) >= step or (
-                bool(listed) and listed <= self._sent.get((by, step), set())
-            )
+            taken, names = self._sent.get(by, (None, set()))
+            return self._have.get(by, 0) >= step or (bool(listed) and taken == step and listed <= names)
 
     def wait_fetched(self, step: int, timeout_s: float, by: str = EVALUATOR) -> bool:
         """Waits up to `timeout_s` for the fetcher `by` to hold checkpoint `step`."""
@@ -225,8 +227,9 @@ def fetch(
             "give every machine the same cluster file"
         )
     run = listing.get("run")
-    if run is not None and run != mine and lineage.holds_checkpoints(model_dir):
-        _set_aside(model_dir, mine, run, say)
+    # Read again: a folder shared with the lead names its new run by now.
+    if run is not None and run != lineage.run_of(model_dir) and lineage.holds_checkpoints(model_dir):
+        _set_aside(model_dir, lineage.run_of(model_dir), run, say)
     step = int(listing.get("step") or 0)
     if not step or step <= (newest(model_dir) or (0,))[0]:
         return None

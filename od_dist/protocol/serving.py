@@ -32,7 +32,7 @@ def url(host: str, port: int, path: str) -> str:
 class Limits:
     request_s: float = 5.0  # the request line and headers, whole (a peer sends them in one packet)
     idle_s: float = 15.0  # no byte moves on a connection for this long: the peer is gone
-    connections: int = 32  # open at once (a thread each): a feed's fetchers, a job's machines
+    connections: int = 64  # open at once (a thread each): a feed's fetchers, every machine's look
     # A file's transfer ends by file_s + size / floor_bps: 1 MB/s is 8 Mbit/s, a 100 Mbit/s link
     # shared by a dozen fetchers (a 2 GB shard: 35 min), so only a stalled or trickling client
     # is cut, and the file is not held open longer (on Windows an open file cannot be deleted,
