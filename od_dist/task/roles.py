@@ -436,7 +436,7 @@ def _own_run_only(follower, model_dir: str, keep_waiting) -> bool:
     """Whether the checkpoints in `model_dir` are this run's, to evaluate: it holds none, or the
     lead's feed answered once (its run is the folder's then: the follower's first fetch set
     another's aside). Waits for that while `keep_waiting()`."""
-    while lineage.holds_checkpoints(model_dir) and not follower.answered.wait(2.0):
+    while lineage.holds_checkpoints(model_dir) and not follower.answered.wait(follower.every_s):
         if not keep_waiting():
             return False
     return True
