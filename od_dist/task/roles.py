@@ -507,7 +507,7 @@ def run_evaluator(config: TrainConfig) -> int:
         )
         notes.leave_for_supervisor(notes.WAITED_OUT)
         return exit_codes.LOST_PEER
-    final = params.trainer.train_steps
+    final = int(params.trainer.train_steps)
     if metrics is None:
         feed = config.selected.cluster.checkpoint_feed() if config.selected.cluster else None
         missed = (
