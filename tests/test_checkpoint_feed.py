@@ -1,8 +1,14 @@
 """The lead's checkpoint feed (protocol/checkpoint_feed.py) on loopback, without TensorFlow: a
 checkpoint fetched whole into another folder and named there, nothing else served, nothing
-accepted, a file damaged on the way or another job's feed refused with nothing named."""
+accepted, a file damaged on the way or another job's feed refused with nothing named; a follower
+that outlives any error of one poll; pruning of what a fetcher brought only; another run's
+checkpoints set aside before this run's are fetched. (tests/test_feed_on_a_lan.py: its limits.)"""
 
+import json
 import os
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -33,7 +39,8 @@ def _save(folder, step, data=b"weights"):
 @pytest.fixture
 def feed(tmp_path):
     port = _free_port()
-    with checkpoint_feed.Feed(str(tmp_path / "lead"), "127.0.0.1", port, "job1") as served:
+    fetchers = [("evaluator", "127.0.0.1"), ("worker:0", "127.0.0.1")]
+    with checkpoint_feed.Feed(str(tmp_path / "lead"), "127.0.0.1", port, "job1", fetchers) as served:
         served.port = port
         yield served
 
@@ -145,3 +152,148 @@ def test_a_name_of_no_address_here_listens_everywhere(tmp_path):
         assert checkpoint_feed.fetch("127.0.0.1", port, "job1", str(tmp_path / "e")) == 2
     with checkpoint_feed.Feed(str(tmp_path / "lead"), "127.0.0.1", port, "job1") as feed:
         assert not feed.everywhere
+
+
+@pytest.fixture
+def not_http():
+    """A port where something else listens: it answers every connection with a line of no HTTP."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer():
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:  # closed: the test is over
+                return
+            with client:
+                client.recv(1024)
+                client.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    with server:
+        yield server.getsockname()[1]
+
+
+def test_follower_outlives_any_error_of_one_poll(feed, not_http, tmp_path):
+    """No HTTP on the port (BadStatusLine), then a rename that fails (a file held by another
+    program on Windows; here a folder in the way): each is one line and a poll not reachable, the
+    thread goes on, and the next poll that can fetch does."""
+    lines, here = [], str(tmp_path / "e")
+    follower = checkpoint_feed.Follower([("127.0.0.1", not_http)], "job1", here, lines.append, every_s=0.05)
+    with follower:
+        deadline = time.monotonic() + 10
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # several polls more
+        assert follower._thread.is_alive() and follower.reachable is False
+    assert lines == [
+        f"waiting for the checkpoint feed at 127.0.0.1:{not_http} (not an od-dist checkpoint feed "
+        "(BadStatusLine 'SSH-2.0-OpenSSH_9.6'))"
+    ]
+    lines.clear()
+    _save(feed.model_dir, 2)
+    os.makedirs(os.path.join(here, "ckpt-2.index", "in-the-way"))
+    follower = checkpoint_feed.Follower([("127.0.0.1", feed.port)], "job1", here, lines.append)
+    assert follower.poll() is None and follower.reachable is False
+    assert len(lines) == 1 and lines[0].startswith(
+        f"waiting for the checkpoint feed at 127.0.0.1:{feed.port} (IsADirectoryError: "
+    ), lines
+    assert not [n for n in os.listdir(here) if checkpoint_feed.FETCH_PART in n]
+    os.rmdir(os.path.join(here, "ckpt-2.index", "in-the-way"))
+    os.rmdir(os.path.join(here, "ckpt-2.index"))
+    assert follower.poll() == 2 and follower.reachable
+
+
+def test_reachable_goes_stale_without_a_poll_that_succeeds(feed, tmp_path):
+    now = [100.0]
+    follower = checkpoint_feed.Follower(
+        [("127.0.0.1", feed.port)], "job1", str(tmp_path / "e"), lambda line: None, clock=lambda: now[0]
+    )
+    assert follower.reachable is None
+    assert follower.poll() is None and follower.reachable
+    now[0] += checkpoint_feed.STALE_POLLS * follower.every_s  # a few periods: still fresh
+    assert follower.reachable
+    now[0] += 0.1  # no poll came back since (a read stuck, a thread gone): not reachable
+    assert follower.reachable is False
+    assert follower.poll() is None and follower.reachable
+
+
+def _steps(folder):
+    return sorted({int(m.group(1)) for m in map(lineage.CHECKPOINT_FILE.match, os.listdir(folder)) if m})
+
+
+def test_pruning_removes_only_what_the_fetcher_brought(feed, tmp_path):
+    """A folder holding checkpoints of higher steps that no state file names (a trainer's, left
+    there): the fetched one is kept and named, theirs stay, and of the fetched only the newest
+    three are kept."""
+    here = str(tmp_path / "e")
+    for step in (100, 200, 300):
+        _save(here, step)
+    os.remove(os.path.join(here, "checkpoint"))
+    for step in (6, 8, 10, 12):
+        _save(feed.model_dir, step)
+        assert checkpoint_feed.fetch("127.0.0.1", feed.port, "job1", here) == step
+        assert checkpoint_feed.newest(here) == (step, f"ckpt-{step}")
+    assert _steps(here) == [8, 10, 12, 100, 200, 300]
+    with open(os.path.join(here, checkpoint_feed.FETCHED_FILE)) as f:
+        assert sorted(json.load(f)) == ["10", "12", "8"]
+
+
+def _run_folder(folder, run, step):
+    _save(folder, step)
+    if run:
+        lineage.write_run(folder, run)
+
+
+@pytest.mark.parametrize("old_run", ["abc123", None])
+def test_another_runs_checkpoints_are_set_aside_then_this_runs_fetched(feed, tmp_path, old_run):
+    """The evaluator's folder holds ckpt-5000 of an earlier run (or of no named run); the lead's
+    feed serves ckpt-100 of run def456. The evaluator's report of ckpt-5000 is not taken for this
+    run's; its fetch moves the old checkpoints aside (nothing deleted), says so, fetches ckpt-100
+    and names the run."""
+    here = str(tmp_path / "e")
+    _run_folder(here, old_run, 5000)
+    _run_folder(feed.model_dir, "def456", 100)
+    # What the fetch's listing request says first: it holds 5000, of its own run.
+    checkpoint_feed.read_listing("127.0.0.1", feed.port, have=5000, run=old_run)
+    assert not feed.fetched(100)
+    lines = []
+    follower = checkpoint_feed.Follower([("127.0.0.1", feed.port)], "job1", here, lines.append)
+    assert follower.poll() == 100
+    (aside,) = [n for n in os.listdir(here) if n.startswith(lineage.SET_ASIDE)]
+    aside = os.path.join(here, aside)
+    assert lines == [
+        f"{here} held ckpt-5000 of {'run ' + old_run if old_run else 'no named run'}, not this run's "
+        f"(def456): moved it to {aside}; fetching this run's checkpoints",
+        f"the checkpoint feed at 127.0.0.1:{feed.port} is up",
+        f"fetched ckpt-100 from the checkpoint feed at 127.0.0.1:{feed.port} into {here}, checked whole",
+    ]
+    assert _steps(aside) == [5000] and lineage.run_of(aside) == old_run
+    assert _steps(here) == [100] and lineage.run_of(here) == "def456"
+    assert checkpoint_feed.newest(here) == (100, "ckpt-100")
+    assert feed.wait_fetched(100, 10)
+    _save(feed.model_dir, 200)
+    assert follower.poll() == 200 and len(lines) == 4  # its own run's now: nothing more set aside
+
+
+def test_the_evaluator_evaluates_its_folder_only_once_the_feed_said_the_run(feed, tmp_path):
+    """roles._own_run_only, before continuous evaluation: a folder holding checkpoints (maybe an
+    earlier run's) waits for the lead's feed to answer once, while the job is alive; an empty
+    folder waits for nothing."""
+    from od_dist.task import roles
+
+    here = str(tmp_path / "e")
+    _run_folder(here, "abc123", 5000)
+    _run_folder(feed.model_dir, "def456", 100)
+    gone = _free_port()
+    asked = []
+    never = checkpoint_feed.Follower([("127.0.0.1", gone)], "job1", here, lambda line: None, every_s=0.05)
+    with never:  # no feed answers: nothing is evaluated once the job is given up
+        assert not roles._own_run_only(never, here, lambda: asked.append(1) or len(asked) < 2)
+    assert _steps(here) == [5000] and len(asked) == 2
+    follower = checkpoint_feed.Follower([("127.0.0.1", feed.port)], "job1", here, lambda line: None)
+    with follower:
+        assert roles._own_run_only(follower, here, lambda: True)
+    assert _steps(here) == [100] and lineage.run_of(here) == "def456"  # ckpt-5000 set aside first
+    empty = str(tmp_path / "empty")
+    assert roles._own_run_only(never, empty, lambda: False)

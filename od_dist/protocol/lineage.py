@@ -43,7 +43,12 @@ def run_of(model_dir: str) -> str | None:
             run = json.load(f).get("run")
     except (OSError, ValueError, AttributeError):
         return None
-    return run if isinstance(run, str) and re.fullmatch(r"[0-9a-f]{1,32}", run) else None
+    return run if is_run(run) else None
+
+
+def is_run(value) -> bool:
+    """Whether `value` is a run's id as new_run() makes them (a peer's word is checked with it)."""
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{1,32}", value) is not None
 
 
 def write_run(model_dir: str, run: str) -> None:

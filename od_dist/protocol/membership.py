@@ -68,11 +68,12 @@ class StateServer:
 
 
 def read(host: str, port: int, timeout: float = TIMEOUT_S) -> dict | None:
-    """A machine's state, None when it does not answer (or answers with no state)."""
+    """A machine's state, None when it does not answer (or answers with no state, or no HTTP: any
+    error of one read is that machine not up for this look, never the end of the looker's thread)."""
     try:
         with urllib.request.urlopen(serving.url(host, port, ""), timeout=timeout) as answer:
             state = json.loads(answer.read(1 << 20))
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001 - OSError, ValueError, http.client.HTTPException (BadStatusLine), ...
         return None
     return state if isinstance(state, dict) else None
 

@@ -16,9 +16,10 @@ import sys
 import time
 from typing import NoReturn
 
+from od_dist.cluster import topology
 from od_dist.cluster.spec import PARAMETER_SERVER
 from od_dist.host.config import TrainConfig
-from od_dist.protocol import checkpoint_feed, exit_codes, membership, notes, peers
+from od_dist.protocol import checkpoint_feed, exit_codes, lineage, membership, notes, peers
 
 EVAL_POLL_S = 30
 
@@ -431,11 +432,22 @@ def _following(config: TrainConfig, feeds, who: str):
         yield follower
 
 
+def _own_run_only(follower, model_dir: str, keep_waiting) -> bool:
+    """Whether the checkpoints in `model_dir` are this run's, to evaluate: it holds none, or the
+    lead's feed answered once (its run is the folder's then: the follower's first fetch set
+    another's aside). Waits for that while `keep_waiting()`."""
+    while lineage.holds_checkpoints(model_dir) and not follower.answered.wait(follower.every_s):
+        if not keep_waiting():
+            return False
+    return True
+
+
 def run_evaluator(config: TrainConfig) -> int:
     """Evaluates each new checkpoint until the final one. Checkpoints may be far apart, so it
     waits as long as the master is alive (its port open within --wait_timeout), not a fixed time.
     Its exit says what happened to the job: 0 it finished (the final checkpoint evaluated), 130 a
-    person stopped it (the lead's STOPPED_NOTE), 138 it never started (no master ever came)."""
+    person stopped it (the lead's STOPPED_NOTE), 138 it never started (no master ever came) or
+    the evaluator gave up before the final checkpoint (its line says which it evaluated last)."""
     from od_dist.model import pipeline
     from od_dist.task import devices, trainer
     from od_dist.task.server import is_listening
@@ -471,13 +483,15 @@ def run_evaluator(config: TrainConfig) -> int:
     feeds = cluster.checkpoint_feeds() if cluster else ()
     with _following(config, feeds, checkpoint_feed.EVALUATOR) as follower:
         following.extend([follower] if follower else [])
-        metrics = trainer.continuous_eval(
-            params,
-            config.model_dir,
-            timeout_s=min(EVAL_POLL_S, config.wait_timeout),
-            keep_waiting=keep_waiting,
-            pipeline_path=config.pipeline,
-        )
+        metrics = None
+        if follower is None or _own_run_only(follower, config.model_dir, keep_waiting):
+            metrics = trainer.continuous_eval(
+                params,
+                config.model_dir,
+                timeout_s=min(EVAL_POLL_S, config.wait_timeout),
+                keep_waiting=keep_waiting,
+                pipeline_path=config.pipeline,
+            )
     if stopped:
         print(f"evaluator: {stopped[0]}; exit {exit_codes.INTERRUPTED}", flush=True)
         return exit_codes.INTERRUPTED
@@ -493,11 +507,12 @@ def run_evaluator(config: TrainConfig) -> int:
         )
         notes.leave_for_supervisor(notes.WAITED_OUT)
         return exit_codes.LOST_PEER
+    final = int(params.trainer.train_steps)
     if metrics is None:
         feed = config.selected.cluster.checkpoint_feed() if config.selected.cluster else None
-        raise RoleError(
-            f"evaluator: no checkpoint appeared in {config.model_dir} while the master was reachable "
-            f"(or within {config.wait_timeout} s); "
+        missed = (
+            f"no checkpoint appeared in {config.model_dir} while the master was reachable "
+            f"(or within {config.wait_timeout} s), so none was evaluated, not the final ckpt-{final}; "
             + (
                 f"none came from the master's checkpoint feed at {feed} either"
                 if feed
@@ -505,7 +520,16 @@ def run_evaluator(config: TrainConfig) -> int:
                 "(the master then serves them to the evaluator), or give both the same shared folder"
             )
         )
-    return 0
+    elif metrics.get("step", 0) < final:
+        missed = (
+            f"the master was unreachable for --wait_timeout ({config.wait_timeout:.0f} s) after "
+            f"ckpt-{metrics.get('step', 0)}, the last evaluated: the final ckpt-{final} was not"
+        )
+    else:
+        return 0
+    # Retryable: a restart, once the job trains again, evaluates what this one missed.
+    print(f"od-dist: evaluator: {missed}; exit {exit_codes.LOST_PEER}", file=sys.stderr, flush=True)
+    return exit_codes.LOST_PEER
 
 
 @contextlib.contextmanager
@@ -516,8 +540,13 @@ def _checkpoint_feed(config: TrainConfig):
     if at is None:
         yield None
         return
+    # What a fetcher says it holds is believed from its own machine's address only.
+    fetchers = [
+        (checkpoint_feed.EVALUATOR if t.role == "evaluator" else t.name, t.address.host)
+        for t in topology.feed_readers(cluster)
+    ]
     try:
-        feed = checkpoint_feed.Feed(config.model_dir, at.host, at.port, cluster.job_id())
+        feed = checkpoint_feed.Feed(config.model_dir, at.host, at.port, cluster.job_id(), fetchers)
     except OSError as e:
         raise RoleError(
             f"checkpoint_port: {at.port}: cannot serve the checkpoints on {at} ({e.strerror or e}); "
