@@ -527,7 +527,8 @@ def test_multi_worker_mirrored_on_separate_disks_a_machine_lost_and_its_disk_rep
     out = job.all_output()
     assert codes == {"master:0": 0, "worker:0": 0, "worker:1 again": 0, "evaluator:0": 0}, out
     resumed = re.search(
-        r"od-dist train \| resuming at step (\d+) from (master|worker):0's checkpoint, its variables sent over "
+        r"od-dist train \| resuming run [0-9a-f]{12} at step (\d+) from (master|worker):0's checkpoint, its variables "
+        r"sent over "
         r"the all-reduce to the trainers whose --model_dir is behind \(worker:1's at step 0; 0: no checkpoint\)",
         job.output("worker:1 again"),
     )
