@@ -66,6 +66,7 @@ class Machine:
             batch_problem=lambda members: None,
             clock=lambda: model.t,
             run_of=lambda: self.disk.run,
+            set_aside=self.set_aside,
             model_dir=f"/disk{index}",
             lease_s=agreement.LEASE_S,
         )
@@ -73,6 +74,10 @@ class Machine:
     @property
     def name(self) -> str:
         return self.task.name
+
+    def set_aside(self) -> str:
+        self.disk = self.model.disks[self.index] = Disk()
+        return f"/disk{self.index}/set-aside"
 
 
 class AgreementModel(RuleBasedStateMachine):
@@ -405,3 +410,27 @@ def test_parameter_server_a_machine_back_is_taken_in_by_a_planned_stop_that_lose
     assert r2 > r and set(members) == {"master:0", "worker:0", "worker:1"}, model.log()
     assert model.machines[0].disk.step >= step, model.log()
     assert any("worker:0: master:0 left round" in line for line in stops), model.log()
+
+
+@pytest.mark.parametrize("strategy", [spec.PARAMETER_SERVER, spec.MULTI_WORKER_MIRRORED])
+def test_a_machine_back_with_an_earlier_runs_folder_never_takes_the_job_over(strategy):
+    """Worker 1's machine back with a folder of an earlier run, at a higher step, while the others
+    train this run: under parameter_server its folder holds a worker's copies, set aside (moved) with
+    a line, and it joins this run; under multi_worker_mirrored its own checkpoints, so it refuses
+    (exit 2, naming both runs) and the others train on. Before, the higher step won: a
+    parameter_server round was coordinated from it, a multi_worker_mirrored one broadcast it."""
+    model = scenario(strategy)
+    model.power_off(2)
+    run_checked(model, 30)
+    run = model.machines[0].disk.run
+    model.power_on(2, "another run")
+    run_checked(model, 60)
+    ((_, members),) = model.training()
+    assert all(m.disk.run == run for m in model.machines if m.name in members), model.log()
+    if strategy == spec.PARAMETER_SERVER:
+        assert set(members) == {"master:0", "worker:0", "worker:1"}, model.log()
+        assert any("held copies of run earlier (to step 5,000)" in line for line in model.lines), model.log()
+    else:
+        assert "worker:1" not in members and "checkpoints of two runs" in model.machines[2].refused, (
+            model.log()
+        )

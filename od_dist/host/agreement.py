@@ -99,6 +99,7 @@ class Agreement:
     batch_problem: Callable[[tuple[str, ...]], str | None]
     clock: Callable[[], float] = time.monotonic
     run_of: Callable[[], str | None] = lambda: None
+    set_aside: Callable[[], str | None] = lambda: None  # moves the folder's checkpoints aside
     model_dir: str | None = None
     settle_s: float = SETTLE_S
     confirm_s: float = CONFIRM_S
@@ -223,26 +224,46 @@ class Agreement:
             None,
         )
 
+    def _of_another_run(self, state: dict) -> bool:
+        """The machine of `state` holds checkpoints of a run other than this machine's."""
+        mine = self.run_of() if self.newest_step() else None
+        return bool(mine and state.get("run") and state.get("step") and state["run"] != mine)
+
     def _check_runs(self, alive: dict[str, dict]) -> None:
-        """Raises RunConflict when a machine up holds checkpoints of a run other than this one's."""
-        mine, step = self.run_of(), self.newest_step() or 0
-        if not (mine and step):
+        """Machines up that hold checkpoints of another run. While a round of theirs trains, this
+        machine is the one behind: under parameter_server its folder holds a worker's copies, set
+        aside (moved) so that it joins their run; under multi_worker_mirrored its own checkpoints,
+        which it never gives up on its own: RunConflict. With no round training, RunConflict too:
+        which run goes on is the user's to say."""
+        others = {m: s for m, s in alive.items() if self._of_another_run(s) and s["phase"] != DONE}
+        if not others:
             return
-        for m, s in alive.items():
-            if s.get("run") and s.get("step") and s["run"] != mine and s["phase"] != DONE:
-                raise RunConflict(
-                    f"checkpoints of two runs: {', '.join(self.tasks_of[self.mine])} holds run {mine} at "
-                    f"step {step:,} in {self.model_dir}, {', '.join(s['trainers'])} holds run {s['run']} at "
-                    f"step {s['step']:,} in {s.get('model_dir')} (on {m}); no machine takes over another "
-                    f"run's: go on with one run by moving the other's checkpoints out of its --model_dir, "
-                    f"or {lineage.FRESH_HINT}"
-                )
+        mine, step = self.run_of(), self.newest_step() or 0
+        live = [s for s in others.values() if s["phase"] == TRAINING]
+        if live and self.cluster.strategy == PARAMETER_SERVER:
+            aside = self.set_aside()
+            self.say(
+                f"{self.model_dir} held copies of run {mine} (to step {step:,}), not of run {live[0]['run']}, "
+                f"which round {live[0]['round']} trains: moved them to {aside}; joining run {live[0]['run']}"
+            )
+            return
+        held = ", ".join(
+            f"{', '.join(s['trainers'])} holds run {s['run']} at step {s['step']:,} in {s.get('model_dir')} (on {m})"
+            for m, s in others.items()
+        )
+        raise RunConflict(
+            f"checkpoints of two runs: {', '.join(self.tasks_of[self.mine])} holds run {mine} at step {step:,} "
+            f"in {self.model_dir}, {held}; no machine takes over another run's: go on with one run by moving "
+            f"the other's checkpoints out of its --model_dir, or {lineage.FRESH_HINT}"
+        )
 
     def form(self, now: float | None = None) -> Group | None:
         """One step of forming: the group to start this machine's trainers in, once agreed."""
         now = self.clock() if now is None else now
-        alive = self._alive
-        self._check_runs(alive)
+        self._check_runs(self._alive)
+        # A machine of another run is none of this machine's to form with (it refuses, or sets
+        # its copies aside and comes back of this run).
+        alive = {m: s for m, s in self._alive.items() if not self._of_another_run(s)}
         if self.phase == READY:
             return self._confirm(now, alive)
         rejoin = self._round_to_rejoin(alive)
@@ -454,8 +475,8 @@ class Agreement:
             return None
         for s in alive.values():
             same = (s["round"], s["members"]) == (self.round, list(self.members))
-            if s.get("cooling"):
-                continue  # left out of proposals: no reason to stop for it
+            if s.get("cooling") or self._of_another_run(s):
+                continue  # left out of proposals, or of another run: no reason to stop for it
             if s["phase"] == FORMING or (s["phase"] == READY and not same):
                 names = ", ".join(s["trainers"])
                 if set(s["trainers"]) & set(self.members):
