@@ -13,7 +13,7 @@ import pytest
 from loopback import checkpoint_code, write_checkpoint
 
 from od_dist.cluster.spec import Address, Task
-from od_dist.host import policy, supervisor
+from od_dist.host import policy, processes, supervisor
 from od_dist.host.policy import DONE, PERMANENT, RESTART_ALL, RESTART_TASK, decide, plan
 
 PS, MWMS = "parameter_server", "multi_worker_mirrored"
@@ -797,8 +797,8 @@ def windows(monkeypatch):
     """The supervisor's Windows branch: every stop it sends goes as CTRL_BREAK. Linux has no
     CTRL_BREAK: SIGINT stands in for it, which the task handles alike (task/stop.py: a person's
     Ctrl+C or Ctrl+Break, 130, unless its supervisor left word that the stop is its own)."""
-    monkeypatch.setattr(supervisor, "WINDOWS", True)
-    monkeypatch.setattr(supervisor, "CTRL_BREAK", signal.SIGINT)
+    monkeypatch.setattr(processes, "WINDOWS", True)
+    monkeypatch.setattr(processes, "CTRL_BREAK", signal.SIGINT)
 
 
 def stoppable(tmp_path, name):

@@ -36,138 +36,29 @@ from od_dist.host.policy import (
     is_trainer,
     plan,
 )
+from od_dist.host.processes import (
+    POLL_S,
+    RESTART_STOP_GRACE_S,
+    Progress,
+    Running,
+    kill_all,
+    send,
+    stop,
+    wait_all,
+)
+from od_dist.host.rounds import Rounds
 from od_dist.protocol import checkpoint_feed, exit_codes, membership, notes
 
-# Stopping every task for a restart: the lost task held the variables (ps), was the one that saves
-# (master) or blocks every all-reduce, so the survivors have nothing consistent to save; they get
-# this long to exit on SIGTERM before SIGKILL.
-RESTART_STOP_GRACE_S = 10.0
 SERVER_STOP_GRACE_S = 10.0  # servers and the evaluator hold no training state
 SERVER_GRACE_S = 60.0  # servers stop by themselves within this after the master is done
 PROGRESS_EVERY_S = 60.0  # a lead still finishing after the others: a line this often
 # ...and stopped after this long without progress: long enough for TensorFlow's shutdown, which
 # may wait about a minute for the heartbeats of a peer that is gone.
 STALLED_S = 180.0
-MIN_CPU_SHARE = 0.02  # less CPU than this (and no byte written) is no progress: an idle process
-POLL_S = 0.2
-
-# ----- processes --------------------------------------------------------------------------------
-
-
-# Windows can send a process group no signal but CTRL_BREAK (and CTRL_C only to a whole console).
-# Switches, so that tests on Linux run the Windows branch.
-WINDOWS = os.name == "nt"
-CTRL_BREAK = getattr(signal, "CTRL_BREAK_EVENT", None)
-
-
-def send(r: Running, signum: int) -> None:
-    """SIGINT (a person's stop, passed on) or SIGTERM (the system's: a restart, the end of
-    `launch`, a SIGTERM to the supervisor) to a child in its own process group. On Windows both
-    go as CTRL_BREAK, a person's Ctrl+Break to the task (130, passed on to the whole job), so the
-    system's stop leaves a note first: the task reads it when the signal arrives and takes the stop
-    for a SIGTERM (task/stop.py meant): 143, and restarted as a lost peer where the rules say so."""
-    if r.proc.poll() is not None:
-        return
-    if WINDOWS and exit_codes.for_signal(signum) == exit_codes.TERMINATED and r.notes_dir:
-        notes.leave_for_child(r.notes_dir, r.proc.pid, notes.SYSTEM_STOP)
-    try:
-        r.proc.send_signal(CTRL_BREAK if WINDOWS else signum)
-    except OSError:
-        pass
-
-
-def wait_all(
-    procs: list[subprocess.Popen], timeout_s: float, interrupted: Callable[[], bool] = lambda: False
-) -> bool:
-    """Waits until every process has exited (True), the timeout passes or `interrupted()` (False)."""
-    deadline = time.monotonic() + timeout_s
-    while any(p.poll() is None for p in procs):
-        if time.monotonic() >= deadline or interrupted():
-            return False
-        time.sleep(POLL_S)
-    return True
-
-
-def kill_all(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.kill()
-            except OSError:
-                pass
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def stop(runs: list[Running], grace_s: float, interrupted: Callable[[], bool] = lambda: False) -> None:
-    """SIGTERM, then SIGKILL whatever is left after grace_s (or at once when interrupted() says so)."""
-    for r in runs:
-        send(r, signal.SIGTERM)
-    procs = [r.proc for r in runs]
-    if not wait_all(procs, grace_s, interrupted):
-        kill_all(procs)
-
-
-# ----- the loop ---------------------------------------------------------------------------------
 
 
 @dataclass
-class Running:
-    task: Task
-    proc: subprocess.Popen
-    log_path: str | None = None  # where its output goes, for the messages
-    tmpdir: str | None = None  # its temporary folder (TMPDIR), removed once it has exited
-    notes_dir: str | None = None  # where it leaves notes (notes.leave_for_supervisor), removed likewise
-
-
-def _work_done(proc: subprocess.Popen) -> tuple[float, int]:
-    """(CPU seconds, bytes written) so far by a child and its own children; (0, 0) once gone."""
-    import psutil
-
-    cpu, written = 0.0, 0
-    try:
-        root = psutil.Process(proc.pid)
-        for p in [root, *root.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-                cpu += t.user + t.system
-                io = p.io_counters()
-                written += getattr(io, "write_chars", 0) or io.write_bytes
-            except (psutil.Error, AttributeError, NotImplementedError):
-                pass
-    except psutil.Error:
-        pass
-    return cpu, written
-
-
-@dataclass
-class Progress:
-    """Whether a child still does something: CPU used or bytes written since the last look."""
-
-    proc: subprocess.Popen
-    last: tuple[float, int] = (0.0, 0)
-    last_at: float = 0.0
-    last_progress_at: float = 0.0
-
-    def __post_init__(self):
-        self.last, self.last_at = _work_done(self.proc), time.monotonic()
-        self.last_progress_at = self.last_at
-
-    def look(self) -> tuple[float, int]:
-        """The CPU seconds and bytes written since the last look."""
-        now, work = time.monotonic(), _work_done(self.proc)
-        cpu, written = work[0] - self.last[0], work[1] - self.last[1]
-        if written > 0 or cpu >= MIN_CPU_SHARE * (now - self.last_at):
-            self.last_progress_at = now
-        self.last, self.last_at = work, now
-        return cpu, written
-
-
-@dataclass
-class Supervisor:
+class Supervisor(Rounds):
     """Runs tasks as children, restarting them by the rules above until the job is done.
 
     `start(task)` starts one task and returns its Running; `finish(running)` is called once each
@@ -218,6 +109,7 @@ class Supervisor:
     # (host/elastic.py), and a lost trainer means a new round rather than a restart of the same one.
     elastic: elastic_mod.Elastic | None = None
     regrouping: bool = False  # the trainers here were asked to stop for a new round
+    regroup_asked_at: float = float("inf")  # when
 
     def on_signal(self, signum, _frame=None) -> None:
         self.signals.append(signum)
@@ -722,101 +614,6 @@ class Supervisor:
         )
         # Retryable all the same: an outer restarter (systemd, a loop of the user's) may try again.
         return exit_codes.normalize(code)
-
-    # ----- an elastic job (host/elastic.py) ---------------------------------------------------------
-
-    def _members(self) -> list[Task]:
-        """The members of the rounds here (Cluster.members): its master or workers."""
-        return [t for t in self.tasks if t.role in MEMBER_ROLES]
-
-    def _member_runs(self) -> list[Running]:
-        return [r for r in self.running.values() if r.task.role in MEMBER_ROLES]
-
-    def _elastic_step(self) -> int | None:
-        """Forms the next round when no trainer runs here, or, while they train, stops them for a
-        machine that wants in; returns the job's exit status when this machine is done with it."""
-        e = self.elastic
-        running = [t for t in self._members() if t.name in self.running]
-        if e.phase == elastic_mod.TRAINING:
-            if running and not self.regrouping:
-                why = e.newcomer()
-                if why:
-                    names = ", ".join(t.name for t in running)
-                    self.say(f"{why}: asking {names} to save a checkpoint and stop, to go on in a new round")
-                    self.regrouping = e.stopping = True
-                    for r in self._member_runs():
-                        send(r, signal.SIGTERM)
-            return None
-        if e.phase == elastic_mod.DONE or running:
-            return None
-        try:
-            group = e.form()
-        except elastic_mod.RunConflict as conflict:
-            self.say(f"{conflict}; exit {exit_codes.INVALID}")
-            return exit_codes.INVALID
-        if group is not None:
-            for t in self._members():
-                self.running[t.name] = self._start(t, group)
-            # The budget's clock starts when a round trains, not at the regroup: a slow forming
-            # is no time of the tasks running without a loss.
-            self.budget.started(time.monotonic())
-            return None
-        finished = e.finished_elsewhere()
-        if finished:
-            self.say(
-                f"the trainers of round {finished['round']} ({', '.join(finished['members'])}) finished the "
-                "job without this machine's"
-            )
-            e.done()
-            self.finished.update(t.name for t in self._members())
-            return None
-        # --wait_timeout, and the time a proposal then takes (the first round waits that long for
-        # every trainer before it starts with those up).
-        if time.monotonic() - e.forming_since > e.wait_timeout + e.confirm_s:
-            self.say(
-                f"no group of at least min_trainers ({e.cluster.min_trainers}) formed within "
-                f"--wait_timeout ({e.wait_timeout:.0f} s); exit {exit_codes.LOST_PEER}"
-            )
-            return exit_codes.LOST_PEER
-        return None
-
-    def _regroup(self, cause: str, code: int, exits) -> int | None:
-        """A trainer here stopped, lost a peer or was lost: the trainers here stop, and this machine
-        forms the next round with the trainers up. A stop this supervisor asked for (a machine
-        wants in) is no failure; any other counts against --max_restarts, as a restart does."""
-        # Asked here, or by another member for the same newcomer (its stop reaches every trainer).
-        planned = self.regrouping or self.elastic.newcomer(members=False) is not None
-        self.regrouping = False
-        # A peer lost (138) is another member's failure, charged on its machine, not on this one:
-        # one machine that fails at every start must not use up every healthy machine's budget.
-        others = exit_codes.normalize(code) == exit_codes.LOST_PEER
-        how = "as asked"
-        if planned:
-            cause = f"{', '.join(t.name for t, _ in exits)} saved and stopped ({describe(code)})"
-        elif others:
-            how = "not counted against --max_restarts (another machine's loss)"
-        else:
-            count = self._take_restart(time.monotonic(), cause)
-            if count is None:
-                return self._out_of_restarts(cause, code)
-            how = f"restart {count}"
-        stop(self._member_runs(), RESTART_STOP_GRACE_S, lambda: len(self.signals) > 1)
-        for t in self._members():
-            if t.name in self.running:
-                self._finish(self.running.pop(t.name))
-        # A ps here lost (its variables with it): started again at once; the round's coordinator,
-        # which lost them too, is in the next round.
-        for t, _ in exits:
-            if t.role == "ps" and t.name in self.running:
-                self._finish(self.running.pop(t.name))
-                self.pending[t.name] = time.monotonic()
-        self.say(
-            f"{cause}; {how}: forming the next round with the trainers up (min_trainers "
-            f"{self.elastic.cluster.min_trainers}), from the newest checkpoint any of them holds"
-        )
-        self.elastic.regroup(failed=not planned and not others)
-        evaluators = [t for t, _ in exits if t.role == "evaluator" and t.name in self.running]
-        return self._restart_evaluators(evaluators, exits) if evaluators else None
 
 
 class MembershipPortTaken(Exception):
