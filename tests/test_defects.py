@@ -852,3 +852,29 @@ def test_doctor_checks_the_records_this_machines_tasks_read(data_dir, tmp_path):
     )
     assert "ok    task.validation_data.input_path: data/val.tfrecord: 1 file(s) here" in r.stdout
     assert "FIX   task." not in r.stdout, r.stdout
+
+
+def test_a_named_checkpoint_cut_short_resumes_from_the_newest_whole_one(tmp_path, capsys):
+    """A power loss during a save can leave the checkpoint the state file names without a whole
+    index: the trainer resumes from the newest whole one before it, said in one line, rather than
+    failing its restore for good; with none whole it starts behind (under multi_worker_mirrored the
+    others then send it the variables)."""
+    from loopback import write_checkpoint
+
+    from od_dist.task import controller
+
+    folder = tmp_path / "model"
+    write_checkpoint(folder, 5)
+    write_checkpoint(folder, 10)
+    (folder / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-10"\nall_model_checkpoint_paths: "ckpt-5"\nall_model_checkpoint_paths: "ckpt-10"\n'
+    )
+    (folder / "ckpt-10.index").write_bytes(b"torn")
+    assert controller._whole_latest(str(folder)) == str(folder / "ckpt-5")
+    assert (
+        f"{folder / 'ckpt-10'} is not whole on disk (a save cut short); resuming from {folder / 'ckpt-5'}"
+        in (capsys.readouterr().out)
+    )
+    (folder / "ckpt-5.index").write_bytes(b"torn")
+    assert controller._whole_latest(str(folder)) is None
+    assert "no whole checkpoint here: this trainer starts behind" in capsys.readouterr().out

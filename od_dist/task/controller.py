@@ -138,7 +138,7 @@ def _controller_cls():
         def restore_checkpoint(self, checkpoint_path=None):
             manager = self.checkpoint_manager
             if self.trainer is not None and checkpoint_path is None and manager is not None:
-                return self._od_resume(tf.train.latest_checkpoint(self._od_model_dir))
+                return self._od_resume(_whole_latest(self._od_model_dir))
             if self.trainer is None and manager is not None:
                 # Evaluation only: the optimizer's slots are not needed; say so, rather
                 # than let TensorFlow warn about each unrestored one at exit.
@@ -438,6 +438,23 @@ def _gather(strategy, *values: int) -> dict:
     table[me, : 2 + len(values)] = [1, len(values), *values]
     summed = strategy.experimental_local_results(_GATHERS[id(strategy)](tf.constant(table)))[0].numpy()
     return {i: tuple(int(v) for v in r[2 : 2 + r[1]]) for i, r in enumerate(summed.tolist()) if r[0]}
+
+
+def _whole_latest(model_dir: str) -> str | None:
+    """The newest checkpoint of `model_dir` that is whole on disk: the one the state file names, or,
+    when a power loss cut its save short, the newest whole one before it (None: none; under
+    multi_worker_mirrored this trainer is then behind and gets the variables from another)."""
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(model_dir)
+    if latest is None or "://" in model_dir:  # a remote folder: TensorFlow's word
+        return latest
+    whole = lineage.newest(model_dir)
+    found = os.path.join(model_dir, whole[1]) if whole else None
+    if found != latest:
+        then = f"resuming from {found}" if found else "no whole checkpoint here: this trainer starts behind"
+        print(f"{_PREFIX} train | {latest} is not whole on disk (a save cut short); {then}", flush=True)
+    return found
 
 
 def _runs_held(starts: list) -> set[int]:
