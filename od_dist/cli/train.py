@@ -232,7 +232,7 @@ def elastic_for(fv: flags.FlagValues, cluster, tasks):
         set_aside=lambda: lineage.set_aside(fv.model_dir) if fv.model_dir else None,
         model_dir=fv.model_dir,
         # Shorter than the workers' patience with their coordinator (host/agreement.py's lease).
-        lease_s=min(agreement.LEASE_S, fv.lost_peer_timeout * 0.4),
+        lease_s=min(agreement.LEASE_S, fv.lost_peer_timeout * 0.6),
     )
 
 

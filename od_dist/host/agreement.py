@@ -52,9 +52,12 @@ from od_dist.protocol.membership import DONE, FORMING, READY, TRAINING, Group
 
 SETTLE_S = 3.0  # the machines seen forming unchanged this long: none is still on its way
 CONFIRM_S = 30.0  # a proposal not taken by every member within this is dropped
-# The coordinator's lease (parameter_server): with --lost_peer_timeout at its 10 s, workers that
-# lose it form without it no sooner than 10 s + SETTLE_S after its last look that saw them.
-LEASE_S = 4.0
+# The coordinator's lease (parameter_server): workers that lose it form without it no sooner than
+# --lost_peer_timeout (10 s) + SETTLE_S after its last look that saw them. Longer than the gap
+# between two looks' starts when a machine does not answer (a look every 1 s, each up to
+# membership.TIMEOUT_S, 2 s), plus the look under way: a lease of 4 s ran out between looks
+# under a cut (the multi-machine test), stopping healthy rounds.
+LEASE_S = 6.0
 FAILS_TO_COOL = 2  # failed rounds in a row after which a machine is left out of proposals...
 COOLING_S = 60.0  # ...until it has stayed up this long (twice as long at each further failure)
 STEADY_S = 120.0  # training this long ends a machine's streak of failed rounds
@@ -112,6 +115,7 @@ class Agreement:
     stopping: bool = False  # its trainers were asked to stop: no machine rejoins this round here
     failures: int = 0  # its rounds that failed in a row
     on_change: Callable[[], None] = lambda: None  # its phase changed: the others' answers wanted now
+    lease_lost: bool = False  # newcomer()'s reason is the coordinator's lease: no save, a kill
 
     def __post_init__(self):
         self.names = [t.name for t in self.cluster.members()]
@@ -278,7 +282,14 @@ class Agreement:
                 "coordinates: TensorFlow's coordinator takes a worker back on its address"
             )
             return Group(self.round, self.members)
-        training = [s for s in alive.values() if s["phase"] == TRAINING]
+        # A machine still stopping the trainers of a round older than one seen (stuck in a step
+        # whose peers are cut off, until --grace_period) holds no one back.
+        newest = max([self.round] + [s["round"] for s in alive.values()])
+        training = [
+            s
+            for s in alive.values()
+            if s["phase"] == TRAINING and not (s.get("stopping") and s["round"] < newest)
+        ]
         if training:
             # A round winds down (or trains on): the deadline counts only time without one.
             self.forming_since = now
@@ -460,7 +471,8 @@ class Agreement:
             s = max(newer, key=lambda s: s["round"])
             return f"round {s['round']} ({', '.join(s['members'])}) is newer than round {self.round}, which stops here"
         ps = self.cluster.strategy == PARAMETER_SERVER
-        if ps and self.coordinates() and now - self._quorum_at > self.lease_s:
+        self.lease_lost = ps and self.coordinates() and now - self._quorum_at > self.lease_s
+        if self.lease_lost:
             return (
                 f"the coordinator of round {self.round} has not reached min_trainers "
                 f"({self.cluster.min_trainers}) of its round for {now - self._quorum_at:.0f} s: it stops before "

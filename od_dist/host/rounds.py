@@ -33,7 +33,15 @@ class Rounds:
         if e.phase == elastic_mod.TRAINING:
             if running and not self.regrouping:
                 why = e.newcomer()
-                if why:
+                if why and e.lease_lost:
+                    # Cut off, its save cannot reach the ps; healed, its steps and its save would race
+                    # the round the others form meanwhile, whose newer checkpoint wins anyway.
+                    names = ", ".join(t.name for t in running)
+                    self.say(f"{why}: killing {names} (a save now would race the round the others form)")
+                    self.regrouping = e.stopping = True
+                    self.regroup_asked_at = time.monotonic()
+                    kill_all([r.proc for r in self._member_runs()])
+                elif why:
                     names = ", ".join(t.name for t in running)
                     self.say(f"{why}: asking {names} to save a checkpoint and stop, to go on in a new round")
                     self.regrouping = e.stopping = True
@@ -94,7 +102,8 @@ class Rounds:
         others = exit_codes.normalize(code) == exit_codes.LOST_PEER
         how = "as asked"
         if planned:
-            cause = f"{', '.join(t.name for t, _ in exits)} saved and stopped ({describe(code)})"
+            killed = exit_codes.normalize(code) == exit_codes.KILLED  # a lease lost, or --grace_period
+            cause = f"{', '.join(t.name for t, _ in exits)} {'stopped' if killed else 'saved and stopped'} ({describe(code)})"
         elif others:
             how = "not counted against --max_restarts (another machine's loss)"
         else:
