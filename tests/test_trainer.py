@@ -149,6 +149,15 @@ def test_resume_continues_from_the_latest_checkpoint(data_dir, trained, capsys, 
     # Already at train_steps: returns without training.
     trainer.train(params_for(data_dir, 15), trained, tf.distribute.MirroredStrategy())
     assert PROGRESS.findall(capsys.readouterr().out) == []
+    # The named newest cut short (a power loss during its save): resumed from the whole one before.
+    with open(os.path.join(trained, "ckpt-15.index"), "r+b") as f:
+        f.truncate(20)
+    trainer.train(params_for(data_dir, 20), trained, tf.distribute.MirroredStrategy())
+    out = capsys.readouterr().out
+    assert (
+        f"{trained}/ckpt-15 is not whole on disk (a save cut short); resuming from {trained}/ckpt-10" in out
+    )
+    assert [int(s) for s, *_ in PROGRESS.findall(out)] == [15, 20] and step_of(trained) == 20, out[-2000:]
 
 
 def test_evaluate_latest_returns_and_writes_coco_metrics(data_dir, trained, capsys):

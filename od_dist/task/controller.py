@@ -172,6 +172,9 @@ def _controller_cls():
                 options = self._od_coordinator_io()
                 # The coordinator alone writes: its folder's run goes on, or a run starts here.
                 _name_run(self._od_model_dir, (lineage.run_of(self._od_model_dir) if latest else None))
+                if not latest and self.checkpoint_manager.latest_checkpoint:  # named, but cut short
+                    self.trainer.initialize()  # the manager's init_fn: nothing whole to restore
+                    return None
                 if not latest:
                     return super().restore_checkpoint(None)  # nothing to read: initialise
                 with self.strategy.scope():
@@ -190,6 +193,13 @@ def _controller_cls():
                     self._od_model_dir
                 ):
                     restored = super().restore_checkpoint(latest)  # a shared folder, read by a worker
+                    self._od_count_saves_from(newest)
+                    return restored
+                if latest != self.checkpoint_manager.latest_checkpoint:  # the named one was cut short
+                    if latest is None:
+                        self.trainer.initialize()  # the manager's init_fn: nothing whole to restore
+                        return None
+                    restored = super().restore_checkpoint(latest)
                     self._od_count_saves_from(newest)
                     return restored
                 return super().restore_checkpoint(None)
