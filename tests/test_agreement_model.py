@@ -434,3 +434,25 @@ def test_a_machine_back_with_an_earlier_runs_folder_never_takes_the_job_over(str
         assert "worker:1" not in members and "checkpoints of two runs" in model.machines[2].refused, (
             model.log()
         )
+
+
+def test_a_machine_that_fails_every_round_is_left_out_and_the_others_go_on():
+    """Worker 1's trainers fail at every start (a bad GPU, a full disk): after two failed rounds in
+    a row it is left out of proposals for a while, and the two others train without it; the
+    others' losses are not their failures, so nothing counts against their own machines."""
+    model = scenario(spec.MULTI_WORKER_MIRRORED)
+    bad = model.machines[2]
+    for _ in range(120):
+        if bad.trains is not None:
+            model.kill_trainers(2)
+        model.step()
+        model.one_round_trains()
+        if bad.a.cooling() and model.training():
+            break
+    ((_, members),) = model.training()
+    assert members == ("master:0", "worker:0"), model.log()
+    assert bad.a.failures == 2 and all(m.a.failures == 0 for m in model.machines[:2]), model.log()
+    assert any(
+        "worker:1: left out of the next rounds for 60 s: this machine's last 2 rounds failed" in line
+        for line in model.lines
+    ), model.log()

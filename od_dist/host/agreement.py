@@ -306,11 +306,11 @@ class Agreement:
             return None
         if self.finished_elsewhere():
             return None
-        cooling = self.cooling(now)
-        if cooling:
+        if self.cooling(now):
+            wait = self.cooling_s * 2 ** (self.failures - FAILS_TO_COOL)
             self._say_once(
-                f"left out of the next rounds for {cooling:.0f} s more: this machine's last {self.failures} "
-                "rounds failed (its log says why); the others go on without it"
+                f"left out of the next rounds for {wait:.0f} s: this machine's last {self.failures} rounds "
+                "failed (its log says why); the others go on without it"
             )
             return None
         up = [
