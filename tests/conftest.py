@@ -2,7 +2,9 @@
 
 import os
 import signal
+import socket
 import sys
+import threading
 
 import netns
 import pytest
@@ -118,3 +120,23 @@ def machines(_netns_available):
     yield make
     for network in made:
         network.close()
+
+
+@pytest.fixture
+def not_http():
+    """A port where something else listens: it answers every connection with a line of no HTTP."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer():
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:  # closed: the test is over
+                return
+            with client:
+                client.recv(1024)
+                client.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    with server:
+        yield server.getsockname()[1]

@@ -6,8 +6,6 @@ checkpoints set aside before this run's are fetched. (tests/test_feed_on_a_lan.p
 
 import json
 import os
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -152,26 +150,6 @@ def test_a_name_of_no_address_here_listens_everywhere(tmp_path):
         assert checkpoint_feed.fetch("127.0.0.1", port, "job1", str(tmp_path / "e")) == 2
     with checkpoint_feed.Feed(str(tmp_path / "lead"), "127.0.0.1", port, "job1") as feed:
         assert not feed.everywhere
-
-
-@pytest.fixture
-def not_http():
-    """A port where something else listens: it answers every connection with a line of no HTTP."""
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def answer():
-        while True:
-            try:
-                client, _ = server.accept()
-            except OSError:  # closed: the test is over
-                return
-            with client:
-                client.recv(1024)
-                client.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-
-    threading.Thread(target=answer, daemon=True).start()
-    with server:
-        yield server.getsockname()[1]
 
 
 def test_follower_outlives_any_error_of_one_poll(feed, not_http, tmp_path):

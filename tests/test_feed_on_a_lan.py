@@ -167,26 +167,6 @@ def test_what_a_fetcher_holds_is_believed_from_its_address_only(feed):
     assert feed.fetched(4) and feed.fetched(4, by="worker:0")
 
 
-@pytest.fixture
-def not_http():
-    """A port where something else listens: it answers every connection with a line of no HTTP."""
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def answer():
-        while True:
-            try:
-                client, _ = server.accept()
-            except OSError:  # closed: the test is over
-                return
-            with client:
-                client.recv(1024)
-                client.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-
-    threading.Thread(target=answer, daemon=True).start()
-    with server:
-        yield server.getsockname()[1]
-
-
 def test_a_membership_read_of_a_port_that_speaks_no_http_is_none(not_http):
     assert membership.read("127.0.0.1", not_http, timeout=5) is None
     assert membership.read_all([("127.0.0.1", not_http)], timeout=5) == [None]
