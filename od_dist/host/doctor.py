@@ -36,7 +36,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from od_dist.cluster import duties, hostinfo, hostport, messages, validate
+from od_dist.cluster import advice, duties, hostinfo, hostport, messages, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.cluster.topology import connecting_peers, model_dir_line
 
@@ -451,7 +451,7 @@ def check_data(cluster: Cluster, mine, pipeline_path: str) -> list[Check]:
         split: [t for t in mine if split in duties.of(cluster.strategy, t.role).reads_records]
         for split in duties.RECORD_SPLITS
     }
-    if not readers["validation_data"]:
+    if not any(readers.values()):
         return [Check(OK, "data", "no task here reads records")]
     try:
         doc = pipeline._read_file(pipeline_path)
@@ -683,6 +683,8 @@ def run(
     checks += check_versions()
     checks += check_gpus(cluster, mine)
     checks += check_layout(cluster)
+    followed, advised = advice.advise(cluster)
+    checks.append(Check(OK if followed else WARN, "strategy", advised))
     if pipeline:
         checks += check_data(cluster, mine, pipeline)
         checks += [c for c in check_batch(cluster, pipeline) if c not in checks]  # one line per bad file
