@@ -121,6 +121,10 @@ def define_doctor_flags(fv: flags.FlagValues) -> None:
         "Also check that the tasks of this machine that write the model_dir (all but the servers) "
         "can create and write it here.",
     )
+    define_params_override(
+        fv,
+        "With --pipeline: overrides of its keys, as for train (the global batch is checked as they set it).",
+    )
     flags.DEFINE_float(
         "connect_timeout",
         3.0,
@@ -167,6 +171,7 @@ def cmd_doctor(fv) -> int:
         fv.connect_timeout,
         pipeline=fv.pipeline,
         model_dir=fv.model_dir,
+        params_override=fv.params_override,
     )
     print(f"od-dist doctor: {head}")
     for check in checks:

@@ -257,7 +257,7 @@ def render_readme(
         x.host for x in items if any(duties.of(cluster.strategy, t.role).reads_records for t in x.tasks)
     ]
     # Every script passes the job's --pipeline and --model_dir: doctor checks them on each machine.
-    files = [a for a in items[0].args if a.startswith(("--pipeline=", "--model_dir="))]
+    files = [a for a in items[0].args if a.startswith(("--pipeline=", "--model_dir=", "--params_override="))]
     doctor = " ".join(quote.sh(a) for a in ["od-dist", "doctor", f"--cluster={cluster_path}", *files])
     md += [
         "",
