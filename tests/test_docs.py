@@ -86,6 +86,7 @@ def test_every_synopsis_of_docs_commands_md_names_its_commands_flags():
     `[train flags]` stands for those of the Train flags and Supervisor flags sections."""
     with open(COMMANDS_MD, encoding="utf-8") as f:
         text = f.read()
+    assert text.count("\n## Commands\n") == 1
     shared = set()
     for heading in ("Train flags", "Supervisor flags"):
         shared |= {f for b in bullets(section(text, heading)) for f in named_flags(b.split(": ")[0])}
