@@ -42,6 +42,12 @@ TINY_RUN = (
     f"trainer.checkpoint_interval=5,trainer.validation_steps=2,{SMALL}"
 )
 TIMEOUT_S = 3600 if FULL else 420
+# The install's stand-in: the venv's od-dist, running this interpreter (its packages) on the clone's code.
+STAND_IN = (
+    "mkdir -p .venv/bin && "
+    f"printf '#!/bin/sh\\nexec {sys.executable} -m od_dist \"$@\"\\n' > .venv/bin/od-dist && "
+    "chmod +x .venv/bin/od-dist"
+)
 
 
 def readme() -> str:
@@ -69,16 +75,14 @@ def machine_script(lines: list[str], addresses: dict[str, str]) -> str:
     out = ["set -e"]
     for line in lines:
         if line == INSTALL:
-            out.append(
-                f"mkdir -p .venv/bin && printf '#!/bin/sh\\nexec {sys.executable} -m od_dist \"$@\"\\n' > .venv/bin/od-dist && chmod +x .venv/bin/od-dist"
-            )
+            out.append(STAND_IN)
             continue
         if " train " in line and not FULL:
             line = line.replace("--params_override ", f"--params_override {TINY_RUN},", 1)
         out.append(line)
         if line.startswith("cp clusters/"):
             target = line.split()[2]
-            out += [f"sed -i 's/{old}/{new}/' {target}" for old, new in addresses.items()]
+            out += [f"sed -i 's/{re.escape(old)}/{new}/g' {target}" for old, new in addresses.items()]
     return "\n".join(out) + "\n"
 
 
