@@ -11,7 +11,7 @@ in one bash, as a user types them, with only what a test must put in a user's pl
 - after the `cp` of the three-machine file, its example addresses become the machines' own (the
   user's "write your three addresses into it");
 - the train line's `--params_override` gets a tiny run written before the README's own keys (which
-  come last, so they win): 10 steps of a small model on 64x64 inputs, 4 validation images.
+  come last, so they win): 5 steps (one loop) of a small model on 64x64 inputs, 4 validation images.
 
 The job must end as the README's **Success** item says: its lines (2000 read as the tiny run's
 steps, `...` as anything) on the lead's and the evaluator's machines, and every machine's exit 0.
@@ -36,7 +36,7 @@ BLOCK = re.compile(r"<!-- lan-path:start -->\n```bash\n(.*?)```\n<!-- lan-path:e
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install -e ."
 # OD_DIST_LAN_FULL=1: the README's run as it is, no tiny run (the time the README gives; not in CI).
 FULL = bool(os.environ.get("OD_DIST_LAN_FULL"))
-STEPS = 2000 if FULL else 10
+STEPS = 2000 if FULL else 5  # one loop, one checkpoint, one evaluation
 TINY_RUN = (
     f"trainer.train_steps={STEPS},trainer.steps_per_loop=5,trainer.summary_interval=5,"
     f"trainer.checkpoint_interval=5,trainer.validation_steps=2,{SMALL}"
