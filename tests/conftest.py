@@ -33,6 +33,7 @@ LONGEST_FIRST = (
     "test_faults_trainer.py",
     "test_supervisor.py",
     "test_distributed.py",
+    "test_readme_lan.py",  # 53 s alone, 107 s beside other work (2026-12-01)
     "test_slurm.py",
     "test_faults.py",
     "test_defects.py",

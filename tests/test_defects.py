@@ -843,14 +843,15 @@ def test_doctor_checks_the_records_this_machines_tasks_read(data_dir, tmp_path):
         f"FIX   task.train_data.input_path: data/train.tfrecord: no such file here (working directory "
         f"{machine}), and worker:0, master:0 read it on this machine" in r.stdout
     ), r.stdout
-    assert "FIX   task.validation_data.input_path: data/val.tfrecord: no such file here" in r.stdout
+    # No evaluator here, and training reads no validation records: nothing to say of them.
+    assert "task.validation_data" not in r.stdout, r.stdout
     shutil.copytree(data_dir, machine / "data")
     r = od_dist(*args, cwd=str(machine))
     assert (
         "ok    task.train_data.input_path: data/train.tfrecord: 1 file(s) here, for worker:0, master:0"
         in r.stdout
     )
-    assert "ok    task.validation_data.input_path: data/val.tfrecord: 1 file(s) here" in r.stdout
+    assert "task.validation_data" not in r.stdout, r.stdout
     assert "FIX   task." not in r.stdout, r.stdout
 
 

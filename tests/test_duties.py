@@ -7,7 +7,7 @@ from od_dist.cluster.validate import ROLES, STRATEGIES
 from od_dist.host import cpu_budget, policy
 
 PS, MWMS = "parameter_server", "multi_worker_mirrored"
-BOTH, VAL = ("train_data", "validation_data"), ("validation_data",)
+TRAIN, VAL = ("train_data",), ("validation_data",)  # training reads no validation records
 
 
 def test_every_role_a_cluster_file_can_make_is_in_the_table():
@@ -23,14 +23,14 @@ def test_every_role_a_cluster_file_can_make_is_in_the_table():
 @pytest.mark.parametrize(
     "strategy, role, replicas, server, data, coordinator, light, trainer",
     [
-        (PS, "master", False, False, BOTH, True, True, True),
-        (PS, "worker", True, True, BOTH, False, False, False),
+        (PS, "master", False, False, TRAIN, True, True, True),
+        (PS, "worker", True, True, TRAIN, False, False, False),
         (PS, "ps", False, True, (), False, True, False),
         (PS, "evaluator", False, False, VAL, False, True, False),
-        (MWMS, "master", True, False, BOTH, False, False, True),
-        (MWMS, "worker", True, False, BOTH, False, False, True),
+        (MWMS, "master", True, False, TRAIN, False, False, True),
+        (MWMS, "worker", True, False, TRAIN, False, False, True),
         (MWMS, "evaluator", False, False, VAL, False, True, False),
-        ("mirrored", "single", True, False, BOTH, False, False, True),
+        ("mirrored", "single", True, False, TRAIN, False, False, True),
     ],
 )
 def test_what_each_role_does(strategy, role, replicas, server, data, coordinator, light, trainer):

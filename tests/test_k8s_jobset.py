@@ -454,8 +454,8 @@ def test_the_dockerfile_installs_od_dist_as_the_readme_set_up_does(tmp_path):
 
     steps = dockerfile()
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    demo = readme.split("## Set up", 1)[1].split("```bash\n", 1)[1].split("\n", 1)[0]
-    install = " && ".join(demo.split(" && ")[:2])
+    block = readme.split("## Set up", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    (install,) = [line for line in block.splitlines() if "pip install" in line]
     assert install == "python3 -m venv .venv && .venv/bin/pip install -e ."
     assert ("RUN", install) in steps
     (workdir,) = [arg for op, arg in steps if op == "WORKDIR"]
@@ -518,10 +518,10 @@ def test_the_dockerfile_installs_od_dist_as_the_readme_set_up_does(tmp_path):
 
 
 def test_the_readme_installs_the_jobset_release_the_tests_check_against(capsys):
-    """The controller's install command is the release of the CRD in tests/crd/; the names the
-    steps after `kubectl apply` use are the ones od-dist writes."""
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = readme.split("## On Kubernetes", 1)[1].split("\n## ", 1)[0]
+    """The controller's install command (docs/kubernetes.md, Running it) is the release of the CRD
+    in tests/crd/; the names the steps after `kubectl apply` use are the ones od-dist writes."""
+    page = open(os.path.join(ROOT, "docs", "kubernetes.md"), encoding="utf-8").read()
+    section = page.split("## Running it", 1)[1].split("\n## ", 1)[0]
     version = os.path.basename(jobset_schema.CRD).split(".v", 1)[1].split(".yaml")[0]
     command = (
         "kubectl apply --server-side -f "
@@ -538,7 +538,8 @@ def test_the_readme_installs_the_jobset_release_the_tests_check_against(capsys):
         for v in rj["template"]["spec"]["template"]["spec"]["volumes"]
     }
     assert f'"claimName": "{claim}"' in section and "--model_dir=/mnt/od-dist/runs/lan" in section
-    assert "docker build -t registry.example/od-dist:0.1 ." in section
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert "docker build -t registry.example/od-dist:0.1 ." in readme.split("## On Kubernetes", 1)[1]
 
 
 @pytest.mark.parametrize("which", ["lan-example", "ps"])

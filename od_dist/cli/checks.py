@@ -18,6 +18,8 @@ from od_dist.protocol import exit_codes
 
 
 def _summary(selected) -> str:
+    from od_dist.cluster import advice
+
     c = selected.cluster
     lines = [f"{selected.source}: valid, strategy {c.strategy}, num_clones {c.num_clones}"]
     for t in c.tasks():
@@ -29,6 +31,7 @@ def _summary(selected) -> str:
             f"elastic: the trainers up go on while at least min_trainers {c.min_trainers} of "
             f"{len(c.members())} are, agreeing each round on membership_port {c.membership_port}"
         )
+    lines.append(f"strategy: {advice.advise(c)[1]}")
     names = ", ".join(t.name for t in ((selected.task,) if selected.task else selected.here))
     lines.append(f"this machine: {names + ', ' if names else ''}{selected.machine_note}")
     return "\n".join(lines)
@@ -118,6 +121,10 @@ def define_doctor_flags(fv: flags.FlagValues) -> None:
         "Also check that the tasks of this machine that write the model_dir (all but the servers) "
         "can create and write it here.",
     )
+    define_params_override(
+        fv,
+        "With --pipeline: overrides of its keys, as for train (the global batch is checked as they set it).",
+    )
     flags.DEFINE_float(
         "connect_timeout",
         3.0,
@@ -164,6 +171,7 @@ def cmd_doctor(fv) -> int:
         fv.connect_timeout,
         pipeline=fv.pipeline,
         model_dir=fv.model_dir,
+        params_override=fv.params_override,
     )
     print(f"od-dist doctor: {head}")
     for check in checks:

@@ -25,10 +25,13 @@ from od_dist.cluster import commandline
 from od_dist.protocol import exit_codes
 
 
-def _render_input(fv, what: str, warn_unresolved: bool = True):
+def _render_input(fv, what: str, warn_unresolved: bool = True, elastic: bool = False):
     """The cluster and the passed-on train flags for a renderer; checks what every task will need.
     `warn_unresolved`: say which hosts do not resolve here (not for Slurm: its tasks check the
-    nodes' addresses)."""
+    nodes' addresses). `elastic`: whether what it writes runs min_trainers' smaller groups (the
+    scripts; a JobSet's or an srun step's group is fixed, which it says in one line)."""
+    import dataclasses
+
     from od_dist.host import config
 
     if fv.role is not None or fv.index is not None:
@@ -41,17 +44,25 @@ def _render_input(fv, what: str, warn_unresolved: bool = True):
         check_task_args(
             cluster, task, fv.cluster, commandline.train_args(passed_on, cluster, task), files_here=False
         )
+    fixed = cluster if elastic else dataclasses.replace(cluster, min_trainers=None)
     if os.path.isfile(fv.pipeline) and not fv.fixed_replica_batch:  # a batch the trainers would refuse
-        batch_split(cluster, fv.pipeline, fv.params_override, fv.num_clones)
+        batch_split(fixed, fv.pipeline, fv.params_override, fv.num_clones)
     if warn_unresolved:
         config.warn(unchecked)  # once the input is accepted: refused input gets its one message
+    if cluster.min_trainers and not elastic:
+        print(
+            f"od-dist {what}: warning: min_trainers {cluster.min_trainers} in {fv.cluster}: {what} does "
+            f"not support elastic training; its job trains with all {len(cluster.members())} trainers "
+            "or none (a lost one restarts the job); for elastic, use `od-dist scripts`",
+            file=sys.stderr,
+        )
     return cluster, passed_on
 
 
-def _script_input(fv, what: str, out: str, warn_unresolved: bool = True):
+def _script_input(fv, what: str, out: str, warn_unresolved: bool = True, elastic: bool = False):
     """`scripts` and `slurm`: _render_input, --out required (`out`: what to pass), and the restart
     flags, which each task's own supervisor takes."""
-    cluster, passed_on = _render_input(fv, what, warn_unresolved)
+    cluster, passed_on = _render_input(fv, what, warn_unresolved, elastic)
     require(fv, "out", fix=f"--out={out}")
     return cluster, passed_on + restart_args(fv)
 
@@ -115,7 +126,7 @@ def cmd_scripts(fv) -> int:
 
     if fv.at_boot_user is not None and not fv.at_boot:
         raise UsageError(f"--at_boot_user: {fv.at_boot_user}: given without --at_boot; pass --at_boot too")
-    cluster, passed_on = _script_input(fv, "scripts", "DIR")
+    cluster, passed_on = _script_input(fv, "scripts", "DIR", elastic=True)
     at_boot = boot.AtBoot(fv.at_boot_user, fv.grace_period) if fv.at_boot else None
     boot_flags = ["--at_boot", *([f"--at_boot_user={fv.at_boot_user}"] if fv.at_boot_user else [])]
     try:
@@ -398,11 +409,20 @@ Example:
     refused=ONE_TASK,
 )
 def cmd_slurm(fv) -> int:
+    made = _node_count_cluster(fv) if fv.nodes is not None or fv.gpus_per_node is not None else None
+    try:
+        _slurm_script(fv)
+    except BaseException:
+        if made:  # a refused job leaves no cluster file of its own behind
+            os.remove(made)
+        raise
+    return exit_codes.OK
+
+
+def _slurm_script(fv) -> None:
     from od_dist.data import errors, writing
     from od_dist.render import slurm
 
-    if fv.nodes is not None or fv.gpus_per_node is not None:
-        _node_count_cluster(fv)
     cluster, passed_on = _script_input(fv, "slurm", "job.sbatch", warn_unresolved=False)
     try:
         text = slurm.render(
@@ -427,12 +447,12 @@ def cmd_slurm(fv) -> int:
         raise UsageError(str(e)) from None
     os.chmod(fv.out, 0o755)
     print(f"wrote {fv.out} ({len(cluster.tasks())} tasks); send it with: sbatch {fv.out}", file=sys.stderr)
-    return exit_codes.OK
 
 
-def _node_count_cluster(fv) -> None:
+def _node_count_cluster(fv) -> str | None:
     """`--nodes N --gpus_per_node G`: the cluster file of the layout docs/scaling.md recommends,
-    written beside --out and given as --cluster; the layout said on the console."""
+    written beside --out and given as --cluster; the layout said on the console. Returns its path
+    when it was not there before (removed again if the job is refused)."""
     from od_dist.data import errors, writing
     from od_dist.render import slurm
 
@@ -445,6 +465,7 @@ def _node_count_cluster(fv) -> None:
     require(fv, "out", fix="--out=job.sbatch")
     gpus = 1 if fv.gpus_per_node is None else fv.gpus_per_node
     path = os.path.splitext(fv.out)[0] + ".cluster.yaml"
+    new = not os.path.exists(path)
     try:
         writing.write_file(
             path, slurm.node_count_cluster(fv.nodes, gpus, f"--nodes {fv.nodes} --gpus_per_node {gpus}")
@@ -460,3 +481,4 @@ def _node_count_cluster(fv) -> None:
         f"(docs/scaling.md); the cluster file: {path}",
         file=sys.stderr,
     )
+    return path if new else None

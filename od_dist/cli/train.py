@@ -199,6 +199,11 @@ def elastic_for(fv: flags.FlagValues, cluster, tasks):
     trainers = tuple(t for t in tasks if t and t.role in MEMBER_ROLES) if cluster else ()
     if not trainers or not cluster.min_trainers or ("slurm" in fv and fv.slurm):
         return None
+    if fv.pipeline and os.path.isfile(fv.pipeline) and not fv.fixed_replica_batch:
+        # A batch some group cannot split is refused now (exit 2), not at the first lost machine.
+        from od_dist.cli.checks import batch_split
+
+        batch_split(cluster, fv.pipeline, fv.params_override, fv.num_clones)
     from od_dist.host import agreement, elastic
     from od_dist.model import pipeline
     from od_dist.protocol import checkpoint_feed, lineage

@@ -26,13 +26,15 @@ class Duties:
 
 # The pipeline's record splits (its task.train_data and task.validation_data).
 RECORD_SPLITS = ("train_data", "validation_data")
-_BOTH = RECORD_SPLITS
+# Training reads the training records only (Model Garden's mode 'train'); the validation records
+# are the evaluator's (and `od-dist eval`'s).
+_TRAIN, _VAL = ("train_data",), ("validation_data",)
 #                    replicas server records                coord  light  trainer
-_PS_MASTER = Duties(False, False, _BOTH, True, True, True)  # lists the files its workers read
-_PS_WORKER = Duties(True, True, _BOTH, False, False, False)
+_PS_MASTER = Duties(False, False, _TRAIN, True, True, True)  # lists the files its workers read
+_PS_WORKER = Duties(True, True, _TRAIN, False, False, False)
 _PS = Duties(False, True, (), False, True, False)
-_EVALUATOR = Duties(False, False, ("validation_data",), False, True, False)
-_TRAINER = Duties(True, False, _BOTH, False, False, True)
+_EVALUATOR = Duties(False, False, _VAL, False, True, False)
+_TRAINER = Duties(True, False, _TRAIN, False, False, True)
 
 TABLE: dict[tuple[str, str], Duties] = {
     (PARAMETER_SERVER, "master"): _PS_MASTER,

@@ -36,7 +36,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from od_dist.cluster import duties, hostinfo, hostport, messages, validate
+from od_dist.cluster import advice, duties, hostinfo, hostport, messages, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.cluster.topology import connecting_peers, model_dir_line
 
@@ -451,7 +451,7 @@ def check_data(cluster: Cluster, mine, pipeline_path: str) -> list[Check]:
         split: [t for t in mine if split in duties.of(cluster.strategy, t.role).reads_records]
         for split in duties.RECORD_SPLITS
     }
-    if not readers["validation_data"]:
+    if not any(readers.values()):
         return [Check(OK, "data", "no task here reads records")]
     try:
         doc = pipeline._read_file(pipeline_path)
@@ -514,13 +514,13 @@ def check_model_dir(cluster: Cluster, mine, model_dir: str) -> list[Check]:
     return [Check(OK, "model_dir", f"{shown_dir}: writable here, for {names}")]
 
 
-def check_batch(cluster: Cluster, pipeline_path: str) -> list[Check]:
+def check_batch(cluster: Cluster, pipeline_path: str, params_override: str | None = None) -> list[Check]:
     """The global batch against the trainers in sync, as they check it at start
     (pipeline.check_batch_split, the rule validate, scripts, k8s and slurm apply)."""
     from od_dist.model import pipeline
 
     try:
-        problem, said, read = pipeline.check_batch_split(cluster, pipeline_path)
+        problem, said, read = pipeline.check_batch_split(cluster, pipeline_path, params_override)
     except pipeline.PipelineError as e:
         return [Check(FIX, "pipeline", str(e))]
     if problem:
@@ -657,6 +657,7 @@ def run(
     pipeline: str | None = None,
     model_dir: str | None = None,
     kernel: str | None = None,
+    params_override: str | None = None,
 ) -> tuple[list[Check], str]:
     """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2).
     `machine` (its interfaces) and `kernel` (the kernel's description) default to this machine's."""
@@ -683,9 +684,13 @@ def run(
     checks += check_versions()
     checks += check_gpus(cluster, mine)
     checks += check_layout(cluster)
+    followed, advised = advice.advise(cluster)
+    checks.append(Check(OK if followed else WARN, "strategy", advised))
     if pipeline:
         checks += check_data(cluster, mine, pipeline)
-        checks += [c for c in check_batch(cluster, pipeline) if c not in checks]  # one line per bad file
+        checks += [
+            c for c in check_batch(cluster, pipeline, params_override) if c not in checks
+        ]  # one line per bad file
     if model_dir:
         checks += check_model_dir(cluster, mine, model_dir)
         checks += check_checkpoints(cluster, mine, model_dir, connect_timeout)

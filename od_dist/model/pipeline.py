@@ -25,6 +25,7 @@ value and the fix.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -546,18 +547,52 @@ def in_sync_clones(cluster, num_clones: int | None = None) -> list[int]:
     ]
 
 
+def group_replicas(clones: Sequence[int], min_trainers: int | None) -> list[int]:
+    """The replicas in sync of every group an elastic job may train in (each set of at least
+    `min_trainers` of the trainers whose clones are `clones`), smallest first; without
+    min_trainers, of the one group of them all."""
+    if not min_trainers:
+        return [sum(clones)]
+    groups = {(0, 0)}  # (trainers, replicas) of the sets seen so far
+    for c in clones:
+        groups |= {(n + 1, r + c) for n, r in groups}
+    return sorted({r for n, r in groups if n >= min_trainers})
+
+
+def groups_problem(batch: int, replicas: Sequence[int], min_trainers: int) -> str | None:
+    """batch_problem for an elastic job: `batch` must split over the replicas of every group
+    (group_replicas), or a lost machine leaves a group that cannot train. None when it does; else
+    the one-line problem with the nearest batches that split over all of them."""
+    bad = [r for r in replicas if r > 1 and batch % r]
+    if not bad:
+        return None
+    step = math.lcm(*replicas)
+    below = batch // step * step
+    multiples = f"{below} or {below + step}" if below else f"{step} or {2 * step}"
+    groups = " and ".join(map(str, replicas))
+    return (
+        f"{BATCH_KEY}: {batch} does not split evenly over every group min_trainers {min_trainers} "
+        f"allows ({groups} replicas in sync; not over {', '.join(map(str, bad))}), so a lost machine "
+        f"would leave a group that cannot train; set a multiple of {step} ({multiples}) with "
+        f"--params_override {BATCH_KEY}=N, or pass --fixed_replica_batch to make {batch} each "
+        "replica's batch"
+    )
+
+
 def check_batch_split(
     cluster, path: str, params_override: str | None = None, num_clones: int | None = None
 ) -> tuple[str | None, str, bool]:
     """batch_problem for a cluster and a pipeline file, before anything starts, without TensorFlow
-    (validate, doctor, scripts, k8s, slurm), on the batch as the file and `params_override` write
-    it: (the problem or None, what was found ('' when no replicas step in sync), whether the batch
-    was read). A batch the file leaves to the experiment's default is known only to Model Garden:
-    the trainers check it at start. Raises PipelineError for an unreadable file."""
+    (validate, doctor, scripts, k8s, slurm, train), on the batch as the file and `params_override`
+    write it, over every group the cluster's min_trainers allows (groups_problem): (the problem or
+    None, what was found ('' when no replicas step in sync), whether the batch was read). A batch
+    the file leaves to the experiment's default is known only to Model Garden: the trainers check
+    it at start. Raises PipelineError for an unreadable file."""
     clones = in_sync_clones(cluster, num_clones)
     replicas = sum(clones)
     if replicas <= 1:
         return None, "", False
+    groups = group_replicas(clones, cluster.min_trainers) if len(clones) > 1 else [replicas]
     batch = _written_override(params_override) if params_override else None
     if batch is None:
         batch = _get(_read_file(path), BATCH_KEY)
@@ -568,6 +603,12 @@ def check_batch_split(
             f"{BATCH_KEY} not read here (the experiment's default?): the trainers check it at start",
             False,
         )
+    if len(groups) > 1:
+        problem = groups_problem(batch, groups, cluster.min_trainers)
+        if problem:
+            return f"pipeline '{path}': {problem}", "", True
+        each = ", ".join(f"{r} replicas {batch // r} each" for r in groups)
+        return None, f"global batch {batch} over every group min_trainers allows: {each}", True
     problem = batch_problem(batch, replicas, clones)
     if problem:
         return f"pipeline '{path}': {problem}", "", True

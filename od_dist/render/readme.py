@@ -257,7 +257,7 @@ def render_readme(
         x.host for x in items if any(duties.of(cluster.strategy, t.role).reads_records for t in x.tasks)
     ]
     # Every script passes the job's --pipeline and --model_dir: doctor checks them on each machine.
-    files = [a for a in items[0].args if a.startswith(("--pipeline=", "--model_dir="))]
+    files = [a for a in items[0].args if a.startswith(("--pipeline=", "--model_dir=", "--params_override="))]
     doctor = " ".join(quote.sh(a) for a in ["od-dist", "doctor", f"--cluster={cluster_path}", *files])
     md += [
         "",
@@ -296,19 +296,9 @@ def render_readme(
         "or it lost a peer: exit 137, 138 or 143) the script's `od-dist train` starts it again, "
         f"up to {max_restarts} times in a row, after 2 s (doubling); the count starts over once training "
         f"progressed (a newer checkpoint) or the tasks ran {HEALTHY_S / 60:.0f} minutes, so a long run's "
-        "occasional faults never use it up. The job heals itself: a lost "
-        + (
-            "parameter_server worker rejoins; when a ps or the master is lost, the other tasks exit 138 "
-            "naming it and are restarted too, and training resumes from the master's last checkpoint. "
-            if cluster.strategy == PARAMETER_SERVER
-            else "when a trainer is lost, the other trainers exit 138 naming it and are restarted too, and "
-            "training resumes from the newest checkpoint any trainer holds (a trainer whose model_dir is "
-            "behind or empty gets the variables from the others). "
-        )
-        + "A permanent "
-        "error (exit 1, or 2 for invalid input) is not retried, nor a task that waited "
-        "`--wait_timeout` for peers that did not come (exit 138 once, not once per restart). Past "
-        "the limit, or for a machine that is gone for good, stop all tasks and start them all again.",
+        "occasional faults never use it up. " + _heals(cluster) + " A permanent error (exit 1, or 2 "
+        "for invalid input) is not retried, nor a task that waited `--wait_timeout` for peers that did "
+        "not come (exit 138 once, not once per restart). " + _gone_for_good(cluster),
         "",
         "## Firewall: inbound TCP, from these peers only",
         "",
@@ -368,3 +358,35 @@ def render_readme(
         "",
     ]
     return "\n".join(md)
+
+
+def _heals(cluster) -> str:
+    """How the job heals itself, by strategy and min_trainers (docs/faults.md has every case)."""
+    if cluster.min_trainers:
+        return (
+            f"The job heals itself and is elastic (min_trainers {cluster.min_trainers}): when a trainer's "
+            f"machine is lost, the trainers up (at least {cluster.min_trainers}) go on as a smaller group "
+            "from the newest checkpoint any of them holds, and take it back when its script is started "
+            "again (on its old disk or an empty one)."
+        )
+    if cluster.strategy == PARAMETER_SERVER:
+        return (
+            "The job heals itself: a lost parameter_server worker rejoins; when a ps or the master is lost, "
+            "the other tasks exit 138 naming it and are restarted too, and training resumes from the "
+            "master's last checkpoint."
+        )
+    return (
+        "The job heals itself: when a trainer is lost, the other trainers exit 138 naming it and are "
+        "restarted too, and training resumes from the newest checkpoint any trainer holds (a trainer whose "
+        "model_dir is behind or empty gets the variables from the others)."
+    )
+
+
+def _gone_for_good(cluster) -> str:
+    if cluster.min_trainers:
+        return (
+            "Past the limit, stop all tasks and start them all again. A machine gone for good: the others "
+            "train on without it; to replace it at another address, write that address into the cluster "
+            "file on every machine, regenerate these scripts, then stop all tasks and start them all again."
+        )
+    return "Past the limit, or for a machine that is gone for good, stop all tasks and start them all again."

@@ -10,8 +10,9 @@ class TrainerError(RuntimeError):
 
 
 class StartMismatch(TrainerError):
-    """multi_worker_mirrored trainers would start apart: from different steps (model_dir not
-    shared) or with different settings of what they must do alike. One line per difference."""
+    """multi_worker_mirrored trainers would start apart: with different settings of what they must
+    do alike (--all_reduce_dtype, --all_reduce_packs). One line per difference. (Different steps
+    are no mismatch: a trainer whose model_dir is behind gets the newest state from the others.)"""
 
 
 class Stopped(Exception):
