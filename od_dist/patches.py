@@ -79,6 +79,24 @@ PATCHES = (
         held=("tensorflow:train.CheckpointManager._last_checkpoint_step",),
     ),
     Patch(
+        "checkpoint-chosen",
+        TENSORFLOW,
+        (),
+        "sets CheckpointManager._latest_checkpoint (restore_from)",
+        "`eval --checkpoint`: the Controller restores the checkpoint asked for as it starts, in its "
+        "one restore, and says so, rather than the latest first",
+        held=("tensorflow:train.CheckpointManager._latest_checkpoint",),
+    ),
+    Patch(
+        "coco-per-class",
+        MODEL_GARDEN,
+        ("official.vision.evaluation.coco_evaluator:COCOEvaluator._retrieve_per_category_metrics",),
+        "sets a COCOEvaluator's _per_category_metrics and _retrieve_per_category_metrics (per_class_from)",
+        "Model Garden's per-category metrics read an attribute only a patched pycocotools has and give "
+        "nothing with the stock one: od-dist's per-class AP (model/metrics.py) goes in their place",
+        held=("official.vision.evaluation.coco_evaluator:COCOEvaluator._per_category_metrics",),
+    ),
+    Patch(
         "optimizer-slots",
         TF_KERAS,
         ("tf_keras.optimizers.legacy:Optimizer._create_all_weights",),
@@ -343,6 +361,22 @@ def count_saves_from(manager, step: int) -> None:
     """checkpoint-next-save: `manager` counts its next save's interval from `step`."""
     _held("checkpoint-next-save", manager, "_last_checkpoint_step")
     manager._last_checkpoint_step = step
+
+
+def restore_from(manager, path: str) -> None:
+    """checkpoint-chosen: `manager` restores `path` where it would restore its latest."""
+    _held("checkpoint-chosen", manager, "_latest_checkpoint")
+    manager._latest_checkpoint = path
+
+
+def per_class_from(evaluator, compute) -> None:
+    """coco-per-class: a COCOEvaluator's per-category metrics are `compute(coco_eval)` (its box
+    evaluation; none for masks and keypoints)."""
+    _held("coco-per-class", evaluator, "_per_category_metrics")
+    evaluator._per_category_metrics = True
+    evaluator._retrieve_per_category_metrics = lambda coco_eval, prefix="": (
+        {} if prefix else compute(coco_eval)
+    )
 
 
 @contextlib.contextmanager

@@ -173,6 +173,66 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path, 
     assert line.startswith("od-dist eval | step 6 | AP ") and float(COCO_LINE.fullmatch(line)["AP50"]) <= 1.0
 
 
+@pytest.mark.slow
+def test_eval_of_a_chosen_checkpoint_prints_the_coco_summary_and_ap_per_class(labelimg_run, tmp_path, capsys):
+    """`eval --checkpoint` evaluates that checkpoint, not the latest; --coco_summary prints the
+    twelve COCO figures, each with its meaning; AP per class lands in eval_metrics.json and, with
+    --per_class, on the console, under the label map's names. COCO's AP is the mean of the classes'
+    APs: that holds of the figures computed here from pycocotools' precision array."""
+    from od_dist.data import records
+    from od_dist.model import metrics
+    from od_dist.task import controller
+
+    assert tuple(metrics.MEANINGS) == controller.COCO_KEYS
+    _, written, override, model_dir = labelimg_run
+    names = list(records.read_labels(written.label_map).values())
+    # Refused before TensorFlow is asked for anything.
+    code, _, err = run_cli(
+        capsys, "eval", f"--pipeline={DEMO}", f"--model_dir={model_dir}", f"--checkpoint={model_dir}/ckpt-4"
+    )
+    assert code == 2 and err.strip().splitlines() == [
+        f"od-dist eval: --checkpoint: '{model_dir}/ckpt-4': no such checkpoint; pass a path like "
+        f"{model_dir}/ckpt-1000 (without .index), or a folder of checkpoints"
+    ], err
+    # Every score kept: after 3 steps they sit near RetinaNet's 0.01 prior, under the default 0.05.
+    keep_all = override + ",task.model.detection_generator.pre_nms_score_threshold=0.0"
+    code, out, err = run_cli(
+        capsys,
+        "eval",
+        f"--pipeline={DEMO}",
+        f"--params_override={keep_all}",
+        f"--model_dir={model_dir}",
+        f"--checkpoint={model_dir}/ckpt-3",
+        "--coco_summary",
+        "--per_class",
+    )
+    assert code == 0, err
+    with open(os.path.join(model_dir, "eval_metrics.json")) as f:
+        found = json.load(f)
+    assert found["step"] == 3 and os.path.isfile(os.path.join(model_dir, "validation", "metrics-3.json"))
+    assert f"restored from checkpoint: {model_dir}/ckpt-3" in out.splitlines(), out
+    lines = out.splitlines()
+    (line,) = [m.group(0) for m in map(COCO_LINE.fullmatch, lines) if m]
+    assert line.startswith("od-dist eval | step 3 | AP "), out
+    start = lines.index("COCO summary:")
+    summary = lines[start + 1 : start + 13]
+    assert [s.split()[0] for s in summary] == list(controller.COCO_KEYS), out
+    assert summary[0] == f"  AP        {found['AP']:6.3f}  {metrics.MEANINGS['AP']}"
+    classes = sorted(k.split("/", 1)[1] for k in found if k.startswith("AP/"))
+    assert classes and set(classes) <= set(names), found
+    assert found["AP"] > 0 and found["AP"] == pytest.approx(
+        sum(found[f"AP/{c}"] for c in classes) / len(classes), abs=1e-6
+    ), found
+    assert found["AP50"] == pytest.approx(sum(found[f"AP50/{c}"] for c in classes) / len(classes), abs=1e-6)
+    per_class = lines[lines.index("per class:") + 1 :]
+    assert per_class[: len(names)] == [
+        f"  {n:<16} AP {found[f'AP/{n}']:.3f} | AP50 {found[f'AP50/{n}']:.3f}"
+        if n in classes
+        else f"  {n:<16} no boxes of this class in the validation records"
+        for n in names
+    ], out
+
+
 def test_tflite_export_refuses_other_families_and_bad_flags_in_one_line(tmp_path):
     from od_dist.model import export, tflite
     from od_dist.model.pipeline import load_pipeline

@@ -337,15 +337,38 @@ def define_eval_flags(fv: flags.FlagValues) -> None:
         "interpreter) instead of a checkpoint of --model_dir, on the same validation records.",
         flag_values=fv,
     )
+    flags.DEFINE_string(
+        "checkpoint",
+        None,
+        "Evaluate this checkpoint (e.g. runs/x/ckpt-500, or a folder for its latest) instead of "
+        "the latest of --model_dir; the metrics are still written into --model_dir.",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "coco_summary",
+        False,
+        "Also print the twelve COCO figures (AP, AP50, AP75, APs, APm, APl, ARmax1, ARmax10, "
+        "ARmax100, ARs, ARm, ARl), one line each with what it means.",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "per_class",
+        False,
+        "Also print AP and AP50 of each class, under the label map's names (eval_metrics.json "
+        "holds them either way).",
+        flag_values=fv,
+    )
     define_verbose_flag(fv)
 
 
 @command(
     "eval",
-    "Evaluate the latest checkpoint once and print COCO AP, AP50 and AP75.",
+    "Evaluate a checkpoint (the latest by default) once and print COCO AP, AP50 and AP75.",
     """
-Evaluates the latest checkpoint in --model_dir on the pipeline's validation data, on this
-machine, and prints the COCO metrics (also written to <model_dir>/eval_metrics.json).
+Evaluates the latest checkpoint in --model_dir (or --checkpoint) on the pipeline's validation
+data, on this machine, and prints COCO AP, AP50 and AP75; --coco_summary prints all twelve COCO
+figures, --per_class AP and AP50 of each class. All of them are written to
+<model_dir>/eval_metrics.json (per class as "AP/<class name>", "AP50/<class name>").
 Under parameter_server the master cannot compute COCO metrics in-process: this (or an evaluator
 task) is how a parameter-server run gets them. With --model x.tflite it evaluates that .tflite
 instead, the same way on the same records, and prints the same line (its step: the checkpoint it
@@ -353,6 +376,7 @@ was exported from), so a quantized model's cost in AP shows beside its checkpoin
 
 Examples:
   od-dist eval --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo
+  od-dist eval --pipeline pipelines/shapes_retinanet.yaml --model_dir runs/demo --checkpoint runs/demo/ckpt-1000 --coco_summary --per_class
   od-dist eval --pipeline pipelines/shapes_retinanet.yaml --model exported/demo_int8.tflite
 """,
     define_eval_flags,
@@ -368,6 +392,12 @@ def cmd_eval(fv) -> int:
         )
     if fv.model:
         return _eval_tflite(fv)
+    ckpt = fv.checkpoint
+    if ckpt and "://" not in ckpt and not (os.path.isfile(ckpt + ".index") or os.path.isdir(ckpt)):
+        raise UsageError(
+            f"--checkpoint: '{ckpt}': no such checkpoint; pass a path like {fv.model_dir}/ckpt-1000 "
+            "(without .index), or a folder of checkpoints"
+        )
     from od_dist.host import console
     from od_dist.task import roles
 
@@ -382,7 +412,8 @@ def cmd_eval(fv) -> int:
         pipeline.check_inputs(params, fv.pipeline, evaluate=True)
         devices.apply_policy()
         # Its result is the trainer's one line: od-dist eval | step N | AP ... | AP50 ... | AP75 ...
-        trainer.evaluate_latest(params, fv.model_dir, fv.pipeline)
+        found = trainer.evaluate_latest(params, fv.model_dir, fv.pipeline, fv.checkpoint)
+        _print_details(fv, params, found)
         return exit_codes.OK
 
     return _run_role(evaluate)
@@ -392,6 +423,10 @@ def _eval_tflite(fv) -> int:
     if fv.model_dir:
         raise UsageError(
             f"--model_dir: '{fv.model_dir}': --model evaluates the .tflite; pass one of --model and --model_dir"
+        )
+    if fv.checkpoint:
+        raise UsageError(
+            f"--checkpoint: '{fv.checkpoint}': --model evaluates the .tflite; pass one of --model and --checkpoint"
         )
     if not (fv.model.endswith(".tflite") and os.path.isfile(fv.model)):
         raise UsageError(
@@ -414,9 +449,21 @@ def _eval_tflite(fv) -> int:
             print(f"od-dist eval: {e}", file=sys.stderr)
             return exit_codes.INVALID
         print(controller.eval_line(metrics["step"], metrics), flush=True)
+        _print_details(fv, params, metrics)
         return exit_codes.OK
 
     return _run_role(evaluate)
+
+
+def _print_details(fv, params, found: dict) -> None:
+    """What --coco_summary and --per_class ask for, after the eval line."""
+    from od_dist.model import metrics
+
+    if fv.coco_summary:
+        print("\n".join(["COCO summary:", *metrics.summary_lines(found)]), flush=True)
+    if fv.per_class:
+        lines = metrics.class_lines(found, metrics.class_names(params))
+        print("\n".join(["per class:", *(lines or ["  no classes in the evaluation"])]), flush=True)
 
 
 def run_here(fv: flags.FlagValues, cluster, tasks, who: str, unchecked: Sequence[str] = ()) -> int:

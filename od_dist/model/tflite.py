@@ -288,7 +288,10 @@ def evaluate(params, model: str, threads: int | None = None) -> dict:
             f"--model: '{model}': takes {detector.input_size} inputs, the pipeline's model "
             f"{list(params.task.model.input_size[:2])}; pass the pipeline it was exported from"
         )
+    from od_dist.model import metrics
+
     task = task_factory.get_task(params.task)
+    metrics.name_classes(task, metrics.class_names(params))
     task.build_metrics(training=False)
     height, width = detector.input_size
     state = None
@@ -315,6 +318,6 @@ def evaluate(params, model: str, threads: int | None = None) -> dict:
             "image_info": labels["image_info"],
         }
         state = task.aggregate_logs(state, {task.coco_metric.name: (labels["groundtruths"], outputs)})
-    metrics = {k: float(v) for k, v in task.reduce_aggregated_logs(state).items() if np.ndim(v) == 0}
-    metrics["step"] = detector.info.get("step")
-    return metrics
+    found = {k: float(v) for k, v in task.reduce_aggregated_logs(state).items() if np.ndim(v) == 0}
+    found["step"] = detector.info.get("step")
+    return found

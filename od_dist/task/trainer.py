@@ -25,6 +25,7 @@ import math
 import time
 
 from od_dist import patches
+from od_dist.model import metrics
 from od_dist.protocol import checkpoint_feed
 from od_dist.task.controller import _controller_cls
 from od_dist.task.errors import PREFIX as _PREFIX
@@ -148,6 +149,7 @@ def _run(
     pipeline_path: str = "the pipeline",
     on_loop_start=None,
     same_flags=None,
+    checkpoint: str | None = None,
 ):
     import tensorflow as tf
     from official.core import (
@@ -167,6 +169,7 @@ def _run(
         with patches.replica_copies_read():
             model = pipeline.check_model(params, pipeline_path, task.build_model)
         task.build_model = lambda: model
+        metrics.name_classes(task, metrics.class_names(params))
         trainer_obj = None
         if mode == "train" and _num_ps_workers(strategy) > 1:
             trainer_obj = train_utils.create_trainer(
@@ -193,6 +196,10 @@ def _run(
     holder = {}
 
     def make_controller(**kwargs):
+        manager = kwargs.get("checkpoint_manager")
+        if checkpoint and manager is not None:
+            # The Controller restores as it starts: this checkpoint, not the latest.
+            patches.restore_from(manager, checkpoint)
         holder["controller"] = controller_cls(**kwargs)
         patches.check_controller(holder["controller"])  # before the first step, not at a stop's save
         return holder["controller"]
@@ -282,24 +289,43 @@ def _eval_params(params):
     return params
 
 
-def evaluate_latest(params, model_dir: str, pipeline_path: str = "the pipeline") -> dict:
-    """Evaluates the latest checkpoint in ``model_dir`` once on the validation split.
+def evaluate_latest(
+    params, model_dir: str, pipeline_path: str = "the pipeline", checkpoint: str | None = None
+) -> dict:
+    """Evaluates the latest checkpoint in ``model_dir`` (or ``checkpoint``: a checkpoint path, or
+    a folder of checkpoints for its latest) once on the validation split.
 
     Returns the metrics (``step``, COCO ``AP``, ``AP50``, ``AP75``, ``APs`` ... ``ARl``,
-    validation losses) as floats, and writes them to ``<model_dir>/eval_metrics.json``,
+    ``AP/<class>`` and ``AP50/<class>`` of each class in the validation records, validation
+    losses) as floats, and writes them to ``<model_dir>/eval_metrics.json``,
     ``<model_dir>/validation/metrics-STEP.json`` and TensorBoard (``validation/``).
     """
     import tensorflow as tf
 
     patches.check()  # `od-dist eval`: a library upgrade that breaks a patch is one line now
 
-    latest = tf.train.latest_checkpoint(model_dir)
+    if checkpoint:
+        latest = tf.train.latest_checkpoint(checkpoint) if tf.io.gfile.isdir(checkpoint) else checkpoint
+        if not (latest and tf.io.gfile.exists(latest + ".index")):
+            raise TrainerError(
+                f"--checkpoint: '{checkpoint}': no such checkpoint; pass a path like "
+                f"{model_dir}/ckpt-1000 (without .index), or a folder of checkpoints"
+            )
+    else:
+        latest = tf.train.latest_checkpoint(model_dir)
     if not latest:
         raise TrainerError(
             f"model_dir '{model_dir}': no checkpoint to evaluate; train first "
             f"(or pass the model_dir the trainer writes); {checkpoint_feed.ELSEWHERE}"
         )
-    controller = _run(_eval_params(params), model_dir, None, "eval", pipeline_path=pipeline_path)
+    controller = _run(
+        _eval_params(params),
+        model_dir,
+        None,
+        "eval",
+        pipeline_path=pipeline_path,
+        checkpoint=checkpoint and latest,
+    )
     if controller.last_eval is None:
         raise TrainerError(f"model_dir '{model_dir}': evaluation produced no metrics")
     return controller.last_eval
