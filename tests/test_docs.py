@@ -111,3 +111,27 @@ def test_every_synopsis_of_docs_commands_md_names_its_commands_flags():
     )
     every = re.findall(r"^  ([a-z0-9-]+(?: [a-z]+)?)  ", r.stdout, re.M)
     assert sorted(seen) == sorted(every)
+
+
+def test_every_coco_figure_eval_writes_is_explained_in_the_commands_page():
+    from od_dist.model import metrics
+
+    page = open(os.path.join(ROOT, "docs", "commands.md"), encoding="utf-8").read()
+    table = page[page.index("## COCO figures") :]
+    rows = re.findall(r"^\| `([^`]+)` \|", table, flags=re.M)
+    assert rows == [*metrics.MEANINGS, *(f"{k}/<class>" for k in metrics.PER_CLASS)]
+
+
+def test_the_one_machine_train_and_evaluate_file_ships_and_is_documented():
+    """clusters/local-evaluator.yaml: a loopback master and an evaluator (training and continuous
+    evaluation side by side, as model_main_tf2.py in two shells), shown in docs/."""
+    from od_dist.cluster import spec
+
+    path = os.path.join(ROOT, "clusters", "local-evaluator.yaml")
+    cluster = spec.load(path)
+    assert sorted(t.role for t in cluster.tasks()) == ["evaluator", "master"]
+    assert cluster.loopback_only() and cluster.strategy == "multi_worker_mirrored"
+    assert (
+        "od-dist launch --cluster clusters/local-evaluator.yaml"
+        in open(os.path.join(ROOT, "docs", "odapi.md"), encoding="utf-8").read()
+    )
