@@ -117,6 +117,37 @@ def test_layout_refusals(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 2, r.stderr  # "invalid input:" and the one problem
 
 
+def test_the_time_limit_warning_leaves_the_grace_period_and_a_margin(tmp_path):
+    """--signal's warning is --grace_period + 60 s ahead of the time limit (the trainers' loop and
+    save, then the servers' stop and the requeue), not a fixed 120 s; a --time that cannot hold it is
+    said, and a grace period beyond what Slurm's --signal takes is refused before anything is written."""
+    path = tmp_path / "c.yaml"
+    path.write_text("master: a:2000\nworker: [b:2001]\n")
+    out = tmp_path / "job.sbatch"
+    pipeline = os.path.join(ROOT, "pipelines", "shapes_retinanet.yaml")
+    args = (f"--cluster={path}", f"--pipeline={pipeline}", "--model_dir=m", f"--out={out}")
+    r = od_dist("slurm", *args, "--grace_period=600", "--time=2:00:00")
+    assert r.returncode == 0 and "od-dist slurm: warning" not in r.stderr, r.stderr
+    text = out.read_text()
+    assert "#SBATCH --signal=B:USR1@660\n" in text and "--grace_period=600" in text
+    assert "# Time limit: 660 s before it (--signal, to this script: --grace_period 600 + 60)" in text
+    r = od_dist("slurm", *args, "--grace_period=600", "--norequeue", "--time=10")
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --signal=TERM@660\n" in out.read_text()
+    assert r.stderr.splitlines()[0] == (
+        "od-dist slurm: warning: --time: '10' (600 s) is not longer than the 660 s ahead of it that the "
+        "job is warned (--grace_period 600 + 60): the tasks are asked to stop as they start; give a "
+        "longer --time or a shorter --grace_period"
+    ), r.stderr
+    out.unlink()
+    r = od_dist("slurm", *args, "--grace_period=70000")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "od-dist slurm: --grace_period: 70000: the time limit's warning would come 70060 s ahead "
+        "(--grace_period + 60), more than Slurm's --signal takes (65535); give at most 65475"
+    ], r.stderr
+    assert not out.exists()
+
+
 def test_script_shape(tmp_path):
     """Machines that ask the same: a plain job, --ntasks-per-node and GPUs per node (the trainers'
     num_clones); machines that differ: a heterogeneous job, a component of one node per machine,
@@ -133,7 +164,7 @@ def test_script_shape(tmp_path):
         "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=4\n#SBATCH --gres=gpu:2\n"
         in text
     )
-    assert "#SBATCH --signal=B:USR1@120\n" in text and "hetjob" not in text
+    assert "#SBATCH --signal=B:USR1@180\n" in text and "hetjob" not in text  # --grace_period 120 + 60
     assert (
         "export SRUN_CPUS_PER_TASK=4\nsrun --nodes=2 --ntasks=2 --ntasks-per-node=1 --distribution=block"
         in text
@@ -750,7 +781,7 @@ def test_requeue_at_the_time_limit(slurm_cluster, requeue_job):
     at scancel (SIGTERM, exit 143 once saved), requeues itself, and its restart goes on until done
     (the tasks' training replaced: the first run waits for the SIGTERM, the restart ends at once)."""
     job, tmp_path, script = requeue_job
-    assert "#SBATCH --signal=B:USR1@120\n" in script.read_text()
+    assert "#SBATCH --signal=B:USR1@180\n" in script.read_text()
     deadline = time.monotonic() + 120
     while (fields := slurm_cluster.job(job))["Restarts"] == "0" or fields["JobState"] in (
         "REQUEUED",

@@ -441,11 +441,15 @@ def _slurm_script(fv) -> None:
             requeue=fv.requeue,
             then=tuple(fv.then),
             sbatch_lines=tuple(fv.sbatch or ()),
+            grace_period=fv.grace_period,
         )
         writing.write_file(fv.out, text)
     except (slurm.SlurmError, errors.DatasetError) as e:
         raise UsageError(str(e)) from None
     os.chmod(fv.out, 0o755)
+    late = slurm.time_limit_warning(fv.time, fv.grace_period)
+    if late:
+        print(f"od-dist slurm: warning: {late}", file=sys.stderr)
     print(f"wrote {fv.out} ({len(cluster.tasks())} tasks); send it with: sbatch {fv.out}", file=sys.stderr)
 
 

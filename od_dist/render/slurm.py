@@ -25,7 +25,49 @@ from od_dist.cluster.spec import Cluster
 from od_dist.protocol import exit_codes
 from od_dist.render import quote
 
-SIGNAL_AHEAD_S = 120  # --signal=TERM@N: the trainers' loop and save before the time limit
+# The time limit's warning (--signal=...@N) comes N = --grace_period + this many seconds ahead: the
+# trainers' loop and save take up to --grace_period; the servers stop 10 s after the trainers, and the
+# script then requeues the job, inside the margin.
+SIGNAL_MARGIN_S = 60
+SIGNAL_MAX_S = 65535  # sbatch --signal's largest time
+
+
+def signal_ahead(grace_period: int) -> int:
+    """Seconds before the time limit that the job is warned (--signal=...@N)."""
+    return grace_period + SIGNAL_MARGIN_S
+
+
+def time_limit_s(time: str) -> int | None:
+    """A Slurm --time in seconds (None: unlimited). MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS,
+    DAYS-HOURS, DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS (sbatch's man page)."""
+    if time.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = time.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        h, m, sec = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + h) * 60 + m) * 60 + sec
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+def time_limit_warning(time: str | None, grace_period: int) -> str | None:
+    """One line when --time leaves no training before the time limit's warning: the tasks would be
+    asked to stop as they start (a requeued job then restarts without progress)."""
+    limit = time_limit_s(time) if time else None
+    ahead = signal_ahead(grace_period)
+    if limit is None or limit > ahead:
+        return None
+    return (
+        f"--time: '{time}' ({limit} s) is not longer than the {ahead} s ahead of it that the job is "
+        f"warned (--grace_period {grace_period} + {SIGNAL_MARGIN_S}): the tasks are asked to stop as "
+        "they start; give a longer --time or a shorter --grace_period"
+    )
+
+
 # Each task's wrapper: bash survives SIGTERM (a non-empty trap: its child gets the default
 # handling back, which an ignored signal would not), writes the task's exit code, and a lead that
 # ends otherwise than 0 or 143 (a SIGTERM, which Slurm sends every task at once) cancels the step.
@@ -137,9 +179,18 @@ def render(
     port_base: int = 0,
     requeue: bool = True,
     then: tuple[str, ...] = (),
+    grace_period: int = 120,
 ) -> str:
-    """The batch script's text. `passed_on`: the train flags (with --max_restarts) every task gets."""
+    """The batch script's text. `passed_on`: the train flags (with --max_restarts) every task gets;
+    `grace_period`: theirs (--grace_period), which the time limit's warning leaves them."""
     check_options(partition, time, mem, sbatch_lines)
+    ahead = signal_ahead(grace_period)
+    if ahead > SIGNAL_MAX_S:
+        raise SlurmError(
+            f"--grace_period: {grace_period}: the time limit's warning would come {ahead} s ahead "
+            f"(--grace_period + {SIGNAL_MARGIN_S}), more than Slurm's --signal takes ({SIGNAL_MAX_S}); "
+            f"give at most {SIGNAL_MAX_S - SIGNAL_MARGIN_S}"
+        )
     for step in then:
         if step not in THEN:
             raise SlurmError(f"--then: '{step}': not one of {', '.join(THEN)}; write --then=eval,export")
@@ -211,11 +262,13 @@ def render(
     else:
         ports_note = f"the ports of\n# {cluster_path}, on nodes of this job alone (--exclusive)."
     limit_note = (
-        f"Time limit: {SIGNAL_AHEAD_S} s before it (--signal, to this script) the tasks are asked the same,\n"
+        f"Time limit: {ahead} s before it (--signal, to this script: --grace_period {grace_period} + "
+        f"{SIGNAL_MARGIN_S}) the tasks are asked the same,\n"
         "# then the job requeues itself (scontrol requeue) and goes on from that checkpoint, until training\n"
         "# is done; a job that finished or failed is never requeued. Sent again, it resumes likewise."
         if requeue
-        else f"Time limit: {SIGNAL_AHEAD_S} s before it (--signal) the tasks are asked the same, and the job\n"
+        else f"Time limit: {ahead} s before it (--signal: --grace_period {grace_period} + {SIGNAL_MARGIN_S}) "
+        "the tasks are asked the same, and the job\n"
         "# ends (exit 143). Sent again, or requeued, it resumes from the last checkpoint."
     )
     header = f"""#!/bin/bash
@@ -238,7 +291,7 @@ def render(
     # The job's own options, first: a heterogeneous job's later components take them from the first.
     # Requeue: the warning goes to this script alone (B:USR1), which tells the tasks (SIGTERM, as
     # scancel does) and knows then, unlike after a scancel, that the job is to go on.
-    warning = f"--signal=B:USR1@{SIGNAL_AHEAD_S}" if requeue else f"--signal=TERM@{SIGNAL_AHEAD_S}"
+    warning = f"--signal=B:USR1@{ahead}" if requeue else f"--signal=TERM@{ahead}"
     job = [f"--job-name={name}", warning, "--requeue", "--open-mode=append"]
     if not port_base:  # the file's fixed ports: no other job may hold them on these nodes
         job.append("--exclusive")
