@@ -108,7 +108,8 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path, 
     from ai_edge_litert.interpreter import Interpreter
     from PIL import Image
 
-    from od_dist.model import predict, tflite
+    from od_dist.data import records
+    from od_dist.model import export, predict, tflite
     from od_dist.model.pipeline import load_pipeline
 
     images, written, override, model_dir = labelimg_run
@@ -118,7 +119,13 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path, 
         load_pipeline(DEMO, override), model_dir, outs, calibration_images=4, min_score=0.0
     )
     assert done["checkpoint"].endswith("ckpt-6") and done["label_map"] == written.label_map
-    assert os.path.isfile(tmp_path / "phone" / "label_map.pbtxt")
+    # Each model its own label map (models of other classes can share the folder), its classes in
+    # its .json too.
+    labels = records.read_labels(written.label_map)
+    for q, out in outs.items():
+        assert records.read_labels(tflite.label_map_path(out)) == labels, q
+        assert tflite.read_info(out)["labels"] == {str(i): n for i, n in labels.items()}, q
+    assert not os.path.exists(tmp_path / "phone" / "label_map.pbtxt")
     size = {q: os.path.getsize(outs[q]) for q in outs}
     assert {q: done["files"][q] for q in outs} == {q: (outs[q], size[q]) for q in outs}
     assert size["int8"] * 2.5 < size["none"] and size["fp16"] * 1.8 < size["none"]
@@ -171,6 +178,30 @@ def test_tflite_float_fp16_int8_are_detectors_in_litert(labelimg_run, tmp_path, 
     assert code == 0, err
     (line,) = [m.group(0) for m in map(COCO_LINE.fullmatch, out.splitlines()) if m]
     assert line.startswith("od-dist eval | step 6 | AP ") and float(COCO_LINE.fullmatch(line)["AP50"]) <= 1.0
+
+    # Another model's label map put beside it (or its own replaced): predict refuses rather than draw
+    # the boxes under other names.
+    own = tflite.label_map_path(outs["fp16"])
+    with open(own, "w") as f:
+        f.write(records.label_map_text({1: "cat", 2: "dog", 3: "bird"}))
+    with pytest.raises(predict.PredictError) as refused:
+        predict.predict(outs["fp16"], [os.path.join(images, "photo_002.jpg")], str(tmp_path / "p2"))
+    assert str(refused.value) == (
+        f"--model: '{outs['fp16']}': its label map '{own}' (1 cat, 2 dog, 3 bird) is not the one it was "
+        "exported with (1 circle, 2 square, 3 triangle); put that one back, or export the model again"
+    )
+    # A model of other classes than the pipeline's records: eval refuses it.
+    info = tflite.read_info(outs["int8"])
+    with open(tflite.info_path(outs["int8"]), "w") as f:
+        json.dump({**info, "labels": {"1": "cat", "2": "dog", "3": "bird"}}, f)
+    os.remove(tflite.label_map_path(outs["int8"]))  # without its file, the classes of its .json
+    with pytest.raises(export.ExportError) as refused:
+        tflite.check_labels(outs["int8"], load_pipeline(DEMO, override))
+    assert str(refused.value) == (
+        f"--model: '{outs['int8']}': its classes (1 cat, 2 dog, 3 bird) are not those of the pipeline's "
+        f"records ('{written.label_map}': 1 circle, 2 square, 3 triangle); pass the pipeline the model "
+        "was trained with"
+    )
 
 
 @pytest.mark.slow

@@ -148,7 +148,15 @@ def predict(model_dir: str, paths: list[str], out_dir: str, min_score: float = 0
     from official.vision.utils.object_detection import visualization_utils as viz
     from PIL import Image
 
-    names = read_label_map(os.path.dirname(model_dir) if is_tflite else model_dir)
+    if is_tflite:
+        from od_dist.model import export, tflite
+
+        try:
+            names = tflite.labels_of(model_dir)
+        except export.ExportError as e:
+            raise PredictError(str(e)) from None
+    else:
+        names = read_label_map(model_dir)
     category_index = {i: {"id": i, "name": n} for i, n in names.items()}
     detect = _tflite_detector(model_dir) if is_tflite else _saved_model_detector(model_dir)
     os.makedirs(out_dir, exist_ok=True)

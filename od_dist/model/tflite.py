@@ -22,8 +22,8 @@ detectors' (signature ``serving_default``):
 int8 is TFLite's integer quantization with float fallback: int8 weights and activations, float32
 input and outputs (the same code runs all three), float ops where TFLite has no int8 kernel.
 Beside ``x.tflite``: ``x.json`` (what `predict` and `eval` need to feed it: input size, aspect
-ratio, mean and std; the checkpoint and its step; the score it drops detections under) and the
-label map.
+ratio, mean and std; the checkpoint and its step; the score it drops detections under; its classes)
+and its own label map, ``x.label_map.pbtxt``: models of other classes can share a folder.
 """
 
 from __future__ import annotations
@@ -47,6 +47,48 @@ OTHER_FAMILIES = {"MaskRCNNTask": "Faster R-CNN", "CenterNetTask": "CenterNet"}
 
 def info_path(model: str) -> str:
     return os.path.splitext(model)[0] + ".json"
+
+
+def label_map_path(model: str) -> str:
+    """The model's own label map, beside it: x.tflite -> x.label_map.pbtxt."""
+    return os.path.splitext(model)[0] + "." + LABEL_MAP_FILE
+
+
+def labels_of(model: str) -> dict[int, str]:
+    """The classes of a .tflite, {id: name}: its own label map, checked against the classes its .json
+    says it was exported with (those without the file; {} when it has neither). A label map that
+    differs from them (replaced since, or another model's) is refused: the boxes would be drawn under
+    other names."""
+    from od_dist.data import records
+
+    path = label_map_path(model)
+    names = records.read_labels(path) if os.path.isfile(path) else {}
+    exported = {int(k): v for k, v in (read_info(model).get("labels") or {}).items()}
+    if exported and names and names != exported:
+        raise export.ExportError(
+            f"--model: '{model}': its label map '{path}' ({_shown(names)}) is not the one it was exported with "
+            f"({_shown(exported)}); put that one back, or export the model again"
+        )
+    return names or exported
+
+
+def check_labels(model: str, params) -> None:
+    """`eval --model`: the .tflite's classes are those of the pipeline's records (their label map),
+    or its figures would be scored under other classes."""
+    from od_dist.data import records
+
+    mine = labels_of(model)
+    path = export.find_label_map(params)
+    theirs = records.read_labels(path) if path else {}
+    if mine and theirs and mine != theirs:
+        raise export.ExportError(
+            f"--model: '{model}': its classes ({_shown(mine)}) are not those of the pipeline's records "
+            f"('{path}': {_shown(theirs)}); pass the pipeline the model was trained with"
+        )
+
+
+def _shown(names: dict[int, str]) -> str:
+    return ", ".join(f"{i} {n}" for i, n in sorted(names.items()))
 
 
 def unsupported(params, pipeline_path: str) -> str | None:
@@ -86,7 +128,7 @@ def export_tflite(
 ) -> dict:
     """Writes a .tflite of the latest checkpoint of ``model_dir`` (or ``checkpoint``) for each
     ``{quantize: path}`` of ``outs`` (one SavedModel converted as many times), each with its .json,
-    and the label map beside them. Returns {'checkpoint', 'label_map' (or None), 'input_size',
+    and its own label map beside each. Returns {'checkpoint', 'label_map' (or None), 'input_size',
     'min_score', 'files': {quantize: (path, bytes)}}."""
     problem = unsupported(params, pipeline_path)
     if problem:
@@ -132,7 +174,10 @@ def export_tflite(
     # classes, against the SavedModel's 0.635; 56 against 39 ms on one thread).
     post.use_regular_nms = not class_agnostic_nms
     post.detections_per_class = generator.max_num_detections
+    from od_dist.data import records
+
     info = {
+        "labels": {str(i): n for i, n in records.read_labels(label_map).items()} if label_map else None,
         "checkpoint": ckpt,
         "step": _step(ckpt),
         "min_score": min_score,
@@ -177,9 +222,7 @@ def export_tflite(
             _write(info_path(out), (json.dumps({**info, "quantize": quantize}, indent=1) + "\n").encode())
             files[quantize] = (out, len(model))
             if label_map:
-                beside = os.path.join(os.path.dirname(out), LABEL_MAP_FILE)
-                if not (os.path.exists(beside) and os.path.samefile(label_map, beside)):
-                    shutil.copyfile(label_map, beside)
+                shutil.copyfile(label_map, label_map_path(out))
     return {
         "checkpoint": ckpt,
         "label_map": label_map,
@@ -280,6 +323,7 @@ def evaluate(params, model: str, threads: int | None = None) -> dict:
     from official.core import task_factory
 
     detector = Detector(model, threads)
+    check_labels(model, params)
     problem = unsupported(params, "the pipeline")
     if problem:
         raise export.ExportError(problem)
