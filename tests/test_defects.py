@@ -195,6 +195,53 @@ def test_an_evaluator_whose_job_never_started_says_so(data_dir, tmp_path):
     assert out.count("never came within --wait_timeout (3 s)") == 1, out[-3000:]  # not restarted
 
 
+@pytest.mark.slow
+def test_an_evaluator_that_gets_no_checkpoint_says_who_writes_them(data_dir, tmp_path):
+    """An evaluator whose master is up (here a port that listens) but whose --model_dir gets no
+    checkpoint, in a file without checkpoint_port: at its first poll (--wait_timeout, at most 30 s)
+    one line names who writes the checkpoints and what brings them here, rather than silence."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from loopback import tiny, write_cluster
+
+    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored", evaluator=True)
+    master = next(ln.split()[1] for ln in open(cluster) if ln.startswith("master:"))
+    listener = socket.create_server(("127.0.0.1", int(master.rsplit(":", 1)[1])))
+    args = [f"--cluster={cluster}", "--role=evaluator", f"--model_dir={tmp_path / 'run'}", "--wait_timeout=4"]
+    args += [f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}", tiny(data_dir)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "od_dist", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    seen = []
+    deadline = threading.Timer(120, proc.kill)  # silence: the output ends there
+    deadline.start()
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("evaluator: no checkpoint in"):
+                break
+    finally:
+        deadline.cancel()
+        proc.kill()
+        proc.wait()
+        listener.close()
+    assert seen and seen[-1].startswith(f"evaluator: no checkpoint in {tmp_path / 'run'} after "), "".join(
+        seen
+    )[-3000:]
+    assert seen[-1].split(" s; ", 1)[1].rstrip() == (
+        f"master:0 at {master} writes them into its --model_dir on its machine: unless that is this "
+        "folder (one machine, or a shared folder), give the cluster file a checkpoint_port (it then "
+        "serves them here)"
+    )
+
+
 # ----- 5: a complete checkpoint is never deleted; only leftovers of unfinished saves are ------------
 
 

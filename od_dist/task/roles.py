@@ -462,6 +462,8 @@ def run_evaluator(config: TrainConfig) -> int:
     before = _read_stopped_note(config.model_dir)  # an earlier run's word is none for this one
     stopped = []
     following: list = []  # the fetches from the lead's checkpoint feed, if the cluster has one
+    started = time.monotonic()
+    told = [False]
 
     def keep_waiting() -> bool:
         now = time.monotonic()
@@ -470,6 +472,16 @@ def run_evaluator(config: TrainConfig) -> int:
             following and following[0].reachable
         )
         absent.look("master", up, now)
+        if up and not following and not told[0] and checkpoint_feed.newest(config.model_dir) is None:
+            # A wait that may last the whole training: said once, at the first poll (within EVAL_POLL_S).
+            told[0] = True
+            print(
+                f"evaluator: no checkpoint in {config.model_dir} after {now - started:.0f} s; {lead.name} at "
+                f"{master} writes them into its --model_dir on its machine: unless that is this folder (one "
+                "machine, or a shared folder), give the cluster file a checkpoint_port (it then serves "
+                "them here)",
+                flush=True,
+            )
         if up:
             seen[0] = True
             return True
