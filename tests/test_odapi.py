@@ -982,6 +982,25 @@ def test_data_odapi_labels_from_class_text(tmp_path, capsys):
         assert list(f["image/object/class/label"].int64_list.value) == [by_name[t] for t in texts]
 
 
+def test_data_odapi_keeps_tensorflow_s_log_off_the_console(tmp_path):
+    """TensorFlow reads and writes the records on no device: its C++ lines (a machine without a GPU
+    logs its failed cuInit as an ERROR) say nothing of the work and stay off the console."""
+    write_odapi_records(str(tmp_path / "train.record"), 2, seed=3)
+    write_odapi_records(str(tmp_path / "val.record"), 1, seed=4)
+    (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
+    r = loopback.od_dist(
+        "data",
+        "odapi",
+        f"--train={tmp_path / 'train.record'}",
+        f"--val={tmp_path / 'val.record'}",
+        f"--labels={tmp_path / 'label_map.pbtxt'}",
+        f"--out={tmp_path / 'out'}",
+        env={"TF_CPP_MIN_LOG_LEVEL": None},
+    )
+    assert r.returncode == 0, r.stderr
+    assert not re.search(r"^\S+ \S+: [IWE] |cuInit", r.stderr, re.M), r.stderr
+
+
 def odapi_with_labels(capsys, tmp_path):
     """`data odapi` of tmp_path's train.record and val.record with its label_map.pbtxt, into out."""
     return run_cli(

@@ -239,7 +239,8 @@ def cmd_data_odapi(fv) -> int:
             raise UsageError(
                 f"--{name}: '': required; pass --{name}=FILE.record (or --config pipeline.config)"
             )
-    code = _convert("data odapi", lambda: odapi.convert(train, val, fv.out, labels), unit="record(s)")
+    with quiet_tensorflow_errors():  # TensorFlow reads and writes the records, on no device
+        code = _convert("data odapi", lambda: odapi.convert(train, val, fv.out, labels), unit="record(s)")
     if code == exit_codes.OK:
         print(
             f"next: od-dist pipeline import --config {fv.config or 'pipeline.config'} --data {fv.out} "

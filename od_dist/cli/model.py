@@ -243,6 +243,12 @@ def _export_tflite(fv) -> int:
             f"--calibration_images: '{fv.calibration_images}': calibrates --quantize int8 only; add "
             "--quantize int8"
         )
+    if os.path.isdir(fv.model_dir):
+        from od_dist.host import console
+
+        # TensorFlow's and the TFLite converter's own lines (MLIR passes, op counts) to
+        # <model_dir>/logs/export.log: the console keeps od-dist's.
+        console.setup(console.task_log_path(fv.model_dir, "export"), verbose=False)
     try:
         params = load_pipeline(fv.pipeline, fv.params_override)
         problem = tflite.unsupported(params, fv.pipeline)
