@@ -7,7 +7,8 @@ absolute), where it is copied. No TensorFlow here.
 systemd follows od-dist's exit codes (protocol/exit_codes.py): it starts the script again after a
 retryable exit (137, 138, 143: a task lost past the script's own --max_restarts, or peers that did
 not come within --wait_timeout, so that the machines may boot at any time apart), never after exit 0,
-a permanent error (1, 2) or a person's stop (130). Task Scheduler starts nothing again.
+a permanent error (1, 2, and every code the table does not call retryable, a crash's 139 too) or a
+person's stop (130). Task Scheduler starts nothing again.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from od_dist.render.machines import Launch, ScriptError
 
 RESTART_SEC = 5  # short: od-dist's own supervisor has already backed off before it exits
 STOP_MARGIN_S = 30  # after --grace_period: the supervisor's own exit once its tasks saved
-PERMANENT = tuple(c for c in exit_codes.MEANINGS if c != exit_codes.OK and c not in exit_codes.RETRYABLE)
+# Every exit status but 0 and the retryable ones: the table's "any other code is permanent" (a 139,
+# a crash, included), which Restart=on-failure would otherwise restart every RESTART_SEC.
+PERMANENT = tuple(c for c in range(1, 256) if c not in exit_codes.RETRYABLE)
 SCHTASKS_TR_MAX = 261  # schtasks refuses a longer /TR
 LINUX_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*|[0-9]+")  # a name or a uid, as systemd's User= takes
 
@@ -120,6 +123,7 @@ def render_unit(launch: Launch, at_boot: AtBoot) -> str:
             )
         user = [f"User={at_boot.user}"]
     where = ", ".join(str(t.address) for t in launch.tasks)
+    restarted = ", ".join(str(c) for c in sorted(exit_codes.RETRYABLE - {exit_codes.INTERRUPTED}))
     return "\n".join(
         [
             f"# Starts {quote.check(launch.describe())} at boot,",
@@ -136,8 +140,8 @@ def render_unit(launch: Launch, at_boot: AtBoot) -> str:
             f"ExecStart=/bin/bash {quote.systemd(script_path(launch, 'linux'))}",
             "# Python buffers a pipe: each line reaches the journal when it is written.",
             "Environment=PYTHONUNBUFFERED=1",
-            "# Started again after a retryable exit (137, 138, 143), not after exit 0, a permanent error",
-            "# or a person's stop (130: Ctrl+C on any machine of the job).",
+            f"# Started again after a retryable exit ({restarted}), not after exit 0, a permanent error",
+            "# (every other code) or a person's stop (130: Ctrl+C on any machine of the job).",
             "Restart=on-failure",
             f"RestartSec={RESTART_SEC}",
             f"SuccessExitStatus={exit_codes.INTERRUPTED}",
