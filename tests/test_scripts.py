@@ -1182,28 +1182,34 @@ def test_at_boot_schtasks_lines():
     )
     script = "C:\\Program Files (x86)\\od dist&x^y!z\\master-0.cmd"
     assert boot.script_path(master, "windows") == script
-    (create, run), (delete,) = boot.schtasks_lines(master, boot.AtBoot())
+    (create, run), (end, delete) = boot.schtasks_lines(master, boot.AtBoot())
     # The line as cmd passes it on (quote.cmd: no quoted state, every special character ^-escaped),
     # then split as schtasks splits its command line (the C runtime's rules).
     argv = mslex.split(cmd_batch_line(create), like_cmd=False)
-    tr = argv[argv.index("/TR") + 1]
-    assert argv == [
-        "schtasks",
-        "/Create",
-        "/TN",
-        "od-dist-master-0",
-        "/SC",
-        "ONSTART",
-        "/RU",
-        "SYSTEM",
-        "/TR",
-        tr,
-        "/F",
-    ]
-    # The task runs cmd, which runs the script by its quoted path whatever the path holds.
-    assert tr.startswith("cmd.exe /d /v:off /s /c ")
+    xml_path = "C:\\Program Files (x86)\\od dist&x^y!z\\od-dist-master-0.xml"
+    assert argv == ["schtasks", "/Create", "/TN", "od-dist-master-0", "/XML", xml_path, "/RU", "SYSTEM", "/F"]
+    assert boot.task_path(master) == xml_path
+    # The task (its XML): at startup, cmd running the script by its quoted path whatever the path
+    # holds, in the working directory; no execution limit (schtasks' default stops it after 72 hours,
+    # with no checkpoint), no battery or idle conditions, one instance.
+    import xml.etree.ElementTree as ET
+
+    ns = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
+    task = ET.fromstring(boot.render_task(master, boot.AtBoot()).encode("utf-16"))
+    assert task.find("t:Triggers/t:BootTrigger/t:Enabled", ns).text == "true"
+    settings = {e.tag.split("}")[1]: e.text for e in task.find("t:Settings", ns)}
+    assert settings["ExecutionTimeLimit"] == "PT0S" and settings["MultipleInstancesPolicy"] == "IgnoreNew"
+    assert settings["DisallowStartIfOnBatteries"] == settings["StopIfGoingOnBatteries"] == "false"
+    idle = task.find("t:Settings/t:IdleSettings/t:StopOnIdleEnd", ns)
+    assert idle.text == "false"
+    assert task.find("t:Principals/t:Principal/t:UserId", ns).text == "S-1-5-18"  # SYSTEM
+    exec_ = task.find("t:Actions/t:Exec", ns)
+    tr = exec_.find("t:Command", ns).text + " " + exec_.find("t:Arguments", ns).text
+    assert tr == boot.task_command(master) and tr.startswith("cmd.exe /d /v:off /s /c ")
     assert mslex.split(cmd_c_s(tr), like_cmd=False) == [script]
+    assert exec_.find("t:WorkingDirectory", ns).text == BOOT_WINDOWS_WORKDIR
     assert mslex.split(cmd_batch_line(run), like_cmd=False) == ["schtasks", "/Run", "/TN", "od-dist-master-0"]
+    assert mslex.split(cmd_batch_line(end), like_cmd=False) == ["schtasks", "/End", "/TN", "od-dist-master-0"]
     assert mslex.split(cmd_batch_line(delete), like_cmd=False) == [
         "schtasks",
         "/Delete",
@@ -1215,12 +1221,28 @@ def test_at_boot_schtasks_lines():
     (create, _), _ = boot.schtasks_lines(master, boot.AtBoot(user="LAB\\od dist"))
     argv = mslex.split(cmd_batch_line(create), like_cmd=False)
     assert argv[argv.index("/RU") :][:4] == ["/RU", "LAB\\od dist", "/RP", "*"]  # schtasks asks for it
+    task = ET.fromstring(boot.render_task(master, boot.AtBoot(user="LAB\\od dist")).encode("utf-16"))
+    principal = task.find("t:Principals/t:Principal", ns)
+    assert [(e.tag.split("}")[1], e.text) for e in principal] == [
+        ("UserId", "LAB\\od dist"),
+        ("LogonType", "Password"),
+    ]
+    # SYSTEM cannot reach a network share: a share's task needs the user whose share it is.
+    (share, _) = boot_launches({"10.0.0.1": {"os": "windows", "workdir": "\\\\fs\\od"}})
+    with pytest.raises(scripts.ScriptError) as refused:
+        boot.render_task(share, boot.AtBoot())
+    assert str(refused.value) == (
+        "--at_boot_user: '': 10.0.0.1's task would run as SYSTEM, which cannot reach its working "
+        "directory \\\\fs\\od (a network share); name the user whose share it is, e.g. "
+        "--at_boot_user=LAB\\od"
+    )
+    assert boot.render_task(share, boot.AtBoot(user="LAB\\od"))
     # What a task at startup cannot run, each refused in one line naming the fix.
     for hosts, fragment in [
         ({"os": "windows", "workdir": "C:\\100%\\od"}, "contains '%'"),
         ({"os": "windows", "workdir": "od"}, "not an absolute Windows path"),
         ({"os": "windows"}, "has no working directory"),
-        ({"os": "windows", "workdir": "C:\\" + "x" * 240}, "schtasks takes 261"),
+        ({"os": "windows", "workdir": "C:\\" + "x" * 240}, "a task's command line takes 261"),
     ]:
         (launch, _) = boot_launches({"10.0.0.1": hosts})
         with pytest.raises(scripts.ScriptError, match=re.escape(fragment)):
@@ -1244,8 +1266,15 @@ def test_at_boot_of_a_machine_of_undeclared_os_both_systems(tmp_path):
         "hosts": {"10.0.0.1": {"workdir": "//fileserver/od"}, "10.0.0.2": {"os": "linux", "workdir": "/w"}},
     }
     scripts.write_scripts(
-        cluster_mod.from_document(doc), "c.yaml", [], str(tmp_path), "cmd", 300, at_boot=boot.AtBoot()
+        cluster_mod.from_document(doc),
+        "c.yaml",
+        [],
+        str(tmp_path),
+        "cmd",
+        300,
+        at_boot=boot.AtBoot(user="od"),
     )
+    assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".xml")) == ["od-dist-master-0.xml"]
     assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".service")) == [
         "od-dist-master-0.service",
         "od-dist-worker-0.service",
@@ -1270,9 +1299,15 @@ def test_cli_at_boot(tmp_path):
     assert r.returncode == 0, r.stderr
     r = od_dist(*base, "--at_boot")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("wrote 6 scripts, 4 systemd units for 5 machines and README.md")
-    units = sorted(f for f in os.listdir(tmp_path) if f.endswith(".service"))
-    assert units == [f"od-dist-{s}.service" for s in ("evaluator-0", "ps-0", "worker-0", "worker-1")]
+    assert r.stdout.startswith(
+        "wrote 6 scripts, 4 systemd units, 1 Windows task file for 5 machines and README.md"
+    )
+    units = sorted(f for f in os.listdir(tmp_path) if f.endswith((".service", ".xml")))
+    assert units == sorted(
+        [f"od-dist-{s}.service" for s in ("evaluator-0", "ps-0", "worker-0", "worker-1")]
+        + ["od-dist-master-0.xml"]
+    )
+    assert (tmp_path / "od-dist-master-0.xml").read_bytes()[:2] == b"\xff\xfe"  # UTF-16, as schtasks reads it
     assert sorted(set(os.listdir(tmp_path)) - set(units)) == sorted(os.listdir(plain))
     text = (tmp_path / "README.md").read_text()
     assert f"--max_restarts=3 --at_boot --out={tmp_path}\n" in text  # the command that regenerates it
@@ -1288,9 +1323,9 @@ def test_cli_at_boot(tmp_path):
         "sudo systemctl daemon-reload\n```\n"
     ) in section
     assert (
-        "schtasks /Create /TN od-dist-master-0 /SC ONSTART /RU SYSTEM /TR "
-        '^"cmd.exe /d /v:off /s /c \\^"\\^"C:\\TFWS\\od-dist\\master-0.cmd\\^"\\^"^" /F\n'
-        "schtasks /Run /TN od-dist-master-0\n```\n\nTo remove it:\n\n```\nschtasks /Delete /TN od-dist-master-0 /F\n"
+        "schtasks /Create /TN od-dist-master-0 /XML C:\\TFWS\\od-dist\\od-dist-master-0.xml /RU SYSTEM /F\n"
+        "schtasks /Run /TN od-dist-master-0\n```\n\nTo remove it:\n\n```\nschtasks /End /TN od-dist-master-0\n"
+        "schtasks /Delete /TN od-dist-master-0 /F\n"
     ) in section
     # Without the flag again: the units go (od-dist wrote them), the rest is the plain run's.
     r = od_dist(*base)

@@ -80,9 +80,10 @@ def define_scripts_flags(fv: flags.FlagValues) -> None:
         "at_boot",
         False,
         "Also what starts each machine's script at boot, without a person: a systemd unit "
-        "(od-dist-<script>.service) per Linux machine, and in the README the lines that install and "
-        "remove it and each Windows machine's Task Scheduler task (schtasks). Each machine needs an "
-        "absolute hosts workdir: its script is copied there.",
+        "(od-dist-<script>.service) per Linux machine, a Task Scheduler task file (od-dist-<script>.xml: "
+        "no execution limit, no battery conditions) per Windows machine, and in the README the lines "
+        "that install and remove them. Each machine needs an absolute hosts workdir: its script is "
+        "copied there.",
         flag_values=fv,
     )
     flags.DEFINE_string(
@@ -110,8 +111,8 @@ machine of several tasks, without them, so that it starts them all under one sup
 quoted for each shell (spaces, &, %, ^, !, quotes, non-ASCII and Windows paths such as C:\\... and
 \\\\server\\share\\... arrive intact); an absolute Linux path (--cluster, --pipeline, --model_dir)
 for a Windows machine is refused (exit 2). A .cmd started by a double-click keeps its window open
-after a failure. --at_boot also writes a systemd unit per Linux machine and, in the README, the
-lines that make each machine start its script at boot (systemd, or Task Scheduler on Windows).
+after a failure. --at_boot also writes a systemd unit per Linux machine, a Task Scheduler task file
+per Windows machine and, in the README, the lines that make each machine start its script at boot.
 
 Example:
   od-dist scripts --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
@@ -148,9 +149,13 @@ def cmd_scripts(fv) -> int:
         raise UsageError(str(e)) from None
     machines = len({t.address.host for t in cluster.tasks()})
     units = sum(p.endswith(".service") for p in written)
+    tasks = sum(p.endswith(".xml") for p in written)
+    count = len(written) - 1 - units - tasks
     print(
-        f"wrote {len(written) - 1 - units} scripts{f', {units} systemd units' if units else ''} for {machines} "
-        f"machines and README.md to {fv.out}"
+        f"wrote {count} script{'s' * (count != 1)}"
+        f"{f', {units} systemd unit' + 's' * (units != 1) if units else ''}"
+        f"{f', {tasks} Windows task file' + 's' * (tasks != 1) if tasks else ''} for {machines} "
+        f"machine{'s' * (machines != 1)} and README.md to {fv.out}"
     )
     return exit_codes.OK
 

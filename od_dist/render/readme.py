@@ -145,7 +145,10 @@ def _boot_sections(items: list[Launch], at_boot: boot.AtBoot) -> list[str]:
         "## Start at boot",
         "",
         "Each machine below starts its script at boot, without a person, once its lines have run. Copy "
-        "its script" + (" (on Linux with its `.service` file)" if "linux" in oses else "") + " into its "
+        "its script"
+        + (" (on Linux with its `.service` file)" if "linux" in oses else "")
+        + (" (on Windows with its task's `.xml` file)" if "windows" in oses else "")
+        + " into its "
         "working directory first, the path named below. Remove them once the job is done: they start it "
         "at every boot.",
         "",
@@ -164,7 +167,8 @@ def _boot_sections(items: list[Launch], at_boot: boot.AtBoot) -> list[str]:
     if "windows" in oses:
         user = quote.md(at_boot.user) if at_boot.user else "SYSTEM"
         md.append(
-            f"- Windows: Task Scheduler runs the `.cmd` as {user} whether anyone is logged on or not"
+            f"- Windows: Task Scheduler runs the `.cmd` as {user} whether anyone is logged on or not, with no "
+            "time limit and on battery too"
             + (" (schtasks asks for the user's password once)" if at_boot.user else "")
             + ", and does not start it again after it ends (`schtasks /Run` does); what it prints is in each "
             "task's log in `<model_dir>/logs/`. The lines below are for an Administrator cmd, not "

@@ -217,9 +217,11 @@ MANIFEST = writing.MANIFEST  # lists what a run wrote into --out
 
 
 def encoded(name: str, text: str) -> tuple[bytes, int]:
-    """A script's bytes (PowerShell 5.1 reads UTF-8 only with a BOM) and its mode."""
+    """A script's bytes (PowerShell 5.1 reads UTF-8 only with a BOM; schtasks /XML, UTF-16 with one)
+    and its mode."""
     suffix = os.path.splitext(name)[1]
-    return text.encode("utf-8-sig" if suffix == ".ps1" else "utf-8"), 0o777 if suffix == ".sh" else 0o666
+    encoding = {".ps1": "utf-8-sig", ".xml": "utf-16"}.get(suffix, "utf-8")
+    return text.encode(encoding), 0o777 if suffix == ".sh" else 0o666
 
 
 def write_scripts(
@@ -249,6 +251,11 @@ def write_scripts(
             (boot.unit_file(launch), boot.render_unit(launch, at_boot))
             for launch in items
             if "linux" in launch.oses
+        ]
+        rendered += [
+            (boot.task_file(launch), boot.render_task(launch, at_boot))
+            for launch in items
+            if "windows" in launch.oses
         ]
     rendered.append(
         (
