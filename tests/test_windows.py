@@ -143,3 +143,33 @@ def test_a_missing_model_garden_is_one_line_with_the_install_command(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("od-dist eval: No module named 'official' in this Python"), r.stderr[-2000:]
     assert last.endswith("python -m pip install tf-models-official==2.20.0"), last
+
+
+def test_the_job_object_that_ties_a_supervisor_s_children_to_it_is_laid_out_as_windows_x64_s():
+    """host/winjob.py runs on Windows only; what can be checked here is what it hands the system:
+    JOBOBJECT_EXTENDED_LIMIT_INFORMATION as winnt.h lays it out on x64 (144 bytes, LimitFlags at 16,
+    IoInfo at 64, ProcessMemoryLimit at 112), asking for kill-on-close (0x2000) alone."""
+    import ctypes
+    import struct
+
+    from od_dist.host import winjob
+
+    if struct.calcsize("P") != 8:
+        pytest.skip("the x64 layout: a 64-bit Python")
+    basic, extended = winjob.JOBOBJECT_BASIC_LIMIT_INFORMATION, winjob.JOBOBJECT_EXTENDED_LIMIT_INFORMATION
+    assert ctypes.sizeof(basic) == 64 and ctypes.sizeof(winjob.IO_COUNTERS) == 48
+    assert (basic.LimitFlags.offset, basic.Affinity.offset, basic.SchedulingClass.offset) == (16, 48, 60)
+    assert ctypes.sizeof(extended) == 144
+    assert (
+        extended.IoInfo.offset,
+        extended.ProcessMemoryLimit.offset,
+        extended.PeakJobMemoryUsed.offset,
+    ) == (
+        64,
+        112,
+        136,
+    )
+    info = winjob.kill_on_close_limits()
+    raw = bytes(info)
+    assert raw[16:20] == (0x2000).to_bytes(4, "little") and not any(raw[:16]) and not any(raw[20:])
+    assert winjob.hold(object()) is False  # no job objects here: the child is left as it was

@@ -107,8 +107,9 @@ def start_child(
     argv: list[str], stdout=None, tf_config: str | None = None, task_log: str | None = None
 ) -> subprocess.Popen:
     """A task as a child process in its own process group: a Ctrl+C in the terminal reaches only
-    the supervisor, which then stops the trainers before the servers. On Linux the child also dies
-    with the supervisor (PR_SET_PDEATHSIG), so even a supervisor killed with SIGKILL leaves none."""
+    the supervisor, which then stops the trainers before the servers. The child also dies with the
+    supervisor, so even a supervisor killed with SIGKILL (or terminated, on Windows) leaves none: on
+    Linux by PR_SET_PDEATHSIG, on Windows by a kill-on-close job object (host/winjob.py)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TF_CONFIG", None)  # the child gets its task from --cluster/--role/--index...
     if tf_config:
@@ -126,7 +127,12 @@ def start_child(
         kwargs.update(
             stdout=stdout, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace", bufsize=1
         )
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, **kwargs)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, **kwargs)
+    if os.name == "nt":
+        from od_dist.host import winjob
+
+        winjob.hold(proc)
+    return proc
 
 
 def _start(task: Task, argv: list[str], log_dir: str, lock: threading.Lock) -> Child:
