@@ -11,7 +11,7 @@ import pytest
 from loopback import ROOT, free_ports, od_dist
 
 from od_dist.cluster import spec as cluster_mod
-from od_dist.host import doctor
+from od_dist.host import doctor, doctor_here
 from od_dist.protocol import lineage
 
 
@@ -183,7 +183,7 @@ def test_gpus_against_num_clones():
 
 
 def test_count_gpus_says_how():
-    gpus, how = doctor.count_gpus()
+    gpus, how = doctor_here.count_gpus()
     assert gpus >= 0 and how
 
 
@@ -324,7 +324,7 @@ def test_doctor_says_fix_when_the_driver_shows_gpus_and_tensorflow_none(tmp_path
     smi.chmod(0o755)
     r = doctor_with_path(tmp_path, path, bin_dir)
     assert r.returncode == 1, r.stdout + r.stderr
-    version = doctor._version("tensorflow")
+    version = doctor_here._version("tensorflow")
     assert (
         f"  FIX   GPUs: 2 from the driver (nvidia-smi -L), 0 in TensorFlow (TensorFlow {version}, "
         "tf.config.list_physical_devices): TensorFlow was installed without CUDA's libraries and "
@@ -387,7 +387,7 @@ def test_version_fix_lines_are_quoted_for_the_machines_shell(monkeypatch, platfo
     too."""
     found = {"tensorflow": "2.19.0", "numpy": "2.4.0", "tf-models-official": "2.20.0"}
     monkeypatch.setattr(
-        doctor, "_version", lambda *names: next((found[n] for n in names if n in found), None)
+        doctor_here, "_version", lambda *names: next((found[n] for n in names if n in found), None)
     )
     monkeypatch.setattr(sys, "platform", platform)
     lines = {c.what: c.detail for c in doctor.check_versions()}

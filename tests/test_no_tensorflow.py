@@ -132,3 +132,31 @@ def test_od_dists_modules_import_each_other_one_way():
                 path.append(nxt)
                 stack.append((nxt, iter(sorted(graph[nxt]))))
     assert not circles, "\n".join(circles)
+
+
+def test_the_host_side_neither_imports_the_task_side_nor_holds_tensorflow_code():
+    """od_dist/host/ sits below od_dist/task/: none of its modules imports one of the task side's
+    (doctor's GPU query runs it by name in a child, `python -m od_dist.task.gpus`), and none holds
+    TensorFlow code, not even as a string a child runs."""
+    graph = _imports_of_each_module()
+    upward = {m: sorted(i for i in graph[m] if i.startswith("od_dist.task")) for m in graph if ".host." in m}
+    assert {m: i for m, i in upward.items() if i} == {}
+    host = os.path.join(ROOT, "od_dist", "host")
+    sources = [n for n in sorted(os.listdir(host)) if n.endswith(".py")]
+    holding = [
+        n for n in sources if "import tensorflow" in open(os.path.join(host, n), encoding="utf-8").read()
+    ]
+    assert holding == [], holding
+
+
+def test_doctors_tensorflow_query_is_the_task_side_module_in_a_child():
+    """What `od-dist doctor` asks TensorFlow, where the driver shows GPUs: the count it lists, from
+    `python -m od_dist.task.gpus` in a child process (this machine has none)."""
+    import tensorflow as tf
+
+    from od_dist.host import doctor_here
+
+    assert doctor_here.tensorflow_gpus() == (
+        len(tf.config.list_physical_devices("GPU")),
+        f"TensorFlow {tf.__version__}, tf.config.list_physical_devices",
+    )

@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
         print(f"od-dist {name}: interrupted", file=sys.stderr)
         return 130
     except ModuleNotFoundError as e:  # an install that missed a step, e.g. Windows' second one
-        from od_dist.host.doctor import model_garden_install
+        from od_dist.host.doctor_here import model_garden_install
 
         fix = model_garden_install() if (e.name or "").split(".")[0] == "official" else "reinstall od-dist"
         print(f"od-dist {name}: {e} in this Python ({sys.executable}); {fix}", file=sys.stderr)

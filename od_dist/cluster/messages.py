@@ -11,6 +11,9 @@ import re
 UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 SHOWN_MAX = 80  # characters of a value echoed in a message
 PATH_SHOWN_MAX = 4096  # a path is echoed whole: the longest one Linux opens (PATH_MAX)
+# What gives TensorFlow CUDA's libraries (setup.cfg's gpu extra): said by the trainer that finds no
+# GPU and by `od-dist doctor`.
+GPU_INSTALL = 'pip install -e ".[gpu]"'
 
 
 def unsafe_char(text: str) -> str | None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-# The install that brings TensorFlow's CUDA libraries (setup.cfg's extra `gpu`; README, GPU
-# machines): said wherever a GPU machine's TensorFlow sees no GPU.
-GPU_INSTALL = 'pip install -e ".[gpu]"'
+from od_dist.cluster.messages import GPU_INSTALL
 
 
 class DeviceError(RuntimeError):
