@@ -36,6 +36,15 @@ def test_examples_validate():
     r = od_dist("validate", "--cluster", "clusters/lan-example.yaml", "--role", "ps")
     assert r.returncode == 2
     assert "ps[0]: '192.168.1.116:2224': not an address of this machine" in r.stderr
+    # tf-config prints any task's TF_CONFIG when --role names it, from any machine (another
+    # orchestrator's configs are written from the file), and still checks that the task exists.
+    r = od_dist("tf-config", "--cluster", "clusters/lan-example.yaml", "--role", "master")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["task"] == {"type": "chief", "index": 0}
+    r = od_dist("tf-config", "--cluster", "clusters/lan-example.yaml", "--role", "worker", "--index", "1")
+    assert r.returncode == 0 and json.loads(r.stdout)["task"] == {"type": "worker", "index": 1}, r.stderr
+    r = od_dist("tf-config", "--cluster", "clusters/lan-example.yaml", "--role", "worker", "--index", "7")
+    assert r.returncode == 2 and "--index: '7'" in r.stderr, r.stderr
 
 
 def test_role_inferred_from_this_machines_real_address(tmp_path):

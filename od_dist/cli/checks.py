@@ -93,8 +93,10 @@ def cmd_validate(fv) -> int:
     "Print the TF_CONFIG JSON for one task of a cluster file.",
     """
 Prints the TF_CONFIG that TensorFlow's TFConfigClusterResolver reads, for the task at
---role/--index (inferred from this machine when omitted). `master` becomes TensorFlow's `chief`;
-the evaluator is left out of every other task's cluster (it runs no server).
+--role/--index: any task of the file, on any machine (to write another orchestrator's configs from
+it, e.g. `--cluster clusters/lan-example.yaml --role master`). Without --role, this machine's task,
+inferred from its addresses. `master` becomes TensorFlow's `chief`; the evaluator is left out of
+every other task's cluster (it runs no server).
 
 Example:
   export TF_CONFIG=$(od-dist tf-config --cluster clusters/local.yaml --role worker --index 1)
@@ -102,10 +104,23 @@ Example:
     define_task_flags,
 )
 def cmd_tf_config(fv) -> int:
-    from od_dist.cluster.spec import tf_config_json
+    from od_dist.cluster import validate
+    from od_dist.cluster.spec import InvalidCluster, tf_config_json
+    from od_dist.host import config
 
-    selected = select_task(fv)
-    print(tf_config_json(selected.cluster, selected.task.role, selected.task.index))
+    if not (fv.role and fv.cluster):  # this machine's task (or TF_CONFIG's)
+        selected = select_task(fv)
+        print(tf_config_json(selected.cluster, selected.task.role, selected.task.index))
+        return exit_codes.OK
+    # The task named, whichever machine runs it: no check that it is this one.
+    unchecked: list[str] = []
+    cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses, unchecked)
+    role, index = validate.normalize_role(fv.role), fv.index or 0
+    problems = validate.check_task(cluster, role, index)
+    if problems:
+        raise InvalidCluster(problems, fv.cluster)
+    config.warn(unchecked)
+    print(tf_config_json(cluster, role, index))
     return exit_codes.OK
 
 
