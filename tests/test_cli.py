@@ -280,3 +280,29 @@ def test_unresolvable_host_names_give_one_message_and_no_traceback(tmp_path):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
     assert r.stderr.count("\n") == 2, r.stderr  # the 'invalid input' header and one problem
+
+
+def test_export_help_says_tflite_too_and_scripts_count_in_the_singular(tmp_path):
+    """`od-dist --help` and `export --out`'s help name the .tflite export too; `scripts` counts one
+    machine as one (three scripts for a machine of undeclared OS: .sh, .cmd, .ps1), and its README
+    says the evaluator reads records as the trainers do, not that it is a trainer."""
+    r = od_dist("--help")
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("export ")]
+    assert ".tflite" in line, line
+    r = od_dist("export", "--help")
+    out_help = r.stdout.split("--out:", 1)[1].split("--params_override", 1)[0]
+    assert "SavedModel folder" in out_help and "--format tflite the .tflite file" in " ".join(
+        out_help.split()
+    )
+    cluster = write(tmp_path, "master: 10.0.0.1:2222\nevaluator: 10.0.0.1\n")
+    r = od_dist(
+        "scripts",
+        f"--cluster={cluster}",
+        "--pipeline=pipelines/shapes_retinanet.yaml",
+        "--model_dir=runs/a",
+        f"--out={tmp_path / 'out'}",
+    )
+    assert r.returncode == 0 and r.stdout.startswith("wrote 3 scripts for 1 machine and README.md"), r.stdout
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "on every machine that reads them, the trainers' and the evaluator's (10.0.0.1)" in readme
+    assert "trainer machine" not in readme

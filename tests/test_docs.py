@@ -135,3 +135,15 @@ def test_the_one_machine_train_and_evaluate_file_ships_and_is_documented():
         "od-dist launch --cluster clusters/local-evaluator.yaml"
         in open(os.path.join(ROOT, "docs", "odapi.md"), encoding="utf-8").read()
     )
+
+
+def test_the_pipelines_point_at_pages_that_exist():
+    """A shipped pipeline's comments name the page that explains its format: that page exists (and
+    no README section that is not there)."""
+    readme_headings = anchors(os.path.join(ROOT, "README.md"))
+    for path in sorted(glob.glob(os.path.join(ROOT, "pipelines", "*.yaml"))):
+        text = open(path, encoding="utf-8").read()
+        for page in re.findall(r"\b(docs/[\w-]+\.md)", text):
+            assert os.path.isfile(os.path.join(ROOT, page)), (path, page)
+        for section in re.findall(r'README, "([^"]+)"', text):
+            assert section.lower().replace(" ", "-") in readme_headings, (path, section)

@@ -777,7 +777,7 @@ def test_cli_writes_scripts_by_os_and_readme(tmp_path):
     assert "No inbound port: 192.168.1.120 (evaluator 0)." in readme
     # Where the records must be, and the line that checks a machine for them.
     assert (
-        "The pipeline's records (its input files) must be on every trainer machine (192.168.1.109, "
+        "The pipeline's records (its input files) must be on every machine that reads them, the trainers' and the evaluator's (192.168.1.109, "
         "192.168.1.111, 192.168.1.108, 192.168.1.120; a ps reads none)"
     ) in readme
     assert (

@@ -120,7 +120,11 @@ def _records_layout_note(config: str, text: str, out: str) -> str:
 
 def define_export_flags(fv: flags.FlagValues) -> None:
     define_trained_model_flags(fv, "The run's model_dir; its latest checkpoint is exported.")
-    define_out(fv, "The SavedModel folder to write (an earlier export there is replaced; other files stay).")
+    define_out(
+        fv,
+        "The SavedModel folder to write (an earlier export there is replaced; other files stay), or "
+        "with --format tflite the .tflite file (its .json and label map beside it).",
+    )
     flags.DEFINE_string(
         "checkpoint",
         None,
@@ -179,7 +183,7 @@ def define_export_flags(fv: flags.FlagValues) -> None:
 
 @command(
     "export",
-    "Export a trained checkpoint as a SavedModel for serving (image-tensor input).",
+    "Export a trained checkpoint: a SavedModel for serving, or a .tflite (--format tflite).",
     """
 Writes a TensorFlow SavedModel of the latest checkpoint in --model_dir (or --checkpoint) with
 Model Garden's exporter. Its serving_default signature takes uint8 images [1, H, W, 3] of any size

@@ -270,7 +270,9 @@ def render_readme(
         f"({quote.md(cluster_path)}), the pipeline and `--model_dir` are resolved from that working directory, "
         "so each machine needs them there. " + model_dir_line(cluster),
         "",
-        "The pipeline's records (its input files) must be on every trainer machine ("
+        "The pipeline's records (its input files) must be on every machine that reads them, the trainers' "
+        + ("and the evaluator's " if cluster.tasks_of("evaluator") else "")
+        + "("
         + ", ".join(quote.md_word(h) for h in readers)
         + ("; a ps reads none" if cluster.tasks_of("ps") else "")
         + "), at the paths the pipeline names, or on a shared folder. Check each "
