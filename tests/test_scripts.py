@@ -14,6 +14,7 @@
 
 import dataclasses
 import os
+import pathlib
 import re
 import shutil
 import stat
@@ -1255,6 +1256,40 @@ def test_at_boot_schtasks_lines():
         with pytest.raises(scripts.ScriptError, match=re.escape(fragment)):
             for os_name in launch.oses:
                 boot.script_path(launch, os_name)
+
+
+def test_at_boot_windows_task_registers_in_wines_task_scheduler(wine, tmp_path):
+    """The README's lines, run by Wine's cmd: schtasks registers the task from its XML file as the
+    scripts wrote it (UTF-16), with the settings the XML asks for as Task Scheduler read them (no
+    execution limit, no battery conditions, one instance), and the removal lines delete it."""
+    import xml.etree.ElementTree as ET
+
+    from od_dist.render import boot
+
+    workdir = tmp_path / "work"
+    master, _ = boot_launches({"10.0.0.1": {"os": "windows", "workdir": win(workdir)}})
+    data, _ = scripts.encoded(boot.task_file(master), boot.render_task(master, boot.AtBoot()))
+    workdir.mkdir()
+    (workdir / boot.task_file(master)).write_bytes(data)
+    (create, _), (end, delete) = boot.schtasks_lines(master, boot.AtBoot())
+    r = wine.run_cmd(["/c", create])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    stored = (
+        pathlib.Path(wine.env["WINEPREFIX"])
+        / "drive_c"
+        / "windows"
+        / "system32"
+        / "tasks"
+        / boot.name(master)
+    )
+    task = ET.fromstring(stored.read_bytes().decode("utf-8-sig"))
+    ns = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
+    settings = {e.tag.split("}")[1]: e.text for e in task.find("t:Settings", ns)}
+    assert settings["ExecutionTimeLimit"] == "PT0S" and settings["MultipleInstancesPolicy"] == "IgnoreNew"
+    assert settings["DisallowStartIfOnBatteries"] == settings["StopIfGoingOnBatteries"] == "false"
+    wine.run_cmd(["/c", end])  # nothing runs it here: what matters is that the delete follows
+    r = wine.run_cmd(["/c", delete])
+    assert r.returncode == 0 and not stored.exists(), (r.stdout, r.stderr)
 
 
 def test_at_boot_of_a_machine_of_undeclared_os_both_systems(tmp_path):
