@@ -170,7 +170,8 @@ def _boot_sections(items: list[Launch], at_boot: boot.AtBoot) -> list[str]:
             f"- Windows: Task Scheduler runs the `.cmd` as {user} whether anyone is logged on or not, with no "
             "time limit and on battery too"
             + (" (schtasks asks for the user's password once)" if at_boot.user else "")
-            + ", and does not start it again after it ends (`schtasks /Run` does); what it prints is in each "
+            + ", and does not start it again after it ends (`schtasks /Run` does); `schtasks /End`, the first "
+            "removal line, ends a running one at once, without a checkpoint; what it prints is in each "
             "task's log in `<model_dir>/logs/`. The lines below are for an Administrator cmd, not "
             "PowerShell (which passes their quotes on otherwise)."
         )
