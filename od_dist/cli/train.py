@@ -235,6 +235,8 @@ def elastic_for(fv: flags.FlagValues, cluster, tasks):
         batch_problem,
         run_of=run_of,
         set_aside=lambda: lineage.set_aside(fv.model_dir) if fv.model_dir else None,
+        recall=lambda: lineage.rounds_kept(fv.model_dir) if fv.model_dir else None,
+        record=lambda kept: lineage.keep_rounds(fv.model_dir, kept) if fv.model_dir else None,
         model_dir=fv.model_dir,
         # Shorter than the workers' patience with their coordinator (host/agreement.py's lease).
         lease_s=min(agreement.LEASE_S, fv.lost_peer_timeout * 0.6),

@@ -103,6 +103,8 @@ class Agreement:
     clock: Callable[[], float] = time.monotonic
     run_of: Callable[[], str | None] = lambda: None
     set_aside: Callable[[], str | None] = lambda: None  # moves the folder's checkpoints aside
+    recall: Callable[[], dict | None] = lambda: None  # what its disk kept of the rounds (record)
+    record: Callable[[dict], None] = lambda kept: None
     model_dir: str | None = None
     settle_s: float = SETTLE_S
     confirm_s: float = CONFIRM_S
@@ -132,9 +134,15 @@ class Agreement:
         self._settled: tuple[frozenset, float] = (frozenset(), now)
         self._proposed_at = now
         self._said = ""
+        # What its disk remembers of the rounds (`recall`, kept by `record`): the last round this
+        # machine trained in, and the round its newest checkpoint came in, which a new process of
+        # od-dist (a reboot) would not know otherwise. Rounds go on counting from it.
+        kept = self.recall() or {}
+        self.round = self._trained_round = int(kept.get("round", 0))
         self._step_seen = 0  # the newest step at the last look, and the round it came in
         self._step_round = 0
-        self._trained_round = 0  # the round this machine's trainers last trained in
+        if kept.get("step") and kept["step"] == (self.newest_step() or 0):
+            self._step_seen, self._step_round = int(kept["step"]), int(kept.get("step_round", 0))
 
     # ----- what this machine says, what it reads ------------------------------------------------
 
@@ -163,6 +171,10 @@ class Agreement:
         step = self.newest_step() or 0
         if step != self._step_seen:
             self._step_seen, self._step_round = step, (self._trained_round if step else 0)
+            self._keep()
+
+    def _keep(self) -> None:
+        self.record({"round": self._trained_round, "step": self._step_seen, "step_round": self._step_round})
 
     def seen(self, states: dict[str, dict], at: float) -> None:
         """A look, started at `at`: the other machines that answered, with their states."""
@@ -277,6 +289,7 @@ class Agreement:
             self.training_since = self._quorum_at = now
             self._note_step()
             self._trained_round = self.round
+            self._keep()
             self.say(
                 f"rejoining round {self.round} ({', '.join(self.members)}), which {self.members[0]} "
                 "coordinates: TensorFlow's coordinator takes a worker back on its address"
@@ -429,6 +442,7 @@ class Agreement:
             self.training_since = self._quorum_at = now
             self._note_step()  # what it holds now is of the rounds before
             self._trained_round = self.round
+            self._keep()
             self.say(self.round_line())
             return Group(self.round, self.members)
         if newer:

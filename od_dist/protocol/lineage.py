@@ -19,6 +19,7 @@ import struct
 import time
 
 RUN_FILE = "od-dist-run.json"
+ROUNDS_FILE = "od-dist-rounds.json"  # an elastic job's rounds as this disk saw them (host/agreement.py)
 SET_ASIDE = "set-aside-"  # + the time: where checkpoints no run of this folder resumes from go
 STATE_FILE = "checkpoint"  # TensorFlow's: names the newest checkpoint of a folder
 CHECKPOINT_FILE = re.compile(r"^ckpt-(\d+)(\.index|\.data-\d{5}-of-\d{5})$")
@@ -60,6 +61,26 @@ def write_run(model_dir: str, run: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"run": run, "since": time.strftime("%Y-%m-%d %H:%M:%S")}, f)
     os.replace(tmp, os.path.join(model_dir, RUN_FILE))
+
+
+def rounds_kept(model_dir: str) -> dict | None:
+    """What `keep_rounds` wrote into `model_dir`, None when nothing (or nothing readable)."""
+    try:
+        with open(os.path.join(model_dir, ROUNDS_FILE), encoding="utf-8") as f:
+            kept = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return kept if isinstance(kept, dict) and all(isinstance(v, int) for v in kept.values()) else None
+
+
+def keep_rounds(model_dir: str, kept: dict) -> None:
+    """Keeps an elastic job's rounds as this machine saw them beside its checkpoints (a temporary
+    file renamed over it): a reboot goes on counting from them."""
+    os.makedirs(model_dir, exist_ok=True)
+    tmp = os.path.join(model_dir, f".{ROUNDS_FILE}.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(kept, f)
+    os.replace(tmp, os.path.join(model_dir, ROUNDS_FILE))
 
 
 def intact(model_dir: str, prefix: str) -> bool:
@@ -110,11 +131,15 @@ def holds_checkpoints(model_dir: str) -> bool:
 
 
 def set_aside(model_dir: str) -> str | None:
-    """Moves `model_dir`'s checkpoints, its state file and its run file into
+    """Moves `model_dir`'s checkpoints, its state file, its run and rounds files into
     `<model_dir>/set-aside-<time>/` (nothing deleted); returns that folder, None when there was
     nothing to move. Training summaries and evaluations stay."""
     try:
-        names = [n for n in os.listdir(model_dir) if n in (STATE_FILE, RUN_FILE) or CHECKPOINT_FILE.match(n)]
+        names = [
+            n
+            for n in os.listdir(model_dir)
+            if n in (STATE_FILE, RUN_FILE, ROUNDS_FILE) or CHECKPOINT_FILE.match(n)
+        ]
     except OSError:
         return None
     if not names:
