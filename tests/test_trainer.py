@@ -20,7 +20,7 @@ from loopback import ROOT, SMALL
 from loopback import checkpoint_step as step_of
 
 from od_dist.model.pipeline import load_pipeline
-from od_dist.task import trainer
+from od_dist.task import phases, trainer
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def params_for(data_dir, steps, extra=""):
 # The evaluator sidecar: continuous_eval in its own process, following the trainer's checkpoints.
 FOLLOWER = """
 import json, sys
-from od_dist.task import trainer
+from od_dist.task import phases, trainer
 from od_dist.model.pipeline import load_pipeline
 p = load_pipeline(sys.argv[1], sys.argv[2], "mirrored")
 m = trainer.continuous_eval(p, sys.argv[3], timeout_s=240)
@@ -103,6 +103,11 @@ def test_train_writes_checkpoints_params_summaries(first_run):
         assert float(loss) > 0 and float(rate) > 0
         assert float(examples) == pytest.approx(2 * float(rate), rel=0.02, abs=0.1)  # batch 2
     assert first_run.step == 10
+    # The start-up's phases, in order, each once (benchmarks/startup.py reads them): the first
+    # loop's before its progress line.
+    said = [m["phase"] for m in phases.LINE.finditer(out)]
+    assert said == ["model built", "resumed at step 0", "first loop"], out[-2000:]
+    assert out.index("first loop") < out.index("step 5/10")
     assert os.path.exists(os.path.join(model_dir, "params.yaml"))
     assert glob.glob(os.path.join(model_dir, "train", "events.out.tfevents.*"))
     saved = load_pipeline(DEMO)  # params.yaml is Model Garden's own format

@@ -89,10 +89,11 @@ def run_server(config: TrainConfig) -> NoReturn:
 def run_trainer(config: TrainConfig, beacon=None) -> int:
     """The master, an all-reduce worker, or a single machine; `beacon`: its port, already bound."""
     from od_dist.model import pipeline
-    from od_dist.task import checkpoints, errors, server, strategy, trainer, watch
+    from od_dist.task import checkpoints, errors, phases, server, strategy, trainer, watch
 
     params = _params(config)  # before any wait: a bad pipeline fails at once
     pipeline.check_inputs(params, config.pipeline, train=True)
+    phases.mark("pipeline loaded")
     if not config.selected.task or config.role == "master":
         # Training reads no validation record; the evaluation after it will, and would fail: said
         # now, not after hours of training.
@@ -126,6 +127,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
         return exit_codes.LOST_PEER
     except server.ServerError as e:  # a DeviceError is invalid input: exit 2 (cli/train.py)
         raise RoleError(str(e)) from None
+    phases.mark("group formed")
     print(
         f"{task.name if task else 'single'}: training with {strategy.TF_NAMES[config.strategy_name]}, "
         f"{dist.num_replicas_in_sync} replica(s) in sync, model_dir {config.model_dir}",
@@ -606,7 +608,7 @@ def _serve_final(feed, config: TrainConfig) -> None:
 
 def run(config: TrainConfig) -> int:
     from od_dist import patches
-    from od_dist.task import server, threads
+    from od_dist.task import phases, server, threads
 
     task = config.selected.task
     # The port before TensorFlow's import (seconds): a taken port fails at once. The coordinator
@@ -623,9 +625,12 @@ def run(config: TrainConfig) -> int:
     try:
         # Before anything initialises TensorFlow's thread pools (devices, servers, strategies).
         threads.apply(config.threads, task.name if task else "single")
+        phases.mark("TensorFlow imported")
         # A library upgrade that breaks a patch: one line now, before any wait or step. A server
         # runs none of Model Garden's code: TensorFlow's patches only (no Model Garden import).
         patches.check([patches.TENSORFLOW[0]] if config.is_server else None)
+        if not config.is_server:
+            phases.mark("Model Garden imported")  # by check(): its patches' modules
         if config.is_server:
             return run_server(config)
         if config.role == "evaluator":

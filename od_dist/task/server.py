@@ -28,6 +28,7 @@ from od_dist import patches
 from od_dist.cluster import hostinfo
 from od_dist.cluster.spec import Cluster, Task
 from od_dist.protocol import exit_codes, membership, notes, peers
+from od_dist.task import phases
 from od_dist.task import stop as stop_mod
 
 POLL_S = 0.5
@@ -213,6 +214,7 @@ def serve(
     # Only now say "ready": a Ctrl+C/SIGTERM sent in answer to that line must find the handlers.
     threading.Thread(target=server.join, name=f"{task.name}-join", daemon=True).start()
     print(f"{task.name} serving on {task.address}", flush=True)
+    phases.mark("serving")
 
     master = cluster.master
     # A ps of an elastic job serves whichever member coordinates the round (host/elastic.py).

@@ -158,6 +158,7 @@ def _run(
     )
 
     from od_dist.model import pipeline
+    from od_dist.task import phases
 
     _prepare(params)
     strategy = strategy or tf.distribute.get_strategy()
@@ -170,6 +171,7 @@ def _run(
             model = pipeline.check_model(params, pipeline_path, task.build_model)
         task.build_model = lambda: model
         metrics.name_classes(task, metrics.class_names(params))
+        phases.mark("model built")
         trainer_obj = None
         if mode == "train" and _num_ps_workers(strategy) > 1:
             trainer_obj = train_utils.create_trainer(
@@ -200,9 +202,20 @@ def _run(
         if checkpoint and manager is not None:
             # The Controller restores as it starts: this checkpoint, not the latest.
             patches.restore_from(manager, checkpoint)
-        holder["controller"] = controller_cls(**kwargs)
-        patches.check_controller(holder["controller"])  # before the first step, not at a stop's save
-        return holder["controller"]
+        controller = holder["controller"] = controller_cls(**kwargs)
+        patches.check_controller(controller)  # before the first step, not at a stop's save
+        if controller.trainer is not None:
+            # orbit's Controller restores (or initialises, or receives over the all-reduce) as it is made.
+            phases.mark(f"resumed at step {int(controller.global_step.numpy())}")
+            loops = []
+
+            def first_loop(_output):
+                if not loops:
+                    phases.mark("first loop")
+                loops.append(1)
+
+            controller.train_actions = (first_loop,) + tuple(controller.train_actions)
+        return controller
 
     train_lib.run_experiment(
         distribution_strategy=strategy,
