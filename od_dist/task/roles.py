@@ -628,11 +628,12 @@ def run(config: TrainConfig) -> int:
         phases.mark("TensorFlow imported")
         # A library upgrade that breaks a patch: one line now, before any wait or step. A server
         # runs none of Model Garden's code: TensorFlow's patches only (no Model Garden import).
-        patches.check([patches.TENSORFLOW[0]] if config.is_server else None)
-        if not config.is_server:
-            phases.mark("Model Garden imported")  # by check(): its patches' modules
         if config.is_server:
+            patches.check([patches.TENSORFLOW[0]])
             return run_server(config)
+        patches.import_tf_keras()  # before Model Garden imports it
+        patches.check()
+        phases.mark("Model Garden imported")  # by check(): its patches' modules
         if config.role == "evaluator":
             return run_evaluator(config)
         with _checkpoint_feed(config) as feed:
