@@ -104,8 +104,14 @@ def make_task(params, model_dir: str | None = None, data_threads: int = 0):
     """The pipeline's Model Garden task, its datasets built as od-dist runs them."""
     import tensorflow as tf
     from official.core import task_factory
+    from official.vision.tasks import retinanet
 
     task = task_factory.get_task(params.task, logging_dir=model_dir)
+    if type(task) is retinanet.RetinaNetTask:
+        # Its train step (the model's call, its losses, the optimizer's update) branches on Python
+        # values only: autograph's rewrite of it and of every layer it calls gives the graph it
+        # builds as written, seconds later at every start. Other tasks keep the rewrite.
+        task.train_step = tf.autograph.experimental.do_not_convert(task.train_step)
     # Model Garden's parsers branch on Python values only, so autograph's rewrite of their source
     # (about 150 functions: 5 s of CPU at every start, most of the input pipeline's set-up) gives
     # the graph they build as written. Its augmenters (parser.aug_type: ssd_random_crop, ...) branch
