@@ -198,7 +198,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians over them)")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     parser.add_argument(
-        "--against", help="another od-dist checkout: each case also runs on its code, interleaved"
+        "--against",
+        action="append",
+        default=[],
+        help="another od-dist checkout (repeatable): each case also runs on its code, interleaved",
     )
     parser.add_argument("--timeout", type=float, default=300, help="seconds before a start is given up")
     parser.add_argument("--keep", help="keep model_dirs and logs in this directory")
