@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import netns  # noqa: E402 (the tests' simulated machines)
+from breakdown import breakdown, describe, medians  # noqa: E402 (benchmarks/: where recovery goes)
 from loopback import COCO_LINE, PIPELINE, checkpoint_step  # noqa: E402
 from outage import STEP, set_port, simulated_work  # noqa: E402 (benchmarks/: this folder)
 from test_multihost import PORT, Job, job_cluster, write_scripts  # noqa: E402
@@ -113,6 +114,7 @@ class Fault:
     round_at: float | None = None  # gone: its console's round line with it among the members
     said: list[str] = field(default_factory=list)
     redone: int | None = None
+    went: dict[str, float] = field(default_factory=dict)  # where its recovery went (breakdown.py)
 
 
 def layout(strategy: str, elastic: bool = False) -> dict[int, str]:
@@ -550,7 +552,7 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             )
             model_dirs = {i: workdirs[i] / SEPARATE for i in roles}
         model_dir = model_dirs[MASTER]  # where the master saves: the checkpoints watched and checked
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()  # wall0: the phase lines' `at` on the watch's clock
         job = ChaosJob(cdir, net, roles, scripts, tmpdir)
         disks = {n: str(model_dirs[i]) for n, i in job.machine_of.items() if roles[i] != "ps"}
         watch = Watch(job, disks, t0, everyone=args.elastic)
@@ -636,6 +638,7 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             if fault.kind == "gone" and fault.rejoined_at is not None:
                 end = fault.rejoined_at
             said = watch.said(fault.injected_at, end)
+            fault.went = breakdown(watch.lines, wall0, fault.injected_at, end)
             # The round lines first: who trained after the fault.
             fault.said = [s for s in said if ROUND.search(s)] + [s for s in said if not ROUND.search(s)]
             # A restarted master (elastic: any new round) resumes from the checkpoint named last
@@ -859,12 +862,13 @@ def report(r: dict, faults: list[Fault], baseline: dict | None, args) -> None:
     for name, ok, evidence in invariants(r, faults, baseline, args):
         print(f"| {name} | {'n/a' if ok is None else 'pass' if ok else 'FAIL'} | {evidence} |")
     print(
-        "\n| # | at (s) | step | fault | what od-dist printed | recovery (s) | steps redone |\n|---|---|---|---|---|---|---|"
+        "\n| # | at (s) | step | fault | what od-dist printed | recovery (s) | where it went (s after the fault) "
+        "| steps redone |\n|---|---|---|---|---|---|---|---|"
     )
     for n, f in enumerate(faults, 1):
         if f.injected_at is None:
             print(
-                f"| {n} | | | {f.kind}: not injected (training ended or a fault before was not recovered) | | | |"
+                f"| {n} | | | {f.kind}: not injected (training ended or a fault before was not recovered) | | | | |"
             )
             continue
         rec = f"{f.recovered_at - f.injected_at:.1f}" if f.recovered_at is not None else "not recovered"
@@ -872,7 +876,8 @@ def report(r: dict, faults: list[Fault], baseline: dict | None, args) -> None:
             rec += "; " + gone_figures(f)
         said = "<br>".join(s.replace("|", "/") for s in f.said[:3]) or "(nothing)"
         print(
-            f"| {n} | {f.injected_at:.0f} | {f.before_step} | {f.kind}: {f.note} | {said} | {rec} | {f.redone} |"
+            f"| {n} | {f.injected_at:.0f} | {f.before_step} | {f.kind}: {f.note} | {said} | {rec} | "
+            f"{describe(f.went)} | {f.redone} |"
         )
     injected = [f for f in faults if f.injected_at is not None]
     times = [f.recovered_at - f.injected_at for f in injected if f.recovered_at is not None]
@@ -886,6 +891,10 @@ def report(r: dict, faults: list[Fault], baseline: dict | None, args) -> None:
         + (f"median {statistics.median(times):.0f} s, max {max(times):.0f} s" if times else "none")
         + f"; {sum(f.redone or 0 for f in injected)} steps redone; wall clock {overhead}",
         flush=True,
+    )
+    went = [f.went for f in injected if f.went]
+    print(
+        f"where recovery went, median s after the fault (faults): {medians(went) or 'no lines'}", flush=True
     )
     if args.elastic:
         lost = [f for f in injected if f.kind == "gone"]

@@ -209,10 +209,10 @@ PATCHES = (
         "keras-without-pandas",
         TF_KERAS,
         ("tf_keras.src.engine.data_adapter:pd",),
-        "imports tf_keras with pandas hidden, so that its data_adapter's optional pandas is None "
-        "(import_tf_keras)",
+        "imports TensorFlow (and the tf_keras it loads) with pandas hidden, so that tf_keras's "
+        "data_adapter's optional pandas is None (import_tensorflow)",
         "pandas is there only for Model.fit on DataFrames, which od-dist never calls: 0.3-0.5 s of "
-        "every trainer's start",
+        "every task's start",
     ),
     Patch(
         "keras-no-traces",
@@ -485,14 +485,15 @@ def own_executor():
 # ----- tf_keras -------------------------------------------------------------------------------
 
 
-def import_tf_keras() -> None:
-    """keras-without-pandas: imports tf_keras (Model Garden's Keras) as pandas were not installed;
-    pandas itself stays importable for any other module."""
-    if "tf_keras" in sys.modules or "pandas" in sys.modules:
+def import_tensorflow() -> None:
+    """keras-without-pandas: imports TensorFlow, and with TF_USE_LEGACY_KERAS the tf_keras it
+    loads (Model Garden's Keras), as if pandas were not installed; pandas itself stays importable
+    for any other module."""
+    if "tensorflow" in sys.modules or "pandas" in sys.modules:
         return
     sys.modules["pandas"] = None  # `import pandas` raises ImportError (the import system's rule)
     try:
-        import tf_keras  # noqa: F401
+        import tensorflow  # noqa: F401
     finally:
         del sys.modules["pandas"]
 

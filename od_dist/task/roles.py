@@ -623,6 +623,7 @@ def run(config: TrainConfig) -> int:
             beacon.close()
             beacon = None
     try:
+        patches.import_tensorflow()
         # Before anything initialises TensorFlow's thread pools (devices, servers, strategies).
         threads.apply(config.threads, task.name if task else "single")
         phases.mark("TensorFlow imported")
@@ -631,7 +632,6 @@ def run(config: TrainConfig) -> int:
         if config.is_server:
             patches.check([patches.TENSORFLOW[0]])
             return run_server(config)
-        patches.import_tf_keras()  # before Model Garden imports it
         patches.check()
         phases.mark("Model Garden imported")  # by check(): its patches' modules
         if config.role == "evaluator":
