@@ -213,3 +213,26 @@ def test_each_attribute_a_patch_reads_on_an_instance_renamed_ends_the_task_in_on
 @pytest.mark.slow
 def test_a_parameter_server_strategy_without_its_resolver_ends_the_task_in_one_line():
     _assert_each_ends(_cases(f"PORTS = {free_ports(3)}\n" + HELD_PS), {"strategy-resolver"})
+
+
+def test_tensorflow_is_imported_without_pandas_which_stays_importable():
+    # keras-without-pandas: tf_keras (loaded by TensorFlow under TF_USE_LEGACY_KERAS) takes pandas
+    # for absent; any other module may still import it.
+    code = (
+        "import sys\n"
+        "from od_dist import patches\n"
+        "patches.import_tensorflow()\n"
+        "from tf_keras.src.engine import data_adapter\n"
+        "assert 'tf_keras' in sys.modules and 'pandas' not in sys.modules\n"
+        "assert data_adapter.pd is None\n"
+        "import pandas\n"
+        "print('ok', pandas.DataFrame({'a': [1]}).shape)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(TF_USE_LEGACY_KERAS="1", PYTHONPATH=python_path(ROOT)),
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok (1, 1)", r.stdout[-2000:] + r.stderr[-2000:]
