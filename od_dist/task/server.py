@@ -213,8 +213,8 @@ def serve(
             signal.signal(getattr(signal, name), on_signal)
     # Only now say "ready": a Ctrl+C/SIGTERM sent in answer to that line must find the handlers.
     threading.Thread(target=server.join, name=f"{task.name}-join", daemon=True).start()
+    phases.mark("serving")  # before the line a benchmark or a test waits for
     print(f"{task.name} serving on {task.address}", flush=True)
-    phases.mark("serving")
 
     master = cluster.master
     # A ps of an elastic job serves whichever member coordinates the round (host/elastic.py).
