@@ -53,7 +53,14 @@ def processes(lines: dict, wall0: float, start: float, end: float) -> dict:
 def breakdown(lines: dict, wall0: float, injected: float, end: float) -> dict[str, float]:
     got: dict[str, float] = {}
     seen = sorted(
-        (t, m) for seq in list(lines.values()) for t, text in list(seq) for m in [BACKOFF.search(text)] if m
+        (
+            (t, m)
+            for seq in list(lines.values())
+            for t, text in list(seq)
+            for m in [BACKOFF.search(text)]
+            if m
+        ),
+        key=lambda x: x[0],
     )
     after = [(t, m) for t, m in seen if injected <= t <= end]
     if after:
