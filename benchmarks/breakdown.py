@@ -34,8 +34,8 @@ ORDER = (
 
 
 def processes(lines: dict, wall0: float, start: float, end: float) -> dict:
-    """{(log key, its start on the watch's clock): {phase: when}} for every task process whose
-    phase lines fall in [start, end]; `lines`: {key: [(time seen, text)]}, `wall0`: time.time()
+    """{(log key, its start on the watch's clock): {phase: when}} for every task process started
+    at or after `start`, its phase lines up to `end`; `lines`: {key: [(time seen, text)]}, `wall0`: time.time()
     at the watch's zero."""
     found: dict = {}
     for key, seq in list(lines.items()):
@@ -44,8 +44,8 @@ def processes(lines: dict, wall0: float, start: float, end: float) -> dict:
             if not m:
                 continue
             at = float(m["at"]) - wall0
-            if start <= at <= end:
-                began = round(at - float(m["since"]), 1)
+            began = round(at - float(m["since"]), 1)
+            if start <= began and at <= end:  # started after the fault: a restart of it
                 found.setdefault((key, began), {"started": began})[m["phase"].split(" at step")[0]] = at
     return found
 
