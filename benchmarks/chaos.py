@@ -39,7 +39,9 @@ run of the same length and layout, unless `--no_baseline`; elastic: each machine
 exits 0, but that of one lost for good, which died with it; the final checkpoint is on the disk of
 every member of the last round; each disk's checkpoints never go backwards, a wiped one counted
 anew; what a power-off leaves in its temporary folders is listed, not counted) and prints them, one
-row per fault and a summary line, as Markdown tables.
+row per fault and a summary line, as Markdown tables. Each fault's row says where its recovery went
+(benchmarks/breakdown.py: the restart line, then the phase lines of the tasks started after it,
+od_dist/task/phases.py), and the summary line the median of each phase over the faults.
 
 Every wait is bounded but generous (`--timeout`, `--recovery_timeout`): the box may be slow.
 Needs root (namespaces); says why and exits 0 otherwise.
