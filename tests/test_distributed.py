@@ -31,6 +31,7 @@ from loopback import (
 
 from od_dist.host import cpu_budget
 from od_dist.protocol import notes
+from od_dist.task import phases
 
 pytestmark = pytest.mark.slow
 
@@ -124,6 +125,23 @@ def test_parameter_server_job_then_eval(ps_job):
     }
     assert "grpc_server_lib.cc" in logs["ps-0.log"] and "Average Precision" in logs["evaluator-0.log"]
     assert "[ps:0] ps:0 serving on" in out and "ps:0 serving on" in logs["ps-0.log"]
+    # Each task's start-up, one line a phase, in order (benchmarks/startup.py and chaos.py read them).
+    said = {}
+    for line in out.splitlines():
+        m = phases.LINE.search(line)
+        if m:
+            said.setdefault(line.split("]", 1)[0].lstrip("["), []).append(m["phase"])
+    for name in ("ps:0", "worker:0", "worker:1"):
+        assert said[name] == ["TensorFlow imported", "serving"], said
+    assert said["master:0"] == [
+        "TensorFlow imported",
+        "Model Garden imported",
+        "pipeline loaded",
+        "group formed",
+        "model built",
+        "resumed at step 0",
+        "first loop",
+    ], said
 
     r = ps_job.evaluated
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
