@@ -454,3 +454,58 @@ def test_who_trained_when_leaves_out_empty_rounds_and_joins_rounds_of_the_same_m
         "trained steps 0-150 on 3 of 3 trainers, 150-550 on 2 of 3 trainers (without worker:1), "
         "550-1,200 on 3 of 3 trainers"
     )
+
+
+def test_the_looker_outlives_an_error_of_one_look_and_sees_no_one_meanwhile(clusters):
+    """A look that raises (an answer that is no HTTP, a bug in one read): one line, the others count
+    as unseen for that look (the coordinator's lease and the forming read it so), and the next look
+    sees them again. Before, the looker thread died and its machine acted on a frozen view."""
+    c = clusters(3, 2)
+    c.wait_for(ALL3)
+    m = c.machines[1]
+    read, failed = m.e._read_others, []
+
+    def failing_once():
+        if not failed:
+            failed.append(1)
+            raise RuntimeError("a read that broke")
+        return read()
+
+    m.e._read_others = failing_once
+    wait_until(lambda: failed and m.e._alive)
+    assert any(
+        "membership: a look at the other machines failed (RuntimeError: a read that broke)" in line
+        for line in c.lines
+    ), c.lines
+
+
+def test_a_forming_machine_takes_no_done_of_another_run_for_the_end_of_its_own():
+    """A machine forming (its trainers restarted) that sees a machine still serving DONE of an
+    earlier run goes on forming; a DONE of its own run (or any, when it holds none) ends its part."""
+    from od_dist.host import agreement
+
+    cluster = cluster_of(3, 2)
+    here = agreement.Agreement(
+        cluster,
+        (cluster.members()[1],),
+        lambda line: None,
+        60.0,
+        newest_step=lambda: 40,
+        batch_problem=lambda members: None,
+        clock=lambda: 0.0,
+        run_of=lambda: "bbbbbbbbbbbb",
+    )
+    done = {
+        "job": cluster.job_id(),
+        "trainers": ["master:0"],
+        "phase": membership.DONE,
+        "round": 3,
+        "members": [],
+        "step": 900,
+        "run": "aaaaaaaaaaaa",
+        "history": [],
+    }
+    here.seen({"10.9.0.1": done}, 0.0)
+    assert here.finished_elsewhere() is None
+    here.seen({"10.9.0.1": {**done, "run": "bbbbbbbbbbbb"}}, 0.0)
+    assert here.finished_elsewhere()["run"] == "bbbbbbbbbbbb"
