@@ -29,6 +29,7 @@ from loopback import ROOT, od_dist
 
 from od_dist.cli.flags import LAUNCH_MAX_RESTARTS
 from od_dist.cluster import spec as cluster_mod
+from od_dist.protocol import notes
 from od_dist.render import machines, quote, readme, scripts
 
 LAN = os.path.join(ROOT, "clusters", "lan-example.yaml")
@@ -1183,7 +1184,7 @@ def test_at_boot_schtasks_lines():
     )
     script = "C:\\Program Files (x86)\\od dist&x^y!z\\master-0.cmd"
     assert boot.script_path(master, "windows") == script
-    (create, run), (end, delete) = boot.schtasks_lines(master, boot.AtBoot())
+    (create, run), (stop, wait, end, delete) = boot.schtasks_lines(master, boot.AtBoot())
     # The line as cmd passes it on (quote.cmd: no quoted state, every special character ^-escaped),
     # then split as schtasks splits its command line (the C runtime's rules).
     argv = mslex.split(cmd_batch_line(create), like_cmd=False)
@@ -1210,6 +1211,12 @@ def test_at_boot_schtasks_lines():
     assert mslex.split(cmd_c_s(tr), like_cmd=False) == [script]
     assert exec_.find("t:WorkingDirectory", ns).text == BOOT_WINDOWS_WORKDIR
     assert mslex.split(cmd_batch_line(run), like_cmd=False) == ["schtasks", "/Run", "/TN", "od-dist-master-0"]
+    # The removal stops the job first as a SIGTERM does (the trainers save), through the stop file
+    # its supervisor watches in its working directory, and gives it its grace period.
+    command, target = stop.split(" > ")  # a redirection of cmd's, meant
+    assert command == "type nul"
+    assert mslex.split(cmd_batch_line(target), like_cmd=False) == [BOOT_WINDOWS_WORKDIR + notes.STOP_FILE]
+    assert wait == f"timeout /t {boot.STOP_WAIT_S} /nobreak"
     assert mslex.split(cmd_batch_line(end), like_cmd=False) == ["schtasks", "/End", "/TN", "od-dist-master-0"]
     assert mslex.split(cmd_batch_line(delete), like_cmd=False) == [
         "schtasks",
@@ -1271,7 +1278,7 @@ def test_at_boot_windows_task_registers_in_wines_task_scheduler(wine, tmp_path):
     data, _ = scripts.encoded(boot.task_file(master), boot.render_task(master, boot.AtBoot()))
     workdir.mkdir()
     (workdir / boot.task_file(master)).write_bytes(data)
-    (create, _), (end, delete) = boot.schtasks_lines(master, boot.AtBoot())
+    (create, _), (stop, _, end, delete) = boot.schtasks_lines(master, boot.AtBoot())
     r = wine.run_cmd(["/c", create])
     assert r.returncode == 0, (r.stdout, r.stderr)
     stored = (
@@ -1287,6 +1294,8 @@ def test_at_boot_windows_task_registers_in_wines_task_scheduler(wine, tmp_path):
     settings = {e.tag.split("}")[1]: e.text for e in task.find("t:Settings", ns)}
     assert settings["ExecutionTimeLimit"] == "PT0S" and settings["MultipleInstancesPolicy"] == "IgnoreNew"
     assert settings["DisallowStartIfOnBatteries"] == settings["StopIfGoingOnBatteries"] == "false"
+    r = wine.run_cmd(["/c", stop])  # the stop file, where the task's supervisor watches for it
+    assert r.returncode == 0 and (workdir / notes.STOP_FILE).exists(), (r.stdout, r.stderr)
     wine.run_cmd(["/c", end])  # nothing runs it here: what matters is that the delete follows
     r = wine.run_cmd(["/c", delete])
     assert r.returncode == 0 and not stored.exists(), (r.stdout, r.stderr)
@@ -1359,7 +1368,8 @@ def test_cli_at_boot(tmp_path):
     ) in section
     assert (
         "schtasks /Create /TN od-dist-master-0 /XML C:\\TFWS\\od-dist\\od-dist-master-0.xml /RU SYSTEM /F\n"
-        "schtasks /Run /TN od-dist-master-0\n```\n\nTo remove it:\n\n```\nschtasks /End /TN od-dist-master-0\n"
+        "schtasks /Run /TN od-dist-master-0\n```\n\nTo remove it:\n\n```\ntype nul > C:\\TFWS\\od-dist\\od-dist.stop\n"
+        "timeout /t 150 /nobreak\nschtasks /End /TN od-dist-master-0\n"
         "schtasks /Delete /TN od-dist-master-0 /F\n"
     ) in section
     # Without the flag again: the units go (od-dist wrote them), the rest is the plain run's.

@@ -842,3 +842,31 @@ def test_a_windows_supervisor_passes_a_stop_on_as_what_it_is(tmp_path, windows, 
         f"master:0 {what} {code}",
         "ps:0 SIGTERM 143",  # then the servers: the system's stop, once the trainers are done
     ]
+
+
+def test_the_stop_file_stops_the_job_as_a_sigterm_does_and_an_older_one_is_no_word(tmp_path):
+    """Windows sends a scheduled task no signal: the boot task's removal writes od-dist.stop in the
+    working directory, and the supervisor stops the job as a SIGTERM does, the trainer first (it
+    saves), exit 143, the file taken away. One left over from before this start stops nothing."""
+    stop_file, ready = tmp_path / "od-dist.stop", tmp_path / "ready"
+    stop_file.write_text("")
+    os.utime(stop_file, (time.time() - 60, time.time() - 60))  # an earlier run's
+    trainer = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+        f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)"
+    )
+    job = Job(MWMS, [MASTER], lambda t, n: trainer, stop_file=str(stop_file))
+
+    def stop_once_started():
+        wait_until(ready.exists)
+        time.sleep(1)
+        assert job.sup.running, job.lines  # the old file stopped nothing
+        stop_file.write_text("")
+
+    in_background(stop_once_started)
+    assert job.run() == 143, job.lines
+    assert any(f"{stop_file} appeared: asking master:0 to save a checkpoint" in line for line in job.lines), (
+        job.lines
+    )
+    assert not stop_file.exists()

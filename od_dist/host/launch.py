@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from od_dist.cluster.spec import Task
 from od_dist.host import supervisor
+from od_dist.protocol import notes
 
 
 @dataclass
@@ -210,6 +211,7 @@ def run(
         eval_command=eval_command,
         model_dir=model_dir,
         elastic=elastic(say) if elastic else None,
+        stop_file=os.path.abspath(notes.STOP_FILE),
     )
     previous = handle_signals(sup.on_signal)
     try:
@@ -257,6 +259,7 @@ def run_task(
         model_dir=model_dir,
         term_to_all=term_to_all,
         elastic=elastic(say) if elastic else None,
+        stop_file=os.path.abspath(notes.STOP_FILE),
     )
     previous = handle_signals(sup.on_signal)
     try:

@@ -108,6 +108,9 @@ class Supervisor(Rounds):
     # An elastic job (min_trainers): the trainers here start in the group the trainer machines agree
     # (host/elastic.py), and a lost trainer means a new round rather than a restart of the same one.
     elastic: elastic_mod.Elastic | None = None
+    # A file whose appearance stops the job as a SIGTERM does (the trainers save first): how a
+    # Windows boot task's removal stops it gracefully, as Windows sends a task no signal.
+    stop_file: str | None = None
     regrouping: bool = False  # the trainers here were asked to stop for a new round
     regroup_asked_at: float = float("inf")  # when
 
@@ -352,9 +355,12 @@ class Supervisor(Rounds):
         return self.lead in self.finished if self.lead is not None else self._training_over()
 
     def _loop(self) -> int:
+        started = time.time()
         while True:
+            if self._stop_asked(started):
+                self.signals.append(signal.SIGTERM)
             if self.signals:
-                return self._interrupt(self.signals[0])
+                return self._interrupt(self.signals[0], self._stop_why)
             now = time.monotonic()
             for name, due in list(self.pending.items()):
                 if now >= due:
@@ -385,6 +391,22 @@ class Supervisor(Rounds):
                 if result is not None:
                     return result
             time.sleep(POLL_S)
+
+    _stop_why: str | None = None
+
+    def _stop_asked(self, started: float) -> bool:
+        """The stop file appeared since the job started here (an older one is no word for this
+        run): it is removed and the job stopped as a SIGTERM stops it."""
+        if not self.stop_file or self._stop_why:
+            return False
+        try:
+            if os.stat(self.stop_file).st_mtime < started - 1:
+                return False
+            os.remove(self.stop_file)
+        except OSError:
+            return False
+        self._stop_why = f"{self.stop_file} appeared"
+        return True
 
     def _after_training(self) -> int | None:
         """Once a trainer finished: the lead, if still running, is waited for while it makes

@@ -9,6 +9,10 @@ import re
 
 from od_dist.protocol import exit_codes
 
+# A file in a supervisor's working directory whose appearance stops its job as a SIGTERM does (the
+# trainers save first): what a Windows boot task's removal writes, as Windows sends a task no signal.
+STOP_FILE = "od-dist.stop"
+
 # ----- the master's word to its servers (a stop marker, or said on its port before training) -----
 
 DONE = "finished training"  # the end of the job: the servers exit 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
 from od_dist.cluster.messages import PATH_SHOWN_MAX, problem
-from od_dist.protocol import exit_codes
+from od_dist.protocol import exit_codes, notes
 from od_dist.render import quote
 from od_dist.render.machines import Launch, ScriptError
 
@@ -257,6 +257,14 @@ def render_task(launch: Launch, at_boot: AtBoot) -> str:
     )
 
 
+STOP_WAIT_S = 150  # the trainers' --grace_period (120 s by default) and the servers' stop after it
+
+
+def _stop_file(launch: Launch) -> str:
+    """The stop file in the task's working directory (protocol/notes.py), a Windows path."""
+    return ntpath.join(_workdir(launch, "windows"), notes.STOP_FILE)
+
+
 def task_command(launch: Launch) -> str:
     """The task's command: cmd runs the .cmd by its quoted path. /s takes the outer quotes off
     whatever the path holds (& ( ) ^ spaces); /d skips AutoRun commands; /v:off keeps `!` literal."""
@@ -286,5 +294,12 @@ def schtasks_lines(launch: Launch, at_boot: AtBoot) -> tuple[list[str], list[str
     create = ["schtasks", "/Create", "/TN", task, "/XML", task_path(launch), *run_as, "/F"]
     return (
         [" ".join(quote.cmd(a) for a in create), f"schtasks /Run /TN {quote.cmd(task)}"],
-        [f"schtasks /End /TN {quote.cmd(task)}", f"schtasks /Delete /TN {quote.cmd(task)} /F"],
+        [
+            # The job stopped as a SIGTERM stops it (the trainers save), given its grace period
+            # to end by itself; /End then ends whatever is left at once.
+            f"type nul > {quote.cmd(_stop_file(launch))}",
+            f"timeout /t {STOP_WAIT_S} /nobreak",
+            f"schtasks /End /TN {quote.cmd(task)}",
+            f"schtasks /Delete /TN {quote.cmd(task)} /F",
+        ],
     )

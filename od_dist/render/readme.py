@@ -13,6 +13,7 @@ from od_dist.cluster.spec import Cluster, Task
 from od_dist.cluster.topology import connecting_peers, feed_readers, model_dir_line
 from od_dist.cluster.validate import PARAMETER_SERVER
 from od_dist.host.policy import HEALTHY_S
+from od_dist.protocol import notes
 from od_dist.render import boot, quote
 from od_dist.render.machines import Launch
 
@@ -170,8 +171,10 @@ def _boot_sections(items: list[Launch], at_boot: boot.AtBoot) -> list[str]:
             f"- Windows: Task Scheduler runs the `.cmd` as {user} whether anyone is logged on or not, with no "
             "time limit and on battery too"
             + (" (schtasks asks for the user's password once)" if at_boot.user else "")
-            + ", and does not start it again after it ends (`schtasks /Run` does); `schtasks /End`, the first "
-            "removal line, ends a running one at once, without a checkpoint; what it prints is in each "
+            + ", and does not start it again after it ends (`schtasks /Run` does). The removal lines first "
+            f"stop the job as a SIGTERM does (the trainers save a checkpoint): `{notes.STOP_FILE}` in the "
+            "working directory, which its od-dist watches for, then the grace period's wait; `schtasks /End` "
+            "then ends whatever still runs at once. What it prints is in each "
             "task's log in `<model_dir>/logs/`. The lines below are for an Administrator cmd, not "
             "PowerShell (which passes their quotes on otherwise)."
         )
