@@ -41,6 +41,7 @@ round without it. No TensorFlow here.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -137,6 +138,7 @@ class Agreement:
         # What its disk remembers of the rounds (`recall`, kept by `record`): the last round this
         # machine trained in, and the round its newest checkpoint came in, which a new process of
         # od-dist (a reboot) would not know otherwise. Rounds go on counting from it.
+        self._noting = threading.Lock()
         kept = self.recall() or {}
         self.round = self._trained_round = int(kept.get("round", 0))
         self._step_seen = 0  # the newest step at the last look, and the round it came in
@@ -168,10 +170,11 @@ class Agreement:
         """The round of this machine's newest checkpoint: the round its trainers last trained in
         when the step changed (saved, a stop's save, a copy fetched); 0 for what a new process of
         od-dist finds on the disk, which a round of the live machines then beats."""
-        step = self.newest_step() or 0
-        if step != self._step_seen:
-            self._step_seen, self._step_round = step, (self._trained_round if step else 0)
-            self._keep()
+        with self._noting:  # the looker's thread and the membership server's both note it
+            step = self.newest_step() or 0
+            if step != self._step_seen:
+                self._step_seen, self._step_round = step, (self._trained_round if step else 0)
+                self._keep()
 
     def _keep(self) -> None:
         self.record({"round": self._trained_round, "step": self._step_seen, "step_round": self._step_round})

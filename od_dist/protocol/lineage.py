@@ -75,12 +75,16 @@ def rounds_kept(model_dir: str) -> dict | None:
 
 def keep_rounds(model_dir: str, kept: dict) -> None:
     """Keeps an elastic job's rounds as this machine saw them beside its checkpoints (a temporary
-    file renamed over it): a reboot goes on counting from them."""
-    os.makedirs(model_dir, exist_ok=True)
+    file renamed over it): a reboot goes on counting from them. Best effort: a disk that refuses
+    (full, held by another program) costs only what a reboot would remember."""
     tmp = os.path.join(model_dir, f".{ROUNDS_FILE}.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(kept, f)
-    os.replace(tmp, os.path.join(model_dir, ROUNDS_FILE))
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(kept, f)
+        os.replace(tmp, os.path.join(model_dir, ROUNDS_FILE))
+    except OSError:
+        pass
 
 
 def intact(model_dir: str, prefix: str) -> bool:
