@@ -33,21 +33,21 @@ class Rounds:
         if e.phase == elastic_mod.TRAINING:
             if running and not self.regrouping:
                 why = e.newcomer()
-                if why and e.lease_lost:
-                    # Cut off, its save cannot reach the ps; healed, its steps and its save would race
-                    # the round the others form meanwhile, whose newer checkpoint wins anyway.
+                if why:
                     names = ", ".join(t.name for t in running)
-                    self.say(f"{why}: killing {names} (a save now would race the round the others form)")
                     self.regrouping = e.stopping = True
                     self.regroup_asked_at = time.monotonic()
-                    kill_all([r.proc for r in self._member_runs()])
-                elif why:
-                    names = ", ".join(t.name for t in running)
-                    self.say(f"{why}: asking {names} to save a checkpoint and stop, to go on in a new round")
-                    self.regrouping = e.stopping = True
-                    self.regroup_asked_at = time.monotonic()
-                    for r in self._member_runs():
-                        send(r, signal.SIGTERM)
+                    if e.lease_lost:
+                        # Cut off, its save cannot reach the ps; healed, its steps and its save would
+                        # race the round the others form meanwhile, whose newer checkpoint wins anyway.
+                        self.say(f"{why}: killing {names} (a save now would race the round the others form)")
+                        kill_all([r.proc for r in self._member_runs()])
+                    else:
+                        self.say(
+                            f"{why}: asking {names} to save a checkpoint and stop, to go on in a new round"
+                        )
+                        for r in self._member_runs():
+                            send(r, signal.SIGTERM)
             elif running and time.monotonic() - self.regroup_asked_at > self.grace_s:
                 # A step that never ends (its peers cut off) never reaches the loop boundary where
                 # the stop is taken: killed, as --grace_period says, so that this machine forms again.
