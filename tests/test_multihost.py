@@ -678,10 +678,12 @@ def test_elastic_parameter_server_the_masters_link_cut_60_s_then_healed_one_coor
     cluster = job_cluster(
         tmp_path, net, roles, checkpoint_port=PORT + 1, min_trainers=2, membership_port=PORT + 2
     )
-    # A checkpoint every 60 steps: the evaluator scores each, which the job's end waits for.
-    steps = 300
+    # Enough steps that the job still trains when the link comes back (round 2 trained 175 steps in
+    # the 60 s of a quiet run's cut, and finished); a checkpoint every 100: the evaluator scores
+    # each, which the job's end waits for.
+    steps = 900
     override = TINY.format(steps=steps, data=data_dir).replace(
-        "checkpoint_interval=5", "checkpoint_interval=60"
+        "checkpoint_interval=5", "checkpoint_interval=100"
     )
     scripts, _ = write_scripts(
         tmp_path, cluster, data_dir, steps, wait_timeout=300, override=override, model_dir="runs/lan"
