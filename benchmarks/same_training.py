@@ -23,7 +23,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from loopback import PIPELINE  # noqa: E402 (the demo pipeline)
+from loopback import PIPELINE, shapes_data  # noqa: E402 (the demo pipeline, its data)
 
 PY = sys.executable
 LOSS = re.compile(r"od-dist train \| step (\d+)/\d+ .*?\| loss ([\d.]+)")
@@ -74,14 +74,7 @@ def main() -> int:
     runs += [(os.path.basename(os.path.abspath(d)), os.path.abspath(d), {}) for d in args.against]
     runs += [(f"this checkout, {e}", REPO, dict([e.split("=", 1)])) for e in args.env]
     with tempfile.TemporaryDirectory(prefix="od-dist-same-") as work:
-        data = os.path.join(work, "data")
-        subprocess.run(
-            [PY, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=64", "--num_val=8"],
-            cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=REPO),
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        data = shapes_data(work, PY)
         curves = {}
         for i, (name, code_dir, env) in enumerate(runs):
             curves[name] = losses(code_dir, env, work, f"run{i}", data, args.steps)

@@ -37,7 +37,7 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from loopback import PIPELINE, free_ports  # noqa: E402 (the tests' demo pipeline, free ports)
+from loopback import PIPELINE, free_ports, shapes_data  # noqa: E402 (the tests' demo pipeline, free ports, data)
 
 from od_dist.task.phases import LINE  # noqa: E402 (the phase lines, as the tasks print them)
 
@@ -220,14 +220,7 @@ def main() -> int:
     loads = [tuple(round(x, 1) for x in os.getloadavg())]
     results: dict[str, list[dict]] = {c: [] for c in cases}
     try:
-        data = os.path.join(work, "data")
-        subprocess.run(
-            [PY, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=64", "--num_val=8"],
-            cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=REPO),
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        data = shapes_data(work, PY)
         for r in range(args.rounds):
             for case in cases[r % len(cases) :] + cases[: r % len(cases)]:  # rotate: none always first
                 result = run_case(case, work, f"r{r}-{case}", data, checkouts[case], args.timeout)

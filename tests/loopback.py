@@ -151,3 +151,17 @@ def checkpoint_code(model_dir, step) -> str:
 def write_checkpoint(model_dir, step) -> None:
     """checkpoint_code, run here."""
     exec(checkpoint_code(model_dir, step), {})
+
+
+def shapes_data(folder, python=sys.executable) -> str:
+    """The benchmarks' small shapes dataset (64 training images, 8 validation) in `folder`/data,
+    written by this checkout's `od-dist data shapes`; returns that folder."""
+    data = os.path.join(folder, "data")
+    subprocess.run(
+        [python, "-m", "od_dist", "data", "shapes", f"--out={data}", "--num_train=64", "--num_val=8"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return data

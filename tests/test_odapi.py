@@ -988,30 +988,26 @@ def test_data_odapi_keeps_tensorflow_s_log_off_the_console(tmp_path):
     write_odapi_records(str(tmp_path / "train.record"), 2, seed=3)
     write_odapi_records(str(tmp_path / "val.record"), 1, seed=4)
     (tmp_path / "label_map.pbtxt").write_text(LABEL_MAP)
-    r = loopback.od_dist(
-        "data",
-        "odapi",
-        f"--train={tmp_path / 'train.record'}",
-        f"--val={tmp_path / 'val.record'}",
-        f"--labels={tmp_path / 'label_map.pbtxt'}",
-        f"--out={tmp_path / 'out'}",
-        env={"TF_CPP_MIN_LOG_LEVEL": None},
-    )
+    r = loopback.od_dist(*odapi_args(tmp_path), env={"TF_CPP_MIN_LOG_LEVEL": None})
     assert r.returncode == 0, r.stderr
     assert not re.search(r"^\S+ \S+: [IWE] |cuInit", r.stderr, re.M), r.stderr
 
 
-def odapi_with_labels(capsys, tmp_path):
+def odapi_args(tmp_path) -> list[str]:
     """`data odapi` of tmp_path's train.record and val.record with its label_map.pbtxt, into out."""
-    return run_cli(
-        capsys,
+    return [
         "data",
         "odapi",
         f"--train={tmp_path / 'train.record'}",
         f"--val={tmp_path / 'val.record'}",
         f"--labels={tmp_path / 'label_map.pbtxt'}",
         f"--out={tmp_path / 'out'}",
-    )
+    ]
+
+
+def odapi_with_labels(capsys, tmp_path):
+    """odapi_args, run in this process."""
+    return run_cli(capsys, *odapi_args(tmp_path))
 
 
 def test_data_odapi_writes_nothing_on_a_problem(tmp_path, capsys):
