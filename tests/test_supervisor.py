@@ -243,6 +243,28 @@ def test_the_backoff_doubles_while_restarts_come_quickly_and_starts_over_after_a
     assert streaks == [1, 2, 1]  # the third start lived 1.5 s, longer than the reset
 
 
+def test_the_backoff_starts_over_after_progress_and_a_saved_stop_waits_nothing(tmp_path):
+    """Faults a minute apart at most but each after a newer checkpoint (a chaos run's) each wait
+    the first backoff, not a doubling one; a SIGTERM every task saved at restarts at once; two in a
+    row with no progress between them back off."""
+
+    def scripts(t, n):
+        term = "import os, signal, time\n" + (checkpoint_code(tmp_path, 40) if n == 3 else "")
+        if n < 3:
+            return saves_then_dies(tmp_path, 10 * (n + 1))
+        if n < 5:
+            return term + "os.kill(os.getpid(), signal.SIGTERM)"
+        return exits(0)
+
+    job = Job(MWMS, [MASTER], scripts, max_restarts=3, model_dir=str(tmp_path))
+    streaks = []
+    job.sup.backoff = lambda n: streaks.append(n) or 0.0
+    assert job.run() == 0, job.lines
+    # The first SIGTERM (after step 40 was saved) waits nothing; the second, with no progress, backoff(2).
+    assert streaks == [1, 1, 1, 2], job.lines
+    assert job.lines[3] == "master:0 died (exit 143, terminated); restart 1/3 (4 in all) in 0 s"
+
+
 def test_a_lost_ps_restarts_every_task_and_gives_up_naming_the_first_failure():
     def scripts(t, n):
         if t.name == "ps:0":

@@ -16,9 +16,10 @@ The rules (TensorFlow's fault tolerance for parameter-server and multi-worker tr
   - a person's stop (a trainer or server that exits 130, SIGINT: Ctrl+C on this machine or, passed
     on through the job, on another) is never restarted: every task here is stopped, trainers
     first, and the job exits 130.
-Each restart waits a backoff (2 s, doubling while restarts follow each other within a minute) and
-counts against --max_restarts, a budget of restarts in a row (Budget): progress since the last
-restart starts the count over. Past it (a parameter_server worker aside) the job stops and exits
+Each restart waits a backoff (2 s, doubling while restarts follow each other with no progress
+between them and within a minute; none for a stop every task saved at, `saved_stop`) and counts
+against --max_restarts, a budget of restarts in a row (Budget): progress since the last restart
+starts both counts over. Past it (a parameter_server worker aside) the job stops and exits
 with the retryable code it gave up on, for an outer restarter, naming the first failure of the
 streak (the root cause, as torchrun reports it).
 """
@@ -109,6 +110,12 @@ def plan(strategy: str, tasks: list[Task], exits: list[tuple[Task, int]]) -> Pla
     if alone:
         return Plan(RESTART_TASK, alone[0], tuple(task for task, _ in alone))
     return Plan(DONE, None)
+
+
+def saved_stop(codes) -> bool:
+    """Every exit a SIGTERM's (here or on a peer: a trainer takes it at a loop's end and saves):
+    the cause is known and over, so the restart need not wait for anything."""
+    return all(exit_codes.normalize(c) == exit_codes.TERMINATED for c in codes)
 
 
 def backoff_s(restart: int) -> float:

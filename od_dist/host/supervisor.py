@@ -35,6 +35,7 @@ from od_dist.host.policy import (
     describe,
     is_trainer,
     plan,
+    saved_stop,
 )
 from od_dist.host.processes import (
     POLL_S,
@@ -92,7 +93,7 @@ class Supervisor(Rounds):
     signals: list[int] = field(default_factory=list)
     restarts: int = 0  # in all, this run
     budget: Budget | None = None  # the tasks', made by run()
-    streak: int = 0  # restarts since the tasks last ran backoff_reset_s
+    streak: int = 0  # restarts since training last progressed or the tasks ran backoff_reset_s
     restarted_at: float = float("-inf")  # when the last restart started the tasks
     first_failure: str | None = None  # of the budget's restarts in a row
     evaluator_budgets: dict[str, Budget] = field(default_factory=dict)  # its own, per evaluator
@@ -590,8 +591,13 @@ class Supervisor(Rounds):
             if p.action == RESTART_TASK:
                 return self._end_alone(p.restart, exits, self._root_cause())
             return self._out_of_restarts(cause, code, self._log_note(task))
-        self.streak = self.streak + 1 if now - self.restarted_at < self.backoff_reset_s else 1
-        wait = self.backoff(self.streak)
+        # The backoff spaces restarts that bring nothing (a peer not back yet): training that
+        # progressed since the last restart (the budget's count started over) or tasks that ran
+        # backoff_reset_s start the streak over.
+        fresh = self.budget.used == 1 or now - self.restarted_at >= self.backoff_reset_s
+        self.streak = 1 if fresh else self.streak + 1
+        saved = saved_stop(c for _, c in exits)
+        wait = 0.0 if saved and self.streak == 1 else self.backoff(self.streak)
         if p.action == RESTART_ALL:
             # The restart-all message names the lost task first: the others die of it.
             which = " of every task" if len(self.tasks) > 1 else ""
