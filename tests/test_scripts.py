@@ -1109,7 +1109,7 @@ def test_at_boot_systemd_unit(tmp_path):
     from od_dist.render import boot
 
     master, _ = boot_launches({"10.0.0.1": {"os": "linux", "workdir": BOOT_LINUX_WORKDIR}})
-    text = boot.render_unit(master, boot.AtBoot(grace_period=200))
+    text = boot.render_unit(master, boot.AtBoot(user="root", grace_period=200))
     s = unit_settings(text)
     real_workdir = "/srv/od dist/a%b$c'd\\e\"f é;g&h(i)"  # `//`, `.`, `..` resolved, as the .sh's `cd` does
     assert s["WorkingDirectory"] == [real_workdir.replace("%", "%%")]  # specifiers only: no quoting there
@@ -1117,7 +1117,7 @@ def test_at_boot_systemd_unit(tmp_path):
     assert systemd_words(s["ExecStart"][0]) == ["/bin/bash", real_workdir + "/master-0.sh"]
     assert boot.script_path(master, "linux") == real_workdir + "/master-0.sh"
     assert s["Wants"] == s["After"] == ["network-online.target"] and s["WantedBy"] == ["multi-user.target"]
-    assert "User" not in s  # root, as the README says
+    assert s["User"] == ["root"]  # the system account, named (tests/test_boot_users.py)
     assert s["Restart"] == ["on-failure"] and s["RestartSec"] == ["5"]
     # Restart=on-failure restarts every exit but 0, SuccessExitStatus and RestartPreventExitStatus:
     # exactly the retryable ones, without a person's stop; of every status a process can exit with,
@@ -1145,7 +1145,7 @@ def test_at_boot_units_pass_systemd_analyze_verify(tmp_path):
             "10.0.0.2": {"os": "linux", "workdir": "/srv/od"},
         }
     )
-    for launch, at_boot in ((master, boot.AtBoot()), (worker, boot.AtBoot(user="od-dist"))):
+    for launch, at_boot in ((master, boot.AtBoot(user="root")), (worker, boot.AtBoot(user="od-dist"))):
         path = tmp_path / boot.unit_file(launch)
         path.write_text(boot.render_unit(launch, at_boot))
         r = subprocess.run(
@@ -1184,7 +1184,7 @@ def test_at_boot_schtasks_lines():
     )
     script = "C:\\Program Files (x86)\\od dist&x^y!z\\master-0.cmd"
     assert boot.script_path(master, "windows") == script
-    (create, run), (stop, wait, end, delete) = boot.schtasks_lines(master, boot.AtBoot())
+    (create, run), (stop, wait, end, delete) = boot.schtasks_lines(master, boot.AtBoot(user="SYSTEM"))
     # The line as cmd passes it on (quote.cmd: no quoted state, every special character ^-escaped),
     # then split as schtasks splits its command line (the C runtime's rules).
     argv = mslex.split(cmd_batch_line(create), like_cmd=False)
@@ -1197,7 +1197,7 @@ def test_at_boot_schtasks_lines():
     import xml.etree.ElementTree as ET
 
     ns = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
-    task = ET.fromstring(boot.render_task(master, boot.AtBoot()).encode("utf-16"))
+    task = ET.fromstring(boot.render_task(master, boot.AtBoot(user="SYSTEM")).encode("utf-16"))
     assert task.find("t:Triggers/t:BootTrigger/t:Enabled", ns).text == "true"
     settings = {e.tag.split("}")[1]: e.text for e in task.find("t:Settings", ns)}
     assert settings["ExecutionTimeLimit"] == "PT0S" and settings["MultipleInstancesPolicy"] == "IgnoreNew"
@@ -1238,11 +1238,11 @@ def test_at_boot_schtasks_lines():
     # SYSTEM cannot reach a network share: a share's task needs the user whose share it is.
     (share, _) = boot_launches({"10.0.0.1": {"os": "windows", "workdir": "\\\\fs\\od"}})
     with pytest.raises(scripts.ScriptError) as refused:
-        boot.render_task(share, boot.AtBoot())
+        boot.render_task(share, boot.AtBoot(user="SYSTEM"))
     assert str(refused.value) == (
-        "--at_boot_user: '': 10.0.0.1's task would run as SYSTEM, which cannot reach its working "
-        "directory \\\\fs\\od (a network share); name the user whose share it is, e.g. "
-        "--at_boot_user=LAB\\od"
+        "--at_boot_user: 'SYSTEM': 10.0.0.1's task would run as SYSTEM, which cannot reach its working "
+        "directory \\\\fs\\od (a network share); name the user whose share it is in hosts.10.0.0.1.user, "
+        "e.g. LAB\\od"
     )
     assert boot.render_task(share, boot.AtBoot(user="LAB\\od"))
     # What a task at startup cannot run, each refused in one line naming the fix.
@@ -1254,7 +1254,7 @@ def test_at_boot_schtasks_lines():
     ]:
         (launch, _) = boot_launches({"10.0.0.1": hosts})
         with pytest.raises(scripts.ScriptError, match=re.escape(fragment)):
-            boot.schtasks_lines(launch, boot.AtBoot())
+            boot.schtasks_lines(launch, boot.AtBoot(user="SYSTEM"))
     for hosts, fragment in [
         ({"os": "linux", "workdir": "~/od"}, "not an absolute Linux path"),
         ({"workdir": "/srv/od"}, "declare the os of 10.0.0.1"),  # both systems: not a Windows path
@@ -1275,10 +1275,10 @@ def test_at_boot_windows_task_registers_in_wines_task_scheduler(wine, tmp_path):
 
     workdir = tmp_path / "work"
     master, _ = boot_launches({"10.0.0.1": {"os": "windows", "workdir": win(workdir)}})
-    data, _ = scripts.encoded(boot.task_file(master), boot.render_task(master, boot.AtBoot()))
+    data, _ = scripts.encoded(boot.task_file(master), boot.render_task(master, boot.AtBoot(user="SYSTEM")))
     workdir.mkdir()
     (workdir / boot.task_file(master)).write_bytes(data)
-    (create, _), (stop, _, end, delete) = boot.schtasks_lines(master, boot.AtBoot())
+    (create, _), (stop, _, end, delete) = boot.schtasks_lines(master, boot.AtBoot(user="SYSTEM"))
     r = wine.run_cmd(["/c", create])
     assert r.returncode == 0, (r.stdout, r.stderr)
     stored = (
@@ -1357,9 +1357,12 @@ def test_cli_at_boot(tmp_path):
     assert f"--max_restarts=3 --at_boot --out={tmp_path}\n" in text  # the command that regenerates it
     section = text.split("## Start at boot\n")[1]
     assert text.index("## Firewall") < text.index("## Start at boot")  # beside the firewall lines
+    # Each machine's hosts user (clusters/lan-example.yaml): od on Linux, SYSTEM named for Windows.
     assert (
-        "systemd runs the script as root" in section and "Task Scheduler runs the `.cmd` as SYSTEM" in section
+        "`/opt/od-dist/ps-0.sh` as `od`;" in section
+        and "`C:\\TFWS\\od-dist\\master-0.cmd` as `SYSTEM`;" in section
     )
+    assert (tmp_path / "od-dist-ps-0.service").read_text().count("\nUser=od\n") == 1
     assert (
         "```\nsudo cp /opt/od-dist/od-dist-ps-0.service /etc/systemd/system/\nsudo systemctl daemon-reload\n"
         "sudo systemctl enable --now od-dist-ps-0.service\n```\n\nTo remove it:\n\n```\n"
@@ -1379,5 +1382,6 @@ def test_cli_at_boot(tmp_path):
     assert "Start at boot" not in (tmp_path / "README.md").read_text()
     r = od_dist(*base, "--at_boot_user=od")
     assert r.returncode == 2 and "--at_boot_user: od: given without --at_boot" in r.stderr
-    r = od_dist("scripts", "--cluster=clusters/local.yaml", *base[2:], "--at_boot")  # no hosts: workdir
+    # No hosts: workdir.
+    r = od_dist("scripts", "--cluster=clusters/local.yaml", *base[2:], "--at_boot", "--at_boot_user=od")
     assert r.returncode == 2 and "has no working directory, where its script is copied" in r.stderr, r.stderr

@@ -193,6 +193,18 @@ RULES = [
         ["hosts.10.0.0.2.vnev", "did you mean 'venv'"],
     ),
     (
+        "host user a name its os takes",
+        PS_OK + "hosts: {10.0.0.2: {os: linux, user: od}}\n",
+        PS_OK + "hosts: {10.0.0.2: {os: linux, user: 'LAB\\od'}}\n",
+        ["hosts.10.0.0.2.user", "'LAB\\od'", "not a Linux user name", "such as od or 1000"],
+    ),
+    (
+        "host user of an os not declared: a name of both, or the system account",
+        PS_OK + "hosts: {10.0.0.2: {user: SYSTEM}}\n",
+        PS_OK + "hosts: {10.0.0.2: {user: 'od@lab.example'}}\n",
+        ["hosts.10.0.0.2.user", "the host's os is not declared", "declare its os"],
+    ),
+    (
         "python or venv, not both",
         PS_OK + "hosts: {10.0.0.2: {python: /p}}\n",
         PS_OK + "hosts: {10.0.0.2: {python: /p, venv: /v}}\n",

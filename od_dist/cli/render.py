@@ -82,15 +82,17 @@ def define_scripts_flags(fv: flags.FlagValues) -> None:
         "Also what starts each machine's script at boot, without a person: a systemd unit "
         "(od-dist-<script>.service) per Linux machine, a Task Scheduler task file (od-dist-<script>.xml: "
         "no execution limit, no battery conditions) per Windows machine, and in the README the lines "
-        "that install and remove them. Each machine needs an absolute hosts workdir: its script is "
-        "copied there.",
+        "that install and remove them. Each machine needs an absolute hosts workdir (its script is "
+        "copied there) and a user to run as: its hosts user, else --at_boot_user.",
         flag_values=fv,
     )
     flags.DEFINE_string(
         "at_boot_user",
         None,
-        "With --at_boot: the user the scripts run as at boot (systemd User=; schtasks /RU, which asks "
-        "for the password). Default: root on Linux, SYSTEM on Windows.",
+        "With --at_boot: the user the scripts run as at boot on every machine whose hosts entry in the "
+        "cluster file names no user (systemd User=; schtasks /RU, which asks for the password). root "
+        "or SYSTEM: the system account (root on Linux, SYSTEM on Windows). No default: --at_boot "
+        "refuses a machine without a user.",
         flag_values=fv,
     )
 
@@ -112,7 +114,9 @@ quoted for each shell (spaces, &, %, ^, !, quotes, non-ASCII and Windows paths s
 \\\\server\\share\\... arrive intact); an absolute Linux path (--cluster, --pipeline, --model_dir)
 for a Windows machine is refused (exit 2). A .cmd started by a double-click keeps its window open
 after a failure. --at_boot also writes a systemd unit per Linux machine, a Task Scheduler task file
-per Windows machine and, in the README, the lines that make each machine start its script at boot.
+per Windows machine and, in the README, the lines that make each machine start its script at boot,
+each run as the user its hosts entry names (user:), else --at_boot_user: never root or SYSTEM
+unless named.
 
 Example:
   od-dist scripts --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\

@@ -79,6 +79,7 @@ class HostSettings:
     venv: str | None = None  # a virtual environment: scripts activate it
     workdir: str | None = None
     num_clones: int | None = None
+    user: str | None = None  # the account its start-at-boot units run as (cluster/accounts.py)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ in `hostport`, the problem lines written by `messages.problem`.
 
 from __future__ import annotations
 
+from od_dist.cluster import accounts
 from od_dist.cluster.hostport import AddressError, host_key, is_ip, is_loopback, is_public, parse_address
 from od_dist.cluster.messages import did_you_mean, problem, shown
 
@@ -28,7 +29,7 @@ TOP_KEYS = (
     "membership_port",
     "hosts",
 )
-HOST_KEYS = ("os", "python", "venv", "workdir", "num_clones")
+HOST_KEYS = ("os", "python", "venv", "workdir", "num_clones", "user")
 HOST_OSES = ("linux", "windows")
 ROLES = ("master", "worker", "ps", "evaluator")
 ROLE_ALIASES = {"chief": "master"}
@@ -448,6 +449,8 @@ def check_hosts(doc: dict) -> list[str]:
                 )
             elif name == "num_clones":
                 out.extend(_check_count(f"{key}.num_clones", value))
+            elif name == "user":
+                out.extend(accounts.problems(f"{key}.user", value, settings.get("os")))
         if "python" in settings and "venv" in settings:
             out.append(
                 problem(

@@ -4,7 +4,9 @@ scripts; Windows: a Task Scheduler task at startup, defined by a task XML file w
 scripts and registered by the `schtasks /XML` lines of the scripts' README (render/readme.py): the
 XML is how a task gets no execution limit (schtasks' defaults stop it after 72 hours, without a
 checkpoint) and starts and runs on battery. Both run the script from the machine's working directory (its hosts `workdir`,
-absolute), where it is copied. No TensorFlow here.
+absolute), where it is copied, as the user named for that machine (its hosts `user`, else
+--at_boot_user; the system account, root or SYSTEM, only when named: cluster/accounts.py). No
+TensorFlow here.
 
 systemd follows od-dist's exit codes (protocol/exit_codes.py): it starts the script again after a
 retryable exit (137, 138, 143: a task lost past the script's own --max_restarts, or peers that did
@@ -21,6 +23,7 @@ import re
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
+from od_dist.cluster import accounts
 from od_dist.cluster.messages import PATH_SHOWN_MAX, problem
 from od_dist.protocol import exit_codes, notes
 from od_dist.render import quote
@@ -32,12 +35,12 @@ STOP_MARGIN_S = 30  # after --grace_period: the supervisor's own exit once its t
 # a crash, included), which Restart=on-failure would otherwise restart every RESTART_SEC.
 PERMANENT = tuple(c for c in range(1, 256) if c not in exit_codes.RETRYABLE)
 SCHTASKS_TR_MAX = 261  # schtasks refuses a longer /TR
-LINUX_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*|[0-9]+")  # a name or a uid, as systemd's User= takes
+LACKING_SHOWN = 12  # machines a refusal names, of those that have no user
 
 
 @dataclass(frozen=True)
 class AtBoot:
-    user: str | None = None  # systemd's User=, schtasks' /RU; None: root, SYSTEM
+    user: str | None = None  # --at_boot_user: the user of every machine whose hosts entry names none
     grace_period: int = 120  # the trainers' time to save after SIGTERM: systemd waits longer
 
 
@@ -48,6 +51,37 @@ def name(launch: Launch) -> str:
 
 def unit_file(launch: Launch) -> str:
     return f"{name(launch)}.service"
+
+
+def check_users(items: list[Launch], at_boot: AtBoot) -> None:
+    """Refuses, in one message before anything is written, the machines whose units would run as
+    no user named: a unit runs as root or SYSTEM only when asked to."""
+    lacking = [x for x in items if not x.settings.user and at_boot.user is None]
+    if not lacking:
+        return
+    named = ", ".join(f"{x.host} ({x.what()})" for x in lacking[:LACKING_SHOWN])
+    more = f" and {len(lacking) - LACKING_SHOWN} more" if len(lacking) > LACKING_SHOWN else ""
+    one = len(lacking) == 1
+    has, whose = ("has", "its") if one else ("have", "each one's")
+    raise ScriptError(
+        f"--at_boot: {named}{more} {has} no user for {'its' if one else 'their'} units to run as; add "
+        f"'user: <account>' under {whose} entry of the cluster file's hosts: "
+        f"(hosts.{lacking[0].host if one else '<host>'}.user), or pass --at_boot_user=<account> for "
+        f"every machine; {accounts.SYSTEM_HINT}"
+    )
+
+
+def user_of(launch: Launch, at_boot: AtBoot) -> tuple[str, str]:
+    """(where it is given, the user as given) that `launch`'s units run as: its hosts `user`, else
+    --at_boot_user; ScriptError naming the fix when it names no account of the machine's system."""
+    check_users([launch], at_boot)
+    if launch.settings.user:
+        key, given, host = f"hosts.{launch.host}.user", launch.settings.user, ""
+    else:
+        key, given, host = "--at_boot_user", at_boot.user, f"{launch.host} ({launch.what()})"
+    for found in accounts.problems(key, given, launch.settings.os, host):
+        raise ScriptError(found)
+    return key, given
 
 
 def _workdir(launch: Launch, os_name: str) -> str:
@@ -113,18 +147,7 @@ def unit_path(launch: Launch) -> str:
 
 def render_unit(launch: Launch, at_boot: AtBoot) -> str:
     workdir = _workdir(launch, "linux")
-    user = []
-    if at_boot.user:
-        if not LINUX_USER.fullmatch(at_boot.user):
-            raise ScriptError(
-                problem(
-                    "--at_boot_user",
-                    at_boot.user,
-                    "not a Linux user name",
-                    "give one such as od-dist or 1000",
-                )
-            )
-        user = [f"User={at_boot.user}"]
+    user = accounts.on(user_of(launch, at_boot)[1], "linux")  # root too, written: the unit says whom
     where = ", ".join(str(t.address) for t in launch.tasks)
     restarted = ", ".join(str(c) for c in sorted(exit_codes.RETRYABLE - {exit_codes.INTERRUPTED}))
     return "\n".join(
@@ -138,7 +161,7 @@ def render_unit(launch: Launch, at_boot: AtBoot) -> str:
             "After=network-online.target",
             "",
             "[Service]",
-            *user,
+            f"User={user}",
             f"WorkingDirectory={quote.systemd_value(workdir)}",
             f"ExecStart=/bin/bash {quote.systemd(script_path(launch, 'linux'))}",
             "# Python buffers a pipe: each line reaches the journal when it is written.",
@@ -192,22 +215,23 @@ def task_path(launch: Launch) -> str:
     return ntpath.join(_workdir(launch, "windows"), task_file(launch))
 
 
-def _run_as(launch: Launch, at_boot: AtBoot) -> str | None:
-    """The task's user (None: SYSTEM); refuses SYSTEM where it cannot reach the working directory."""
+def _run_as(launch: Launch, at_boot: AtBoot) -> str:
+    """The task's user (SYSTEM: the system account); refuses SYSTEM where it cannot reach the
+    working directory."""
     workdir = _workdir(launch, "windows")
-    if at_boot.user is None and re.match(r"[\\/]{2}", workdir):
+    key, given = user_of(launch, at_boot)
+    run_as = accounts.on(given, "windows")
+    if run_as == accounts.SYSTEM["windows"] and re.match(r"[\\/]{2}", workdir):
         raise ScriptError(
             problem(
-                "--at_boot_user",
-                "",
+                key,
+                given,
                 f"{launch.host}'s task would run as SYSTEM, which cannot reach its working directory "
                 f"{workdir} (a network share)",
-                "name the user whose share it is, e.g. --at_boot_user=LAB\\od",
+                f"name the user whose share it is in hosts.{launch.host}.user, e.g. LAB\\od",
             )
         )
-    if at_boot.user is not None and "%" in at_boot.user:
-        raise ScriptError(problem("--at_boot_user", at_boot.user, "contains '%'", "give the user's name"))
-    return at_boot.user
+    return run_as
 
 
 def render_task(launch: Launch, at_boot: AtBoot) -> str:
@@ -215,11 +239,11 @@ def render_task(launch: Launch, at_boot: AtBoot) -> str:
     logged on or not, no execution limit, no battery or idle conditions, one instance at a time."""
     command = task_command(launch)
     program, arguments = command.split(" ", 1)
-    user = _run_as(launch, at_boot)
+    run_as = _run_as(launch, at_boot)
     principal = (
         f"<UserId>{SYSTEM_SID}</UserId><RunLevel>HighestAvailable</RunLevel>"
-        if user is None
-        else f"<UserId>{escape(user)}</UserId><LogonType>Password</LogonType>"
+        if run_as == accounts.SYSTEM["windows"]
+        else f"<UserId>{escape(run_as)}</UserId><LogonType>Password</LogonType>"
     )
     return "\n".join(
         [
@@ -289,7 +313,7 @@ def schtasks_lines(launch: Launch, at_boot: AtBoot) -> tuple[list[str], list[str
         )
     user = _run_as(launch, at_boot)
     # SYSTEM: whether anyone is logged on or not, without a password; a user: schtasks asks for it.
-    run_as = ["/RU", "SYSTEM"] if user is None else ["/RU", user, "/RP", "*"]
+    run_as = ["/RU", user] if user == accounts.SYSTEM["windows"] else ["/RU", user, "/RP", "*"]
     task = name(launch)
     create = ["schtasks", "/Create", "/TN", task, "/XML", task_path(launch), *run_as, "/F"]
     return (

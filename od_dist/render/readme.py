@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from od_dist.cluster import duties
+from od_dist.cluster import accounts, duties
 from od_dist.cluster.spec import Cluster, Task
 from od_dist.cluster.topology import connecting_peers, feed_readers, model_dir_line
 from od_dist.cluster.validate import PARAMETER_SERVER
@@ -151,13 +151,14 @@ def _boot_sections(items: list[Launch], at_boot: boot.AtBoot) -> list[str]:
         + (" (on Windows with its task's `.xml` file)" if "windows" in oses else "")
         + " into its "
         "working directory first, the path named below. Remove them once the job is done: they start it "
-        "at every boot.",
+        "at every boot. Each runs as the user named below for its machine: its `user` in the cluster "
+        "file's `hosts:`, else `--at_boot_user`; root or SYSTEM is the system account (root on Linux, "
+        "SYSTEM on Windows).",
         "",
     ]
     if "linux" in oses:
-        user = quote.md(at_boot.user) if at_boot.user else "root (`--at_boot_user` names another user)"
         md.append(
-            f"- Linux: systemd runs the script as {user} once the network is up; its console goes to the "
+            "- Linux: systemd runs the script as that user (`User=`) once the network is up; its console goes to the "
             "journal (`journalctl -u <unit>`). systemd starts it again "
             f"{boot.RESTART_SEC} s after a retryable exit (137, 138, 143; also after `--wait_timeout` for "
             "peers that did not come, so the machines may boot at any time), not after exit 0, 1, 2 or a "
@@ -166,12 +167,10 @@ def _boot_sections(items: list[Launch], at_boot: boot.AtBoot) -> list[str]:
             "and exit 143 (systemd shows it failed)."
         )
     if "windows" in oses:
-        user = quote.md(at_boot.user) if at_boot.user else "SYSTEM"
         md.append(
-            f"- Windows: Task Scheduler runs the `.cmd` as {user} whether anyone is logged on or not, with no "
-            "time limit and on battery too"
-            + (" (schtasks asks for the user's password once)" if at_boot.user else "")
-            + ", and does not start it again after it ends (`schtasks /Run` does). The removal lines first "
+            "- Windows: Task Scheduler runs the `.cmd` as that user whether anyone is logged on or not, with no "
+            "time limit and on battery too (schtasks asks a named user's password once; SYSTEM has none)"
+            ", and does not start it again after it ends (`schtasks /Run` does). The removal lines first "
             f"stop the job as a SIGTERM does (the trainers save a checkpoint): `{notes.STOP_FILE}` in the "
             "working directory, which its od-dist watches for, then the grace period's wait; `schtasks /End` "
             "then ends whatever still runs at once. What it prints is in each "
@@ -186,12 +185,14 @@ def _boot_sections(items: list[Launch], at_boot: boot.AtBoot) -> list[str]:
     md.append("")
     for launch in items:
         md += [f"### {quote.md_word(launch.host)} ({launch.what()})", ""]
+        given = boot.user_of(launch, at_boot)[1]
         for os_name in launch.oses:
+            user = quote.md(accounts.on(given, os_name))
             if os_name == "linux":
                 install, remove = boot.systemd_lines(launch)
                 md += [
                     f"Linux: the unit `{boot.unit_file(launch)}` runs "
-                    f"{quote.md(boot.script_path(launch, 'linux'))}; to install it and start it now:",
+                    f"{quote.md(boot.script_path(launch, 'linux'))} as {user}; to install it and start it now:",
                     "",
                     *_code(install),
                     "To remove it:",
@@ -202,7 +203,7 @@ def _boot_sections(items: list[Launch], at_boot: boot.AtBoot) -> list[str]:
                 create, delete = boot.schtasks_lines(launch, at_boot)
                 md += [
                     f"Windows: the task `{boot.name(launch)}` runs "
-                    f"{quote.md(boot.script_path(launch, 'windows'))}; to create it and start it now:",
+                    f"{quote.md(boot.script_path(launch, 'windows'))} as {user}; to create it and start it now:",
                     "",
                     *_code(create),
                     "To remove it:",

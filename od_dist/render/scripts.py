@@ -18,7 +18,8 @@ PowerShell 7.x alike. Its files are UTF-8 with BOM (5.1 reads BOM-less files in 
 
 Scripts fit each host's `os` (hosts settings): `.sh` for linux hosts, `.cmd` and `.ps1` for
 windows hosts, all three for a host whose OS is not declared. With `at_boot` (render/boot.py), a
-systemd unit per Linux script too, and the README says how to install it and the Windows task.
+systemd unit per Linux script and a task per Windows one too, each run as the user named for its
+machine, and the README says how to install them.
 No TensorFlow here.
 """
 
@@ -240,6 +241,8 @@ def write_scripts(
     nothing else there is touched); returns their paths. Scripts of an earlier run that were changed
     since are kept, said in one line."""
     items = launches(cluster, cluster_path, passed_on)
+    if at_boot:
+        boot.check_users(items, at_boot)  # every machine without a user in one message
     rendered = [
         (f, RENDERERS[os.path.splitext(f)[1]](launch.on(os_name)))
         for launch in items
