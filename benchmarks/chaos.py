@@ -114,6 +114,9 @@ class Fault:
     back_at: float | None = None  # gone: its script started again
     rejoined_at: float | None = None  # gone: the larger group trains (a checkpoint on its disk)
     round_at: float | None = None  # gone: its console's round line with it among the members
+    lost: str | None = None  # gone: the task of the machine lost
+    smaller_step_at: float | None = None  # gone: the smaller group's first step (its first progress line)
+    larger_step_at: float | None = None  # gone: the larger group's first step, once it is back
     said: list[str] = field(default_factory=list)
     redone: int | None = None
     went: dict[str, float] = field(default_factory=dict)  # where its recovery went (breakdown.py)
@@ -377,6 +380,7 @@ def gone(fault: Fault, job: ChaosJob, watch: Watch, disks: dict[str, str], args,
     at_loss = newest(disks, survivors)
     job.power_off(name)
     lost = watch.now()
+    fault.lost = name
     fault.note = f"{job.net[i].hostname} ({name}) powered off{instead}"
     until = time.monotonic() + args.recovery_timeout
     while time.monotonic() < until and any(job.proc(n).poll() is None for n in survivors):
@@ -639,6 +643,8 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             end = fault.recovered_at if fault.recovered_at is not None else ended
             if fault.kind == "gone" and fault.rejoined_at is not None:
                 end = fault.rejoined_at
+            if fault.kind == "gone":
+                first_steps(fault, watch)
             said = watch.said(fault.injected_at, end)
             fault.went = breakdown(watch.lines, wall0, fault.injected_at, end)
             # The round lines first: who trained after the fault.
@@ -705,15 +711,35 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
         net.close()
 
 
-def gone_figures(f: Fault) -> str:
-    def since(t, t0):
-        return f"{t - t0:.1f} s" if t is not None and t0 is not None else "not seen"
+def first_steps(f: Fault, watch: Watch) -> None:
+    """A loss's first steps: of the first round without the lost machine after the loss, and of
+    its round once it is back (the first progress line after each round line)."""
+    rounds = watch.rounds()
+    without = [t for t, _, _, members in rounds if t > f.injected_at and f.lost not in members]
+    if without:
+        got = watch.progress(after=without[0])
+        f.smaller_step_at = got[0][0] if got else None
+    if f.round_at is not None:
+        got = watch.progress(after=f.round_at)
+        f.larger_step_at = got[0][0] if got else None
 
+
+def since(t, t0) -> str:
+    return f"{t - t0:.1f} s" if t is not None and t0 is not None else "not seen"
+
+
+def gone_figures(f: Fault) -> str:
+    """Each to a step trained (a progress line) and to a checkpoint newer than any before."""
+    loss = (
+        f"loss to the smaller group training: {since(f.smaller_step_at, f.injected_at)} to its first "
+        f"step, {since(f.recovered_at, f.injected_at)} to a newer checkpoint"
+    )
     if f.for_good or f.back_at is None:
-        return f"loss to the smaller group training: {since(f.recovered_at, f.injected_at)}"
+        return loss
     return (
-        f"loss to the smaller group training: {since(f.recovered_at, f.injected_at)}; return to the "
-        f"larger group training: {since(f.rejoined_at, f.back_at)} (its round line {since(f.round_at, f.back_at)})"
+        f"{loss}; return to the larger group training: {since(f.larger_step_at, f.back_at)} to its first "
+        f"step, {since(f.rejoined_at, f.back_at)} to a checkpoint on its disk (its round line "
+        f"{since(f.round_at, f.back_at)})"
     )
 
 
@@ -900,13 +926,17 @@ def report(r: dict, faults: list[Fault], baseline: dict | None, args) -> None:
     )
     if args.elastic:
         lost = [f for f in injected if f.kind == "gone"]
-        smaller = [f"{f.recovered_at - f.injected_at:.1f}" for f in lost if f.recovered_at is not None]
-        larger = [f"{f.rejoined_at - f.back_at:.1f}" for f in lost if f.rejoined_at is not None]
-        rounds = [f"{f.round_at - f.back_at:.1f}" for f in lost if f.round_at is not None]
+
+        def listed(pairs) -> str:
+            return ", ".join(f"{t - t0:.1f}" for t, t0 in pairs if t is not None and t0 is not None) or "none"
+
         print(
-            f"elastic: {len(lost)} machines lost; loss to the smaller group training (s): "
-            f"{', '.join(smaller) or 'none'}; return to the larger group training (s): {', '.join(larger) or 'none'} "
-            f"(to its round line: {', '.join(rounds) or 'none'})",
+            f"elastic: {len(lost)} machines lost; loss to the smaller group training (s): to its first step "
+            f"{listed((f.smaller_step_at, f.injected_at) for f in lost)}, to a newer checkpoint "
+            f"{listed((f.recovered_at, f.injected_at) for f in lost)}; return to the larger group training "
+            f"(s): to its first step {listed((f.larger_step_at, f.back_at) for f in lost)}, to a checkpoint "
+            f"on its disk {listed((f.rejoined_at, f.back_at) for f in lost)} (to its round line: "
+            f"{listed((f.round_at, f.back_at) for f in lost)})",
             flush=True,
         )
         for line in sorted(set(r["trained"])):
