@@ -98,7 +98,12 @@ def trained(first_run):
 def test_train_writes_checkpoints_params_summaries(first_run):
     model_dir, out = first_run.model_dir, first_run.out
     lines = PROGRESS.findall(out)
-    assert [(int(s), int(t)) for s, t, *_ in lines] == [(5, 10), (10, 10)], out[-2000:]
+    # The first loop of a start is one step (its line: training runs), the next ends on the grid.
+    assert [(int(s), int(t)) for s, t, *_ in lines] == [(1, 10), (5, 10), (10, 10)], out[-2000:]
+    assert re.search(r"step 1/10 .*\| ETA \?$", out, re.M), out[-2000:]  # its rate holds the trace
+    # Saved where they were before the one-step loop: at 5 and 10, none at 1.
+    saved = sorted(int(p.rsplit("-", 1)[1][: -len(".index")]) for p in glob.glob(f"{model_dir}/ckpt-*.index"))
+    assert saved == [5, 10], saved
     for _, _, loss, rate, examples in lines:
         assert float(loss) > 0 and float(rate) > 0
         assert float(examples) == pytest.approx(2 * float(rate), rel=0.02, abs=0.1)  # batch 2
@@ -148,8 +153,8 @@ def test_resume_continues_from_the_latest_checkpoint(data_dir, trained, capsys, 
         f"restored model from {trained}/ckpt-10" in out
         or f"restored from checkpoint: {trained}/ckpt-10" in out
     ), out[-2000:]
-    # One loop of 5 steps, from 10 to 15: nothing trained twice.
-    assert [int(s) for s, *_ in PROGRESS.findall(out)] == [15]
+    # From 10 to 15, a step then the rest of the loop: nothing trained twice.
+    assert [int(s) for s, *_ in PROGRESS.findall(out)] == [11, 15]
     assert step_of(trained) == 15
     # Already at train_steps: returns without training.
     trainer.train(params_for(data_dir, 15), trained, tf.distribute.MirroredStrategy())
@@ -162,7 +167,7 @@ def test_resume_continues_from_the_latest_checkpoint(data_dir, trained, capsys, 
     assert (
         f"{trained}/ckpt-15 is not whole on disk (a save cut short); resuming from {trained}/ckpt-10" in out
     )
-    assert [int(s) for s, *_ in PROGRESS.findall(out)] == [15, 20] and step_of(trained) == 20, out[-2000:]
+    assert [int(s) for s, *_ in PROGRESS.findall(out)] == [11, 15, 20] and step_of(trained) == 20, out[-2000:]
 
 
 def test_evaluate_latest_returns_and_writes_coco_metrics(data_dir, trained, capsys):

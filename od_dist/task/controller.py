@@ -5,6 +5,7 @@ every trainer, and a bounded continuous evaluation."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -74,8 +75,10 @@ def _controller_cls():
             od_on_loop_start=None,
             od_same_flags=None,
             od_max_to_keep: int = 5,
+            od_local_init: bool = False,
             **kwargs,
         ):
+            self._od_local_init = od_local_init  # patches.local_initial_values: the resume broadcasts
             self._od_same_flags = od_same_flags or {}
             self._od_on_loop_start = od_on_loop_start
             self._od_keep_waiting = od_keep_waiting
@@ -98,6 +101,11 @@ def _controller_cls():
                         strategy, kwargs["trainer"], kwargs["checkpoint_manager"]
                     )
             self._od_io_options = None
+            self._od_loops = 0  # training loops run by this process
+            every = kwargs.get("steps_per_loop")
+            self._od_step_first = kwargs.get("trainer") is not None and isinstance(every, int) and every > 1
+            if self._od_step_first:
+                kwargs["steps_per_loop"] = functools.partial(self._od_loop_steps, every)
             super().__init__(*args, **kwargs)
             manager = self.checkpoint_manager
             if manager is not None and os.path.abspath(manager.directory) != os.path.abspath(od_model_dir):
@@ -188,25 +196,19 @@ def _controller_cls():
             # creating a variable is collective under multi_worker_mirrored (the master's initial value).
             self.checkpoint_manager.checkpoint.save_counter  # noqa: B018
             newest = max(s[1] for s in starts)
-            if len({s[1] for s in starts}) == 1:
-                if latest and os.path.abspath(self.checkpoint_manager.directory) != os.path.abspath(
-                    self._od_model_dir
-                ):
-                    restored = super().restore_checkpoint(latest)  # a shared folder, read by a worker
-                    self._od_count_saves_from(newest)
-                    return restored
-                if latest != self.checkpoint_manager.latest_checkpoint:  # the named one was cut short
-                    if latest is None:
-                        self.trainer.initialize()  # the manager's init_fn: nothing whole to restore
-                        return None
-                    restored = super().restore_checkpoint(latest)
-                    self._od_count_saves_from(newest)
-                    return restored
-                return super().restore_checkpoint(None)
             names = _trainer_names(self.strategy)
             source = min(names.index(s[0]) for s in starts if s[1] == newest)
+            if len({s[1] for s in starts}) == 1:
+                restored = self._od_restore_alike(latest, newest)
+                if self._od_local_init:
+                    # Each trainer's variables took its own initial values: the first trainer's
+                    # for all, those it restored or (none held) initialised.
+                    _broadcast(self.strategy, _checkpointed_variables(self.trainer), source)
+                    patches.end_local_initial_values(self.strategy)
+                return restored
             restored = super().restore_checkpoint(latest) if self._od_step(latest) == newest else None
             _broadcast(self.strategy, _checkpointed_variables(self.trainer), source)
+            patches.end_local_initial_values(self.strategy)
             self._od_count_saves_from(newest)
             behind = ", ".join(f"{s[0]}'s at step {s[1]}" for s in starts if s[1] != newest)
             print(
@@ -216,6 +218,23 @@ def _controller_cls():
                 flush=True,
             )
             return restored
+
+        def _od_restore_alike(self, latest: str | None, step: int):
+            """Every trainer at `step`: each restores its own copy (or initialises, at 0)."""
+            if latest and os.path.abspath(self.checkpoint_manager.directory) != os.path.abspath(
+                self._od_model_dir
+            ):
+                restored = super().restore_checkpoint(latest)  # a shared folder, read by a worker
+                self._od_count_saves_from(step)
+                return restored
+            if latest != self.checkpoint_manager.latest_checkpoint:  # the named one was cut short
+                if latest is None:
+                    self.trainer.initialize()  # the manager's init_fn: nothing whole to restore
+                    return None
+                restored = super().restore_checkpoint(latest)
+                self._od_count_saves_from(step)
+                return restored
+            return super().restore_checkpoint(None)
 
         @staticmethod
         def _od_step(latest: str | None) -> int:
@@ -307,8 +326,22 @@ def _controller_cls():
             )
             raise Stopped(max(code for _, code in asked), step, path, why)
 
+        def _od_loop_steps(self, every: int, step: int) -> int:
+            """orbit's steps_per_loop: the first loop of every start is one step, so that the
+            first progress line (training again, after a restart) comes after the trace and one
+            step rather than a whole loop; the next loop ends on the grid of `every` again, where
+            the saves, summaries and stops fall as before. One loop function, its step count a
+            tensor: no second trace."""
+            return 1 if not self._od_loops else every - int(step) % every
+
+        def _maybe_save_checkpoint(self, check_interval: bool = True):
+            if check_interval and self._od_loops == 1 and self._od_step_first:
+                return False  # the one-step loop: orbit would save it when none is saved yet
+            return super()._maybe_save_checkpoint(check_interval)
+
         def _train_n_steps(self, num_steps: int):
             step0 = int(self.global_step.numpy())
+            self._od_loops += 1
             if self._od_on_loop_start is not None:
                 self._od_on_loop_start()
             t0 = time.time()
@@ -327,11 +360,12 @@ def _controller_cls():
             target = self._od_train_steps
             pct = 100.0 * step / target if target else 0.0
             eta = (target - step) / rate if rate > 0 else float("inf")
+            first = self._od_loops == 1 and self._od_step_first  # its rate holds the trace
             loss_s = f"{loss:.4f}" if loss is not None else "?"
             print(
                 f"{_PREFIX} train | step {step}/{target} ({pct:.0f}%) | loss {loss_s} | "
                 f"{rate:.2f} steps/s | {rate * self._od_batch:.1f} examples/s | "
-                f"ETA {_format_eta(eta)}",
+                f"ETA {'?' if first else _format_eta(eta)}",
                 flush=True,
             )
 
@@ -398,6 +432,15 @@ def _trainer_names(strategy) -> list:
         return list(group.members)
     chief = ["master:0"] if "chief" in spec.jobs else []
     return chief + [f"worker:{i}" for i in range(spec.num_tasks("worker") if "worker" in spec.jobs else 0)]
+
+
+def several_trainers(strategy) -> bool:
+    """A multi_worker_mirrored group of more than one trainer."""
+    import tensorflow as tf
+
+    return (
+        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and len(_trainer_names(strategy)) > 1
+    )
 
 
 def _trainer_id(strategy) -> int:

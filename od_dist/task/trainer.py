@@ -27,7 +27,7 @@ import time
 from od_dist import patches
 from od_dist.model import metrics
 from od_dist.protocol import checkpoint_feed
-from od_dist.task.controller import _controller_cls
+from od_dist.task.controller import _controller_cls, several_trainers
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import TrainerError
 
@@ -158,6 +158,7 @@ def _run(
     on_loop_start=None,
     same_flags=None,
     checkpoint: str | None = None,
+    local_init: bool = False,
 ):
     import tensorflow as tf
     from official.core import (
@@ -202,6 +203,7 @@ def _run(
         od_on_loop_start=on_loop_start,
         od_same_flags=same_flags,
         od_max_to_keep=int(params.trainer.max_to_keep),
+        od_local_init=local_init,
     )
     holder = {}
 
@@ -278,7 +280,10 @@ def train(
     params = params.replace()
     params.override({"trainer": {"preemption_on_demand_checkpoint": False}}, is_strict=True)
     start = time.time()
-    with stop_mod.StopRequest(who, peer_requests) as stop:
+    # multi_worker_mirrored: the variables made until training resumes take this trainer's own
+    # initial values; the resume sets them all to one trainer's, in one broadcast (controller.py).
+    local = several_trainers(strategy)
+    with stop_mod.StopRequest(who, peer_requests) as stop, patches.local_initial_values(strategy, local):
         controller = _run(
             params,
             model_dir,
@@ -291,6 +296,7 @@ def train(
             pipeline_path=pipeline_path,
             on_loop_start=on_loop_start,
             same_flags=same_flags,
+            local_init=local,
         )
     step = int(controller.global_step.numpy())
     print(
