@@ -252,10 +252,11 @@ def test_parameter_server_job_survives_a_lost_worker_and_a_lost_ps_then_ctrl_c(t
 
 # Imported by every Python process of a job (PYTHONPATH): the master's final save is slow, as on a
 # slow network share. Its write of the `checkpoint` state file that names the final checkpoint
-# (after the shards and every collective of the save) starts only once the worker has exited, and
-# lasts the whole window in which a watching trainer would take the closed port for a lost peer.
-# TensorFlow writes that file twice in every save (before and after it removes the oldest
-# checkpoints): the first write waits, the second follows at once (a second wait only added 12 s).
+# (after the shards and every collective of the save) lasts twice the window in which a watching
+# trainer takes a closed port for a lost peer; the worker, its own save done, must still be waiting
+# then (no trainer exits before every one holds the final checkpoint). TensorFlow writes that file
+# twice in every save (before and after it removes the oldest checkpoints): the first write waits,
+# the second follows at once.
 SLOW_FINAL_SAVE = """
 import os
 
@@ -276,12 +277,11 @@ def _slow_state_write(write):
             from od_dist.protocol import peers
             from od_dist.task.server import is_listening
 
-            port = int(os.environ["OD_DIST_TEST_WORKER_PORT"])
-            print("test: the final save waits for the worker to exit", flush=True)
-            while is_listening("127.0.0.1", port):
-                time.sleep(0.2)
+            print("test: the final save waits", flush=True)
             time.sleep(2 * (int(os.environ["OD_DIST_TEST_LOST_PEER_S"]) + peers.PROBE_S))
-            print("test: the final save goes on", flush=True)
+            port = int(os.environ["OD_DIST_TEST_WORKER_PORT"])
+            worker = "waiting" if is_listening("127.0.0.1", port) else "gone"
+            print(f"test: the final save goes on, the worker {worker}", flush=True)
         return write(save_dir, model_checkpoint_path, *args, **kwargs)
 
     return slow
@@ -310,9 +310,9 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
        all-reduce, --fixed_replica_batch); TensorFlow's own log on each trainer agrees.
     2. kill -9 of the worker restarts both trainers, which resume from the last checkpoint and
        finish.
-    3. The master's final save, made slow (SLOW_FINAL_SAVE), outlasts the worker, which finished
-       first: the master's watch takes no closed port for a lost peer (no exit 138) and the job
-       ends with exit 0."""
+    3. The master's final save, made slow (SLOW_FINAL_SAVE), outlasts the worker's, which then
+       waits for it: neither trainer's watch takes the other for a lost peer (no exit 138) and the
+       job ends with exit 0."""
     cluster = write_cluster(tmp_path, ps=0, workers=1)
     model_dir = str(tmp_path / "model")
     slow_final_save = {
@@ -361,7 +361,8 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
     log = open(os.path.join(model_dir, "logs", "master-0.log"), errors="replace").read()
     restarted = re.split(r"^----- .* started -----$", log, flags=re.M)[2]
     assert "od-dist train | done at step 20" in restarted, restarted[-5000:]
-    assert "test: the final save goes on" in restarted and "exit 138" not in restarted, restarted[-5000:]
+    assert "test: the final save goes on, the worker waiting" in restarted, restarted[-5000:]
+    assert "exit 138" not in restarted, restarted[-5000:]
     assert out.count("[worker:0] worker:0: training with MultiWorkerMirroredStrategy") == 2
     # On one shared model_dir the worker's copy goes to a temporary folder and is dropped: its save
     # lines stay in its log, off the console (the master's say where the checkpoint is).

@@ -534,3 +534,97 @@ def test_multi_worker_mirrored_pair_stop_and_mismatch(tmp_path, data_dir, procs)
         ), p.out[-3000:]
         assert "different steps" not in p.out, p.out[-3000:]
     assert lineage.run_of(str(own)) == "0123456789ab"  # nothing taken over
+
+
+# For every process of the run: the master's final save (ckpt-<OD_DIST_TEST_FINAL_STEP> in
+# OD_DIST_TEST_MODEL_DIR) waits once, its shards written under ckpt-N_temp/ and not yet merged,
+# until the test kills it: a kill during the final save's writes, after its collectives.
+SLOW_FINAL_MERGE = """
+import os, time
+
+from od_dist.task import trainer as _trainer
+
+_make = _trainer._controller_cls
+
+
+def _slow(merge):
+    def slow_merge(prefixes, destination, *args, **kwargs):
+        to = destination.numpy().decode() if hasattr(destination, "numpy") else str(destination)
+        folder, step = os.environ["OD_DIST_TEST_MODEL_DIR"], os.environ["OD_DIST_TEST_FINAL_STEP"]
+        once = os.environ["OD_DIST_TEST_SLOWED"]
+        if to == os.path.join(folder, "ckpt-" + step) and not os.path.exists(once):
+            open(once, "w").close()
+            print("test: the final save is being written", flush=True)
+            time.sleep(300)
+        return merge(prefixes, destination, *args, **kwargs)
+
+    return slow_merge
+
+
+def _slow_controller_cls():
+    from tensorflow.python.ops import gen_io_ops
+
+    if not hasattr(gen_io_ops.merge_v2_checkpoints, "slow"):
+        gen_io_ops.merge_v2_checkpoints = _slow(gen_io_ops.merge_v2_checkpoints)
+        gen_io_ops.merge_v2_checkpoints.slow = True
+    return _make()
+
+
+_trainer._controller_cls = _slow_controller_cls
+"""
+
+
+def test_multi_worker_mirrored_master_killed_in_its_final_save_restarts_both(tmp_path, data_dir, procs):
+    """A multi_worker_mirrored pair, each trainer its own model_dir and its own `train
+    --max_restarts 1` (two machines' scripts), 10 steps: the master's task is killed while it
+    writes the final checkpoint (ckpt-10_temp/ in its folder), after the worker wrote its own
+    ckpt-10. The worker does not exit 0 before every trainer holds the final checkpoint: it exits
+    138 (a lost peer) and both are restarted; they resume at step 10 from the worker's copy (the
+    master's folder ends at ckpt-5), save ckpt-10 again and both machines exit 0, each folder ending
+    at a whole ckpt-10. (Before, the worker's machine exited 0 and the restarted master waited for
+    it until --wait_timeout: exit 138.)"""
+    import tensorflow as tf
+
+    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
+    model_dir, own = tmp_path / "model", tmp_path / "worker-own"
+    env = {
+        "PYTHONPATH": site_hook(tmp_path, SLOW_FINAL_MERGE),
+        "OD_DIST_TEST_MODEL_DIR": str(model_dir),
+        "OD_DIST_TEST_FINAL_STEP": "10",
+        "OD_DIST_TEST_SLOWED": str(tmp_path / "slowed"),
+    }
+    restarts = ("--max_restarts=1",)
+    master, worker = (
+        Proc(tmp_path, role, train_args(cluster, role, 0, folder, data_dir, 10, 5, 120, restarts), env=env)
+        for role, folder in (("master", model_dir), ("worker", own))
+    )
+    procs.extend([master, worker])
+    log = model_dir / "logs" / "master-0.log"  # the task's every line (the console has od-dist's)
+    master.wait_for(
+        lambda _: log.exists() and "the final save is being written" in log.read_text(), 600, "the final save"
+    )
+    worker.wait_for(lambda out: checkpoint_step(str(own)) == 10, 60, "the worker's ckpt-10")
+    assert os.path.isdir(model_dir / "ckpt-10_temp") and checkpoint_step(str(model_dir)) == 5
+    (task,) = psutil.Process(master.proc.pid).children()  # the master's task, not its supervisor
+    task.kill()
+    killed = time.monotonic()
+    assert master.wait(600) == 0, master.out[-3000:]
+    assert worker.wait(120) == 0, worker.out[-3000:]
+    took = time.monotonic() - killed
+    print(
+        f"\nmulti_worker_mirrored: master killed in its final save; both machines exit 0 {took:.1f} s later"
+    )
+    restarted = "od-dist train: master:0 died (exit 137, killed); restart 1/1 in 2 s"
+    assert restarted in master.out, master.out[-3000:]
+    lost = r"od-dist train: worker:0 died \(exit 138, lost a peer\); restart 1/1 in \d+ s"
+    assert re.search(lost, worker.out), worker.out[-3000:]
+    for out in (master.out, worker.out):
+        assert re.search(r"resuming run \w+ at step 10 from worker:0's checkpoint", out), out[-3000:]
+        # Resumed at the final step, no loop to train: the final save, made anew on every trainer.
+        assert "od-dist train | ckpt-10 saved again: master:0 did not hold it" in out, out[-3000:]
+        assert out.count("od-dist train | done at step 10") == 1, out[-3000:]
+    for folder in (model_dir, own):
+        assert checkpoint_step(str(folder)) == 10 and lineage.newest(str(folder)) == (10, "ckpt-10")
+        reader = tf.train.load_checkpoint(str(folder / "ckpt-10"))
+        assert all(reader.get_tensor(name) is not None for name in reader.get_variable_to_shape_map())
+        assert not [n for n in os.listdir(folder) if "temp" in n], os.listdir(folder)

@@ -138,9 +138,9 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
     guard = watch.LoopGuard(who, config.wait_timeout, _after_loss(config)) if config.is_coordinator else None
     try:
         with watch.Watch(who, _watched(config, peers)) as peers_watch, guard or contextlib.nullcontext():
-            # The watch ends with the last loop: a multi_worker_mirrored peer that finished first
-            # closes its port while this trainer may still be writing the final checkpoint (to a
-            # slow share), which is no lost peer.
+            # The watch ends once no peer is needed (trainer.train: after the last loop, or once
+            # every multi_worker_mirrored trainer holds the final checkpoint): a peer that exits
+            # first then closes its port while this one still finishes, which is no lost peer.
             trainer.train(
                 params,
                 config.model_dir,

@@ -260,7 +260,8 @@ def train(
     Model Garden does (on the chief only). ``data_threads`` > 0 caps the input pipeline's
     tf.data thread pool (--data_threads). SIGTERM/SIGINT/SIGBREAK stop it at the end of the
     current loop with a checkpoint: raises Stopped (see od_dist.task.stop). ``on_last_loop`` is
-    called once the last loop has run, before the final checkpoint is saved. ``peer_requests``:
+    called once no peer is needed: after the last loop, before the final checkpoint is saved; with
+    multi_worker_mirrored trainers, once every one of them holds it (_all_saved). ``peer_requests``:
     () -> the stop requests of peers, read at each loop boundary (stop.StopRequest.poll_peers).
     ``pipeline_path`` names the pipeline when its model cannot be built (PipelineError).
     ``on_loop_start``: called as each training loop starts (watch.LoopGuard.loop_starts).
@@ -280,10 +281,11 @@ def train(
     params = params.replace()
     params.override({"trainer": {"preemption_on_demand_checkpoint": False}}, is_strict=True)
     start = time.time()
-    # multi_worker_mirrored: the variables made until training resumes take this trainer's own
-    # initial values; the resume sets them all to one trainer's, in one broadcast (controller.py).
-    local = several_trainers(strategy)
-    with stop_mod.StopRequest(who, peer_requests) as stop, patches.local_initial_values(strategy, local):
+    # Several multi_worker_mirrored trainers: the variables made until training resumes take each
+    # trainer's own initial values (the resume sets them all to one trainer's in one broadcast:
+    # controller.py), and none exits before every one holds the final checkpoint (_all_saved).
+    in_sync = several_trainers(strategy)
+    with stop_mod.StopRequest(who, peer_requests) as stop, patches.local_initial_values(strategy, in_sync):
         controller = _run(
             params,
             model_dir,
@@ -291,19 +293,48 @@ def train(
             "train",
             data_threads=data_threads,
             stop=stop,
-            on_last_loop=on_last_loop,
+            # Trainers in sync still need their peers through the final save (the barrier below).
+            on_last_loop=None if in_sync else on_last_loop,
             on_model=on_model,
             pipeline_path=pipeline_path,
             on_loop_start=on_loop_start,
             same_flags=same_flags,
-            local_init=local,
+            local_init=in_sync,
         )
-    step = int(controller.global_step.numpy())
+        step = int(controller.global_step.numpy())
+        if in_sync:
+            _all_saved(controller, step)
+            if on_last_loop is not None:
+                on_last_loop()
     print(
         f"{_PREFIX} train | done at step {step} in {time.time() - start:.1f} s; checkpoints in {model_dir}",
         flush=True,
     )
     return step
+
+
+def _all_saved(controller, step: int) -> None:
+    """A barrier after the final save: no trainer exits 0 before every trainer holds the final
+    checkpoint. A trainer exits 0 for good (its supervisor restarts it no more), so one that exited
+    while a peer died in its final save left that peer, restarted, waiting for a group that never
+    came. A peer lost here fails this collective with TensorFlow's peer error (exit 138): every
+    trainer restarts and resumes at the final step (from the newest copy, over the all-reduce)."""
+    behind = [name for name, at in controller._od_all_trainers(_saved_step(controller)) if at != step]
+    if behind:
+        # A group resumed at the final step trains no loop, and orbit's final save is skipped: the
+        # manager counts saves from the resumed step. Every trainer saves it (a save is collective).
+        patches.count_saves_from(controller.checkpoint_manager, step - 1)
+        patches.save_now(controller, step)
+        print(f"{_PREFIX} train | ckpt-{step} saved again: {', '.join(behind)} did not hold it", flush=True)
+        behind = [name for name, at in controller._od_all_trainers(_saved_step(controller)) if at != step]
+    if behind:  # the trainers step in sync: a difference is a defect, never to be taken for done
+        raise TrainerError(f"the final save: {', '.join(behind)} still without ckpt-{step}")
+
+
+def _saved_step(controller) -> int:
+    """The step of the checkpoint this trainer saved last (or resumed from); 0 for none."""
+    latest = controller.checkpoint_manager.latest_checkpoint
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
 
 
 def _eval_params(params):
