@@ -219,7 +219,7 @@ def define_restart_flags(fv: flags.FlagValues, max_restarts: int) -> None:
         "Restarts in a row after a task is lost (a retryable exit: "
         "lost peer, SIGTERM, SIGKILL), by TensorFlow's rules: a parameter_server worker or an "
         "evaluator alone, anything else every task together from the last checkpoint; "
-        "2 s backoff, doubling. The count starts over when the job progressed since the last "
+        "2 s backoff, doubling (none after a SIGTERM's saved stop). The count starts over when the job progressed since the last "
         f"restart: a newer checkpoint in --model_dir, or {HEALTHY_S / 60:.0f} minutes without a "
         "loss (the evaluator's own count: those minutes only), so a long run's occasional faults "
         "never use it up, while a task that fails at every start stops after that many. Permanent errors "
