@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python benchmarks/chaos.py [--seed 1] [--faults 20] [--steps 1400]
         [--strategy parameter_server|multi_worker_mirrored] [--elastic [--gone_for_good]]
-        [--no_baseline] [--keep DIR]
+        [--no_baseline] [--keep DIR] [--against DIR]
 
 Per strategy, a job on simulated machines (network namespaces, tests/netns.py): parameter_server
 with a master, two workers and a ps, each on its own machine; multi_worker_mirrored with a master
@@ -42,6 +42,10 @@ anew; what a power-off leaves in its temporary folders is listed, not counted) a
 row per fault and a summary line, as Markdown tables. Each fault's row says where its recovery went
 (benchmarks/breakdown.py: the restart line, then the phase lines of the tasks started after it,
 od_dist/task/phases.py), and the summary line the median of each phase over the faults.
+
+`--against DIR` (a checkout of an older commit: `git worktree add DIR COMMIT`) runs the same schedule
+on that code right after (its tasks import od_dist from DIR) and ends with one line per code: the
+recovery median and max, and the median of each phase.
 
 Every wait is bounded but generous (`--timeout`, `--recovery_timeout`): the box may be slow.
 Needs root (namespaces); says why and exits 0 otherwise.
@@ -524,7 +528,7 @@ def evaluate(model_dir: str, override: str) -> tuple[float | None, str]:
 
 def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> dict:
     """One job of `strategy` under `faults` (none: the fault-free run); returns what was seen."""
-    label = "chaos" if faults else "fault-free"
+    label = ("chaos" if faults else "fault-free") + args.suffix
     cdir = pathlib.Path(work) / f"{strategy}{'-elastic' if args.elastic else ''}-{label}"
     cdir.mkdir()
     tmpdir = cdir / "tmp"
@@ -991,7 +995,15 @@ def main(argv=None) -> int:
         "--no_baseline", action="store_true", help="skip the fault-free run (no AP50, overhead)"
     )
     parser.add_argument("--keep", help="keep logs and models in this directory")
+    parser.add_argument(
+        "--against",
+        help="another checkout of od-dist (git worktree add DIR COMMIT): the same schedule then runs on "
+        "its code too, and a last line compares the recoveries",
+    )
     args = parser.parse_args(argv)
+    args.suffix = ""
+    if args.against and not os.path.isfile(os.path.join(args.against, "od_dist", "__init__.py")):
+        parser.error(f"--against: {args.against}: not an od-dist checkout")
     if args.elastic and args.strategy not in (None, "multi_worker_mirrored"):
         parser.error("--elastic is multi_worker_mirrored's (parameter_server takes no min_trainers)")
     if args.gone_for_good and not args.elastic:
@@ -1033,7 +1045,37 @@ def main(argv=None) -> int:
             else (None, "no checkpoint")
         )
         report(r, faults, baseline, args)
+        if args.against:
+            compare(strategy, faults, baseline, args, work, data)
     return 0
+
+
+def compare(strategy: str, faults: list[Fault], baseline: dict | None, args, work: str, data: str) -> None:
+    """The same schedule on the --against checkout's code (its tasks import od_dist from there),
+    then one line: each run's recovery median and max, and its phases' medians."""
+    theirs = schedule(strategy, args.seed, args.faults, args.elastic, args.gone_for_good)
+    os.environ["PYTHONPATH"] = os.path.abspath(args.against)
+    args.suffix = "-against"
+    try:
+        print(f"{strategy}: the same schedule on {args.against}", flush=True)
+        r = run_job(strategy, theirs, args, work, data)
+        r["ap50"], r["eval"] = (None, "not evaluated")
+        report(r, theirs, None, args)
+    finally:
+        del os.environ["PYTHONPATH"]
+        args.suffix = ""
+    for name, run in (("this code", faults), (args.against, theirs)):
+        times = [
+            f.recovered_at - f.injected_at
+            for f in run
+            if f.injected_at is not None and f.recovered_at is not None
+        ]
+        went = medians([f.went for f in run if f.went]) or "no lines"
+        print(
+            f"{strategy}, {name}: recovery median {statistics.median(times) if times else float('nan'):.1f} s, "
+            f"max {max(times, default=float('nan')):.1f} s over {len(times)} faults; {went}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

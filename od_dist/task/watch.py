@@ -24,9 +24,11 @@ from od_dist.task.server import is_listening
 # step (or the master's read of a peer) can wait for good while every peer's port answers. LoopGuard
 # ends the master then: when the first loop of a start (it traces the step on every worker) has not
 # come round after --wait_timeout x FIRST_LOOP_WAITS, a later one after SLOW_LOOP_TIMES the slowest
-# before, and never before --wait_timeout.
+# before, and never before the watch of the peers (Watch) has named one unreachable for
+# --wait_timeout: GUARD_AFTER_WATCH_S later (it probes every peers.PROBE_S).
 FIRST_LOOP_WAITS = 3
 SLOW_LOOP_TIMES = 5
+GUARD_AFTER_WATCH_S = 2 * peers.PROBE_S
 
 
 class LoopGuard:
@@ -53,7 +55,7 @@ class LoopGuard:
     def limit(self) -> float:
         if self.slowest is None:
             return self.wait_timeout_s * FIRST_LOOP_WAITS
-        return max(self.wait_timeout_s, SLOW_LOOP_TIMES * self.slowest)
+        return max(self.wait_timeout_s + GUARD_AFTER_WATCH_S, SLOW_LOOP_TIMES * self.slowest)
 
     def loop_starts(self) -> None:
         now = time.monotonic()
