@@ -39,7 +39,10 @@ run of the same length and layout, unless `--no_baseline`; elastic: each machine
 exits 0, but that of one lost for good, which died with it; the final checkpoint is on the disk of
 every member of the last round; each disk's checkpoints never go backwards, a wiped one counted
 anew; what a power-off leaves in its temporary folders is listed, not counted) and prints them, one
-row per fault and a summary line, as Markdown tables. Each fault's row says where its recovery went
+row per fault and a summary line, as Markdown tables. A fault is recovered at the first progress
+line after the first death a supervisor reports after it (a loop that was ending as the fault came
+prints its line after it; a SIGTERM: after the task's exit at its loop's end), or after the fault
+itself when nothing died (an outage TensorFlow rode out). Each fault's row says where its recovery went
 (benchmarks/breakdown.py: the restart line, then the phase lines of the tasks started after it,
 od_dist/task/phases.py), and the summary line the median of each phase over the faults.
 
@@ -346,6 +349,27 @@ def signal_task(job: ChaosJob, name: str, sig: int) -> str:
     return f"{said}{signal.Signals(sig).name} {instead}"
 
 
+KILLS = ("kill", "ps", "link", "save", "double")  # faults whose first effect is a task's death
+DEATH_WITHIN_S = 30.0  # after a link's outage: TensorFlow's heartbeat, --lost_peer_timeout and more
+
+
+def first_death(watch: Watch, fault: Fault, running) -> float:
+    """When a supervisor first said a task died after `fault` (waited for at most DEATH_WITHIN_S
+    after it, a link's outage added); the injection when none did (a fault without effect)."""
+    until = time.monotonic() + DEATH_WITHIN_S + (fault.seconds if fault.kind == "link" else 0.0)
+    while time.monotonic() < until and running():
+        died = [
+            t
+            for lines in list(watch.lines.values())
+            for t, line in list(lines)
+            if t >= fault.injected_at and " died " in line
+        ]
+        if died:
+            return min(died)
+        time.sleep(0.25)
+    return fault.injected_at
+
+
 def terminated(fault: Fault) -> list[str]:
     """The tasks a fault sent SIGTERM."""
     if fault.kind == "term":
@@ -599,6 +623,10 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             fault.before_step = max((s for _, s in done), default=0)
             inject(fault, job, watch, net, disks, args, running)
             fault.since = fault.injected_at if fault.kind == "gone" else watch.now()
+            if fault.kind in KILLS:
+                # A loop that was ending as the fault came prints its line after it: training
+                # counts as going on again from the restart the fault brought (none: no effect).
+                fault.since = max(fault.since, first_death(watch, fault, running))
             for name in terminated(fault):  # it exits at the end of its loop: from then on
                 key = job.current[job.stand_in(name)]
                 until = time.monotonic() + args.recovery_timeout
