@@ -193,7 +193,8 @@ def _controller_cls():
             starts = self._od_check_same_start(latest)
             run = self._od_agree_run(starts)
             # Created now on every trainer, in the same order: a restore creates it otherwise, and
-            # creating a variable is collective under multi_worker_mirrored (the master's initial value).
+            # creating a variable is collective under multi_worker_mirrored (the master's initial
+            # value) where patches.local_initial_values is not on.
             self.checkpoint_manager.checkpoint.save_counter  # noqa: B018
             newest = max(s[1] for s in starts)
             names = _trainer_names(self.strategy)
