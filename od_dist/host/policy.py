@@ -118,6 +118,13 @@ def saved_stop(codes) -> bool:
     return all(exit_codes.normalize(c) == exit_codes.TERMINATED for c in codes)
 
 
+def own_failure(code: int) -> bool:
+    """An elastic round's end that counts against this machine (two in a row leave it out of the
+    next rounds for a while): not a lost peer (138, another machine's loss), nor a saved stop
+    (143, a SIGTERM here or on a peer: a drained node, not a machine that fails)."""
+    return exit_codes.normalize(code) not in (exit_codes.LOST_PEER, exit_codes.TERMINATED)
+
+
 def backoff_s(restart: int) -> float:
     """Seconds to wait before restart number `restart` (1-based): 2, 4, 8, 16, 30, 30, ..."""
     return min(BACKOFF_S * 2 ** (restart - 1), BACKOFF_MAX_S)

@@ -10,7 +10,7 @@ import time
 
 from od_dist.cluster.spec import MEMBER_ROLES, Task
 from od_dist.host import elastic as elastic_mod
-from od_dist.host.policy import describe
+from od_dist.host.policy import describe, own_failure
 from od_dist.host.processes import RESTART_STOP_GRACE_S, Running, kill_all, send, stop
 from od_dist.protocol import exit_codes
 
@@ -125,6 +125,6 @@ class Rounds:
             f"{cause}; {how}: forming the next round with the trainers up (min_trainers "
             f"{self.elastic.cluster.min_trainers}), from the newest checkpoint any of them holds"
         )
-        self.elastic.regroup(failed=not planned and not others)
+        self.elastic.regroup(failed=not planned and own_failure(code))
         evaluators = [t for t, _ in exits if t.role == "evaluator" and t.name in self.running]
         return self._restart_evaluators(evaluators, exits) if evaluators else None
