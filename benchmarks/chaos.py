@@ -1074,15 +1074,15 @@ def main(argv=None) -> int:
         )
         report(r, faults, baseline, args)
         if args.against:
-            compare(strategy, faults, baseline, args, work, data)
+            compare(strategy, faults, args, work, data)
     return 0
 
 
-def compare(strategy: str, faults: list[Fault], baseline: dict | None, args, work: str, data: str) -> None:
-    """The same schedule on the --against checkout's code (its tasks import od_dist from there),
-    then one line: each run's recovery median and max, and its phases' medians."""
+def compare(strategy: str, faults: list[Fault], args, work: str, data: str) -> None:
+    """The same schedule on the --against checkout's code (every machine's processes import od_dist
+    from there: tests/netns.py), then one line a code: its recovery median and max, its phases'."""
     theirs = schedule(strategy, args.seed, args.faults, args.elastic, args.gone_for_good)
-    os.environ["PYTHONPATH"] = os.path.abspath(args.against)
+    os.environ[netns.CODE_ENV] = os.path.abspath(args.against)
     args.suffix = "-against"
     try:
         print(f"{strategy}: the same schedule on {args.against}", flush=True)
@@ -1090,7 +1090,7 @@ def compare(strategy: str, faults: list[Fault], baseline: dict | None, args, wor
         r["ap50"], r["eval"] = (None, "not evaluated")
         report(r, theirs, None, args)
     finally:
-        del os.environ["PYTHONPATH"]
+        del os.environ[netns.CODE_ENV]
         args.suffix = ""
     for name, run in (("this code", faults), (args.against, theirs)):
         times = [

@@ -180,11 +180,15 @@ class Machine:
         _ip("-n", self.netns, "link", "set", "eth0", "up")
 
 
+CODE_ENV = "OD_DIST_CODE"  # another checkout whose code the machines run (benchmarks/chaos.py --against)
+
+
 def machine_env() -> dict:
-    """The test run's environment for a machine's processes: the worktree's code (PYTHONPATH), no
-    TF_CONFIG left over from the caller."""
+    """The test run's environment for a machine's processes: the worktree's code (PYTHONPATH), or
+    CODE_ENV's checkout, no TF_CONFIG left over from the caller."""
     env = clean_env()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    code = os.environ.get(CODE_ENV, ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (code, os.environ.get("PYTHONPATH")) if p)
     return env
 
 
