@@ -377,13 +377,15 @@ def terminated(fault: Fault) -> list[str]:
     return [t.split()[1] for t in fault.targets if t.startswith("term ")] if fault.kind == "double" else []
 
 
-def kill_during_save(job: ChaosJob, disks: dict[str, str], timeout: float) -> str:
+def kill_during_save(job: ChaosJob, disks: dict[str, str], timeout: float, running) -> str | None:
     """SIGKILL of the master (elastic, its machine off: the lead) as soon as a checkpoint save is
-    seen in progress on its disk."""
+    seen in progress on its disk; None when the job ended first (no fault: nothing to recover)."""
     name = job.stand_in("master:0")
     model_dir = disks[name]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if not running():
+            return None
         if glob.glob(os.path.join(model_dir, "ckpt-*_temp")) or glob.glob(
             os.path.join(model_dir, "*tempstate*")
         ):
@@ -458,7 +460,9 @@ def inject(fault: Fault, job: ChaosJob, watch: Watch, net, disks: dict[str, str]
     elif fault.kind == "ps":
         fault.note = signal_task(job, "ps:0", signal.SIGKILL)
     elif fault.kind == "save":
-        fault.note = kill_during_save(job, disks, args.save_wait)
+        fault.note = kill_during_save(job, disks, args.save_wait, running)
+        if fault.note is None:
+            fault.injected_at = None  # the job ended while the fault waited for a save
     elif fault.kind == "gone":
         gone(fault, job, watch, disks, args, running)
     elif fault.kind == "link":
@@ -622,6 +626,8 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             fault.injected_at = watch.now()
             fault.before_step = max((s for _, s in done), default=0)
             inject(fault, job, watch, net, disks, args, running)
+            if fault.injected_at is None:
+                break  # training ended before this fault could be made
             fault.since = fault.injected_at if fault.kind == "gone" else watch.now()
             if fault.kind in KILLS:
                 # A loop that was ending as the fault came prints its line after it: training
