@@ -311,6 +311,11 @@ def test_the_restart_budget_counts_restarts_in_a_row():
     b.started(35.0)
     assert b.take(35.0 + 600.0, 30) and b.used == 1  # the tasks ran 10 minutes without a loss
     assert not policy.Budget(0, since=0.0).take(1000.0, 5)  # 0: never a restart
+    # A loop that ended past every earlier start's furthest step is progress too (a save killed
+    # on this machine, the peers holding it); the same step again is not.
+    b = policy.Budget(1, since=0.0, step=10)
+    assert b.take(1.0, 10, reached=25) and b.take(2.0, 10, reached=50)
+    assert not b.take(3.0, 10, reached=50)
     assert policy.HEALTHY_S == 600.0  # the help, the scripts' README and docs/commands.md say 10 minutes
 
 
@@ -339,6 +344,34 @@ def test_restarts_that_each_follow_a_new_checkpoint_never_use_up_the_budget(tmp_
     job = Job(
         MWMS, [MASTER], lambda t, n: saves_then_dies(tmp_path, 60), max_restarts=1, model_dir=str(tmp_path)
     )
+    assert job.run() == 137, job.lines
+    assert len(job.started) == 2
+    assert job.lines[-1].startswith("master:0 died (exit 137, killed); no restart left (--max_restarts 1)")
+
+
+def reaches_then_dies(step):
+    """A trainer whose last loop ended at `step` (its note to the supervisor), killed before its
+    save reached this machine's disk."""
+    return f"from od_dist.protocol import notes\nnotes.leave_step_reached({step})\n" + kill_self()
+
+
+def test_training_past_every_earlier_start_is_progress_though_no_save_reached_this_disk(tmp_path):
+    """Separate disks: a master killed in its saves while the peers' copies grow (a chaos run's
+    four faults within one checkpoint interval ran the scripts' --max_restarts 3 out). Each start
+    that trains past the furthest step of those before starts the count over; a start that fails
+    at the same step as the one before counts, so a crash loop still stops."""
+
+    def scripts(t, n):
+        return reaches_then_dies(25 * (n + 1)) if n < 4 else exits(0)
+
+    job = Job(MWMS, [MASTER], scripts, max_restarts=1, model_dir=str(tmp_path))
+    assert job.run() == 0, job.lines
+    assert len(job.started) == 5
+    assert job.lines[1:4] == [
+        f"master:0 died (exit 137, killed); restart 1/1 ({n} in all) in 0 s" for n in (2, 3, 4)
+    ]
+
+    job = Job(MWMS, [MASTER], lambda t, n: reaches_then_dies(25), max_restarts=1, model_dir=str(tmp_path))
     assert job.run() == 137, job.lines
     assert len(job.started) == 2
     assert job.lines[-1].startswith("master:0 died (exit 137, killed); no restart left (--max_restarts 1)")

@@ -18,10 +18,10 @@ The rules (TensorFlow's fault tolerance for parameter-server and multi-worker tr
     first, and the job exits 130.
 Each restart waits a backoff (2 s, doubling while restarts follow each other with no progress
 between them and within a minute; none for a stop every task saved at, `saved_stop`) and counts
-against --max_restarts, a budget of restarts in a row (Budget): progress since the last restart
-starts both counts over. Past it (a parameter_server worker aside) the job stops and exits
-with the retryable code it gave up on, for an outer restarter, naming the first failure of the
-streak (the root cause, as torchrun reports it).
+against --max_restarts, a budget of restarts in a row (Budget): progress since the last restart (a
+newer checkpoint, or training past every earlier start) starts both counts over. Past it (a
+parameter_server worker aside) the job stops and exits with the retryable code it gave up on, for
+an outer restarter, naming the first failure of the streak (the root cause, as torchrun reports it).
 """
 
 from __future__ import annotations
@@ -133,23 +133,29 @@ def backoff_s(restart: int) -> float:
 @dataclass
 class Budget:
     """--max_restarts: at most `limit` restarts in a row. A restart starts the count over when
-    training progressed since the one before (a newer checkpoint on disk: `take`'s `step`) or the
-    tasks then ran `healthy_s` without a loss."""
+    training progressed since the one before (a newer checkpoint on disk: `take`'s `step`; or a loop
+    that ended past the furthest step of every start before: `reached`) or the tasks then ran
+    `healthy_s` without a loss. A task that fails at the same step every time still runs out."""
 
     limit: int
     since: float  # when the tasks last started (the job, or the last restart)
     step: int | None = None  # the newest checkpoint's step then, None for none
     healthy_s: float = HEALTHY_S
     used: int = 0  # restarts in a row so far
+    reached: int | None = None  # the furthest step a loop of any start ended at, None for none
 
-    def take(self, now: float, step: int | None = None) -> bool:
+    def take(self, now: float, step: int | None = None, reached: int | None = None) -> bool:
         """One restart at `now`, the newest checkpoint on disk at `step` (None: none, or not seen
-        here); False when none is left. `started` says when the restarted tasks start."""
-        progressed = step is not None and (self.step is None or step > self.step)
-        if progressed or now - self.since >= self.healthy_s:
+        here), the furthest step the lost start's loops ended at `reached` (None: none said);
+        False when none is left. `started` says when the restarted tasks start."""
+        saved = step is not None and (self.step is None or step > self.step)
+        further = reached is not None and (self.reached is None or reached > self.reached)
+        if saved or further or now - self.since >= self.healthy_s:
             self.used = 0
         if step is not None:
             self.step = step
+        if further:
+            self.reached = reached
         if self.used >= self.limit:
             return False
         self.used += 1

@@ -162,6 +162,11 @@ class Supervisor(Rounds):
         newest = self._newest()
         return newest[0] if newest else None
 
+    def _reached(self) -> int | None:
+        """The furthest step the tasks of this start said a loop of theirs ended at (notes.REACHED)."""
+        steps = [notes.step_reached(r.notes_dir, r.proc.pid) for r in self.running.values() if r.notes_dir]
+        return max((s for s in steps if s is not None), default=None)
+
     def _start(self, task: Task, group: membership.Group | None = None) -> Running:
         """Starts `task` with a temporary folder of its own (TMPDIR), removed once it exits: a task
         killed or lost cannot remove its temporary files (autograph's sources, a
@@ -623,7 +628,7 @@ class Supervisor(Rounds):
     def _take_restart(self, now: float, cause: str) -> str | None:
         """One restart of --max_restarts for `cause`: the count to show ('2/3', '1/3 (7 in all)'),
         None when none is left."""
-        if not self.budget.take(now, self._newest_step()):
+        if not self.budget.take(now, self._newest_step(), self._reached()):
             return None
         if self.budget.used == 1:  # the first of a streak: the root cause if the budget runs out
             self.first_failure = cause

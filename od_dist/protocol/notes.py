@@ -62,6 +62,10 @@ PS_LOST = "ps-lost"
 # SIGTERM to it): the signal that follows is the system's (143), not a person's. Windows can send a
 # process group only CTRL_BREAK, which alone reads as a person's Ctrl+Break (130).
 SYSTEM_STOP = "system-stop"
+# The step a trainer's last loop ended at (the file holds the number, rewritten each loop): training
+# past every earlier start's furthest step is progress for --max_restarts even when a killed save kept
+# it off this machine's disk, the peers holding it (policy.Budget).
+REACHED = "reached"
 
 
 def _started_as() -> tuple[int, int]:
@@ -79,15 +83,32 @@ def leave_for_supervisor(note: str) -> None:
             _write(folder, pid, note)  # unwritten, the supervisor restarts it, as for any 138
 
 
+def leave_step_reached(step: int) -> None:
+    """Tells this process's supervisor, if it has one, that a loop of training ended at `step`."""
+    folder = os.environ.get(NOTES_ENV)
+    if folder:
+        for pid in _started_as():
+            _write(folder, pid, REACHED, str(step))
+
+
+def step_reached(notes_dir: str, pid: int) -> int | None:
+    """The step the child `pid` last said a loop ended at (leave_step_reached), None for none."""
+    try:
+        with open(os.path.join(notes_dir, f"{pid}.{REACHED}")) as f:
+            return int(f.read())
+    except (OSError, ValueError):  # none yet, or read while being rewritten
+        return None
+
+
 def leave_for_child(notes_dir: str, pid: int, note: str) -> None:
     """Leaves `note` for the child `pid` in its notes folder (the supervisor's side)."""
     _write(notes_dir, pid, note)  # unwritten, the child takes the signal as it comes
 
 
-def _write(notes_dir: str, pid: int, note: str) -> None:
+def _write(notes_dir: str, pid: int, note: str, text: str = "") -> None:
     try:
-        with open(os.path.join(notes_dir, f"{pid}.{note}"), "w"):
-            pass
+        with open(os.path.join(notes_dir, f"{pid}.{note}"), "w") as f:
+            f.write(text)
     except OSError:
         pass
 

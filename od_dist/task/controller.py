@@ -15,7 +15,7 @@ from typing import Any
 
 from od_dist import patches
 from od_dist.cluster.spec import TF_JOB
-from od_dist.protocol import exit_codes, lineage, membership
+from od_dist.protocol import exit_codes, lineage, membership, notes
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import StartMismatch, Stopped
 
@@ -348,6 +348,7 @@ def _controller_cls():
             t0 = time.time()
             super()._train_n_steps(num_steps)
             self._od_print_progress(step0, t0)
+            notes.leave_step_reached(int(self.global_step.numpy()))
             self._od_stop_if_asked()
             if self._od_on_last_loop is not None and int(self.global_step.numpy()) >= self._od_train_steps:
                 self._od_on_last_loop()  # every trainer is past its last collective; the final save follows
