@@ -466,17 +466,25 @@ def test_multi_worker_mirrored_pair_stop_and_mismatch(tmp_path, data_dir, procs)
     cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
     model_dir, own = tmp_path / "model", tmp_path / "worker-own"
 
-    def pair(name, worker_dir=own, worker_dtype="bfloat16"):
+    def pair(name, worker_dir=own, worker_dtype="bfloat16", steps=100000):
         bf16 = ("--all_reduce_dtype=bfloat16",)
         started = (
             Proc(
-                tmp_path, f"master-{name}", train_args(cluster, "master", 0, model_dir, data_dir, extra=bf16)
+                tmp_path,
+                f"master-{name}",
+                train_args(cluster, "master", 0, model_dir, data_dir, steps, extra=bf16),
             ),
             Proc(
                 tmp_path,
                 f"worker-{name}",
                 train_args(
-                    cluster, "worker", 0, worker_dir, data_dir, extra=(f"--all_reduce_dtype={worker_dtype}",)
+                    cluster,
+                    "worker",
+                    0,
+                    worker_dir,
+                    data_dir,
+                    steps,
+                    extra=(f"--all_reduce_dtype={worker_dtype}",),
                 ),
             ),
         )
@@ -506,11 +514,20 @@ def test_multi_worker_mirrored_pair_stop_and_mismatch(tmp_path, data_dir, procs)
     import numpy as np
     import tensorflow as tf
 
-    saved = [tf.train.load_checkpoint(f"{d}/ckpt-{stopped}") for d in (model_dir, own)]
-    names = sorted(n for n in saved[0].get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH")
-    assert len(names) > 100 and set(names) < set(saved[1].get_variable_to_shape_map())
-    differ = [n for n in names if not np.array_equal(saved[0].get_tensor(n), saved[1].get_tensor(n))]
-    assert differ == [], differ[:5]
+    def differ(step):
+        saved = [tf.train.load_checkpoint(f"{d}/ckpt-{step}") for d in (model_dir, own)]
+        names = sorted(n for n in saved[0].get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH")
+        assert len(names) > 100 and set(names) < set(saved[1].get_variable_to_shape_map())
+        return [n for n in names if not np.array_equal(saved[0].get_tensor(n), saved[1].get_tensor(n))]
+
+    assert differ(stopped) == []
+    # Started again, each restores its own copy of that save, with no broadcast: still one model.
+    resumed = pair("resume", steps=stopped + 2)
+    for p in resumed:
+        assert p.wait(600) == 0, p.out[-3000:]
+    assert checkpoint_step(str(model_dir)) == checkpoint_step(str(own)) == stopped + 2
+    assert "sent over the all-reduce" not in resumed[0].out, resumed[0].out[-3000:]
+    assert differ(stopped + 2) == []
     assert re.search(
         r"master:0: .*; all-reduced in bfloat16 in [1-4] packs of 0\.\d+( to 0\.\d+)? MB", master.out
     ), master.out[-3000:]
@@ -529,8 +546,8 @@ def test_multi_worker_mirrored_pair_stop_and_mismatch(tmp_path, data_dir, procs)
             "--all_reduce_dtype; start them all with one command line" in p.out
         ), p.out[-3000:]
         assert (
-            f"checkpoints of two runs: master:0 holds run {run} at step {stopped:,}, worker:0 holds run "
-            f"0123456789ab at step {stopped:,}" in p.out
+            f"checkpoints of two runs: master:0 holds run {run} at step {stopped + 2:,}, worker:0 holds run "
+            f"0123456789ab at step {stopped + 2:,}" in p.out
         ), p.out[-3000:]
         assert "different steps" not in p.out, p.out[-3000:]
     assert lineage.run_of(str(own)) == "0123456789ab"  # nothing taken over
