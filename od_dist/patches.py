@@ -116,7 +116,8 @@ PATCHES = (
         "(local_initial_values)",
         "each variable's initial value broadcast from the chief in a collective of its own (614 for "
         "the demo, 3.5-4.5 s of a core at every start) is replaced by one broadcast of the checkpoint's "
-        "variables when training resumes (task/controller.py), which every start makes anyway",
+        "variables when training starts at step 0 or a trainer's folder is behind (task/controller.py); "
+        "trainers that all hold the step restore their own copies",
     ),
     Patch(
         "optimizer-slots",
@@ -524,8 +525,8 @@ def import_tensorflow() -> None:
 def local_initial_values(strategy, on: bool = True):
     """local-initial-values: while inside (and `on`), the variables a multi_worker_mirrored
     trainer creates take this trainer's own initial values, as on one machine, without the chief's
-    broadcast of each; the caller sets them all to one trainer's (one broadcast) before any step,
-    and may end it early (end_local_initial_values)."""
+    broadcast of each; the caller sets them all to one trainer's before any step (one broadcast, or
+    a restore of one save on every trainer), and may end it early (end_local_initial_values)."""
     from tensorflow.python.distribute import collective_all_reduce_strategy, mirrored_strategy
 
     extended = strategy.extended
