@@ -395,12 +395,14 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
     for task in ("master-0", "worker-0"):
         log = open(os.path.join(model_dir, "logs", f"{task}.log"), errors="replace").read()
         launched = re.findall(r"Collective all_reduce tensors: (\d+) all_reduces, .*num_packs = (\d+)", log)
-        # At each start, two large ones: the resume's broadcast of every checkpointed variable in
-        # one (patches.local_initial_values), then the gradients, a tensor per trainable variable
-        # (96 in the tests' model), as the first step is traced; the others carry one tensor each.
+        # The first start's two large ones: at step 0 the broadcast of every checkpointed variable
+        # in one (each trainer took its own initial values: patches.local_initial_values), then the
+        # gradients, a tensor per trainable variable (96 in the tests' model), as the first step is
+        # traced. The restart restores one save on both trainers: its gradients' alone. The others
+        # carry one tensor each.
         large = [(int(n), p) for n, p in launched if int(n) > 50]
-        (broadcast, _), gradients = large[-2], large[-1]
-        assert broadcast > gradients[0] and gradients[1] == packs.group(1), launched
+        assert len(large) == 3 and large[0][0] > large[1][0] == large[2][0], launched
+        assert large[1][1] == large[2][1] == packs.group(1), launched
         # Each start builds the model once (its check is the trained model's own build), and
         # Keras' reads of the batch-norm statistics as it builds all-reduce nothing (up to the
         # trainers' own start-up exchange, the first all-reduce they mean to make).
