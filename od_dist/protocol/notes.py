@@ -75,20 +75,17 @@ def _started_as() -> tuple[int, int]:
     return os.getpid(), os.getppid()
 
 
-def leave_for_supervisor(note: str) -> None:
-    """Leaves `note` for this process's supervisor, if it has one."""
+def leave_for_supervisor(note: str, text: str = "") -> None:
+    """Leaves `note` (holding `text`) for this process's supervisor, if it has one."""
     folder = os.environ.get(NOTES_ENV)
     if folder:
         for pid in _started_as():
-            _write(folder, pid, note)  # unwritten, the supervisor restarts it, as for any 138
+            _write(folder, pid, note, text)  # unwritten, the supervisor restarts it, as for any 138
 
 
 def leave_step_reached(step: int) -> None:
     """Tells this process's supervisor, if it has one, that a loop of training ended at `step`."""
-    folder = os.environ.get(NOTES_ENV)
-    if folder:
-        for pid in _started_as():
-            _write(folder, pid, REACHED, str(step))
+    leave_for_supervisor(REACHED, str(step))
 
 
 def step_reached(notes_dir: str, pid: int) -> int | None:
