@@ -206,7 +206,7 @@ ONE_TASK = ("role", "index")
 
 # launch's and the scripts' default, in a row (host/policy.py's Budget): the occasional lost
 # process of a long run (an OOM kill, a preempted or rebooted task) never uses it up, while a task
-# that dies at every start stops the job after 2 + 4 + 8 s of backoff instead of looping. `train`
+# that dies at every start stops the job after 0 + 2 + 4 s of backoff instead of looping. `train`
 # defaults to 0: see its help.
 LAUNCH_MAX_RESTARTS = 3
 
@@ -219,7 +219,7 @@ def define_restart_flags(fv: flags.FlagValues, max_restarts: int) -> None:
         "Restarts in a row after a task is lost (a retryable exit: "
         "lost peer, SIGTERM, SIGKILL), by TensorFlow's rules: a parameter_server worker or an "
         "evaluator alone, anything else every task together from the last checkpoint; "
-        "2 s backoff, doubling (none after a SIGTERM's saved stop). The count starts over when the job progressed since the last "
+        "the first of them at once, the ones that follow it with no progress 2 s later, doubling. The count starts over when the job progressed since the last "
         "restart: a newer checkpoint in --model_dir, a loop that trained past every earlier start's "
         f"furthest step, or {HEALTHY_S / 60:.0f} minutes without a "
         "loss (the evaluator's own count: those minutes only), so a long run's occasional faults "

@@ -16,8 +16,8 @@ The rules (TensorFlow's fault tolerance for parameter-server and multi-worker tr
   - a person's stop (a trainer or server that exits 130, SIGINT: Ctrl+C on this machine or, passed
     on through the job, on another) is never restarted: every task here is stopped, trainers
     first, and the job exits 130.
-Each restart waits a backoff (2 s, doubling while restarts follow each other with no progress
-between them and within a minute; none for a stop every task saved at, `saved_stop`) and counts
+The first restart of a streak starts at once; the ones that follow it with no progress between them
+and within a minute wait a backoff (2 s, doubling). Every restart counts
 against --max_restarts, a budget of restarts in a row (Budget): progress since the last restart (a
 newer checkpoint, or training past every earlier start) starts both counts over. Past it (a
 parameter_server worker aside) the job stops and exits with the retryable code it gave up on, for
@@ -35,11 +35,11 @@ from od_dist.protocol import exit_codes
 
 DONE, PERMANENT, RESTART_TASK, RESTART_ALL = "done", "permanent", "restart the task", "restart all"
 STOPPED_BY_PERSON = "stopped by a person"
-BACKOFF_S = 2.0  # before the first restart; doubles each time, up to BACKOFF_MAX_S
+BACKOFF_S = 2.0  # before the second restart of a streak; doubles each time, up to BACKOFF_MAX_S
 BACKOFF_MAX_S = 30.0
 # The backoff spaces restarts that come in quick succession (a peer not back yet). Tasks that ran
-# this long since their last restart are not in such a loop: the next restart waits BACKOFF_S
-# again, rather than BACKOFF_MAX_S for every fault of a long job.
+# this long since their last restart are not in such a loop: the next restart starts a new streak,
+# rather than waiting BACKOFF_MAX_S at every fault of a long job.
 BACKOFF_RESET_S = 2 * BACKOFF_MAX_S
 
 # --max_restarts counts restarts in a row, not in a run: a long run's occasional losses (a
@@ -112,12 +112,6 @@ def plan(strategy: str, tasks: list[Task], exits: list[tuple[Task, int]]) -> Pla
     return Plan(DONE, None)
 
 
-def saved_stop(codes) -> bool:
-    """Every exit a SIGTERM's (here or on a peer: a trainer takes it at a loop's end and saves):
-    the cause is known and over, so the restart need not wait for anything."""
-    return all(exit_codes.normalize(c) == exit_codes.TERMINATED for c in codes)
-
-
 def own_failure(code: int) -> bool:
     """An elastic round's end that counts against this machine (two in a row leave it out of the
     next rounds for a while): not a lost peer (138, another machine's loss), nor a saved stop
@@ -126,7 +120,8 @@ def own_failure(code: int) -> bool:
 
 
 def backoff_s(restart: int) -> float:
-    """Seconds to wait before restart number `restart` (1-based): 2, 4, 8, 16, 30, 30, ..."""
+    """Seconds to wait before the restart that follows `restart` (1-based) others of its streak, or
+    before restart number `restart` of an evaluator's budget: 2, 4, 8, 16, 30, 30, ..."""
     return min(BACKOFF_S * 2 ** (restart - 1), BACKOFF_MAX_S)
 
 

@@ -35,7 +35,6 @@ from od_dist.host.policy import (
     describe,
     is_trainer,
     plan,
-    saved_stop,
 )
 from od_dist.host.processes import (
     POLL_S,
@@ -77,7 +76,8 @@ class Supervisor(Rounds):
     max_restarts: int  # in a row: policy.Budget
     grace_s: float  # how long trainers get to save a checkpoint after SIGINT/SIGTERM
     finish: Callable[[Running], None] = lambda r: None
-    backoff: Callable[[int], float] = backoff_s  # seconds before restart number n (1-based) of a streak
+    # Seconds before restart number n + 1 (n >= 1) of a streak; the first waits nothing.
+    backoff: Callable[[int], float] = backoff_s
     backoff_reset_s: float = BACKOFF_RESET_S
     lead: str | None = None
     eval_command: str | None = None
@@ -596,13 +596,13 @@ class Supervisor(Rounds):
             if p.action == RESTART_TASK:
                 return self._end_alone(p.restart, exits, self._root_cause())
             return self._out_of_restarts(cause, code, self._log_note(task))
-        # The backoff spaces restarts that bring nothing (a peer not back yet): training that
-        # progressed since the last restart (the budget's count started over) or tasks that ran
-        # backoff_reset_s start the streak over.
+        # The backoff spaces restarts that bring nothing (a peer not back yet). The first of a streak
+        # (training progressed since the last restart, the budget's count started over, or the tasks
+        # ran backoff_reset_s) starts at once: its fault is over, and a restarted trainer waits for
+        # its peers anyway. The ones after it wait backoff(1), backoff(2), ...
         fresh = self.budget.used == 1 or now - self.restarted_at >= self.backoff_reset_s
         self.streak = 1 if fresh else self.streak + 1
-        saved = saved_stop(c for _, c in exits)
-        wait = 0.0 if saved and self.streak == 1 else self.backoff(self.streak)
+        wait = 0.0 if self.streak == 1 else self.backoff(self.streak - 1)
         if p.action == RESTART_ALL:
             # The restart-all message names the lost task first: the others die of it.
             which = " of every task" if len(self.tasks) > 1 else ""

@@ -305,7 +305,7 @@ def render_readme(
         "",
         f"Each script runs its tasks with `--max_restarts {max_restarts}`: when a task is lost (killed, "
         "or it lost a peer: exit 137, 138 or 143) the script's `od-dist train` starts it again, "
-        f"up to {max_restarts} times in a row, after 2 s (doubling); the count starts over once training "
+        f"up to {max_restarts} times in a row (at once, then after 2 s, doubling); the count starts over once training "
         f"progressed (a newer checkpoint, or a loop past every earlier start's furthest step) or the tasks ran {HEALTHY_S / 60:.0f} minutes, so a long run's "
         "occasional faults never use it up. " + _heals(cluster) + " A permanent error (exit 1, or 2 "
         "for invalid input) is not retried, nor a task that waited `--wait_timeout` for peers that did "
