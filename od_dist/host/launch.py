@@ -9,7 +9,6 @@ PR_SET_PDEATHSIG, so even a launcher killed with SIGKILL leaves no orphan behind
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -20,30 +19,13 @@ from dataclasses import dataclass
 
 from od_dist.cluster.spec import Task
 from od_dist.host import supervisor
+from od_dist.host.processes import start_child
 from od_dist.protocol import notes
 
 
 @dataclass
 class Child(supervisor.Running):
     reader: threading.Thread | None = None
-
-
-def _die_with_parent_hook():
-    """A pre-exec hook: the kernel sends the child SIGTERM when the launcher dies. libc is loaded
-    here, in the parent (loading a library in a forked child of a threaded parent can deadlock),
-    and the child exits at once if the launcher died before the hook ran."""
-    try:
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:
-        return None
-    parent = os.getpid()
-
-    def hook():
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return hook
 
 
 def _pump(stream, prefix: str, log_path: str, lock: threading.Lock) -> None:
@@ -102,38 +84,6 @@ def _write_console(text: str) -> None:
             os.close(devnull)
         except (OSError, ValueError):
             pass
-
-
-def start_child(
-    argv: list[str], stdout=None, tf_config: str | None = None, task_log: str | None = None
-) -> subprocess.Popen:
-    """A task as a child process in its own process group: a Ctrl+C in the terminal reaches only
-    the supervisor, which then stops the trainers before the servers. The child also dies with the
-    supervisor, so even a supervisor killed with SIGKILL (or terminated, on Windows) leaves none: on
-    Linux by PR_SET_PDEATHSIG, on Windows by a kill-on-close job object (host/winjob.py)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TF_CONFIG", None)  # the child gets its task from --cluster/--role/--index...
-    if tf_config:
-        env["TF_CONFIG"] = tf_config  # ...or from the TF_CONFIG its supervisor was given
-    if task_log:
-        env["OD_DIST_TASK_LOG"] = task_log  # the task appends its own detail there: host/console.py
-    kwargs = {}
-    if os.name == "nt":
-        kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP
-    else:
-        kwargs["start_new_session"] = True
-        if sys.platform.startswith("linux"):
-            kwargs["preexec_fn"] = _die_with_parent_hook()
-    if stdout is not None:
-        kwargs.update(
-            stdout=stdout, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace", bufsize=1
-        )
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, **kwargs)
-    if os.name == "nt":
-        from od_dist.host import winjob
-
-        winjob.hold(proc)
-    return proc
 
 
 def _start(task: Task, argv: list[str], log_dir: str, lock: threading.Lock) -> Child:

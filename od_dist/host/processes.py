@@ -1,11 +1,13 @@
-"""A supervisor's children: how one is signalled, waited for, killed, and whether it still makes
+"""A supervisor's children: how one is started, signalled, waited for, killed, and whether it still makes
 progress. No TensorFlow here."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +23,56 @@ MIN_CPU_SHARE = 0.02  # less CPU than this (and no byte written) is no progress:
 POLL_S = 0.2
 
 # ----- processes --------------------------------------------------------------------------------
+
+
+def _die_with_parent_hook():
+    """A pre-exec hook: the kernel sends the child SIGTERM when the launcher dies. libc is loaded
+    here, in the parent (loading a library in a forked child of a threaded parent can deadlock),
+    and the child exits at once if the launcher died before the hook ran."""
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+    parent = os.getpid()
+
+    def hook():
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
+
+
+def start_child(
+    argv: list[str], stdout=None, tf_config: str | None = None, task_log: str | None = None
+) -> subprocess.Popen:
+    """A task as a child process in its own process group: a Ctrl+C in the terminal reaches only
+    the supervisor, which then stops the trainers before the servers. The child also dies with the
+    supervisor, so even a supervisor killed with SIGKILL (or terminated, on Windows) leaves none: on
+    Linux by PR_SET_PDEATHSIG, on Windows by a kill-on-close job object (host/winjob.py)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)  # the child gets its task from --cluster/--role/--index...
+    if tf_config:
+        env["TF_CONFIG"] = tf_config  # ...or from the TF_CONFIG its supervisor was given
+    if task_log:
+        env["OD_DIST_TASK_LOG"] = task_log  # the task appends its own detail there: host/console.py
+    kwargs = {}
+    if os.name == "nt":
+        kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP
+    else:
+        kwargs["start_new_session"] = True
+        if sys.platform.startswith("linux"):
+            kwargs["preexec_fn"] = _die_with_parent_hook()
+    if stdout is not None:
+        kwargs.update(
+            stdout=stdout, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace", bufsize=1
+        )
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, **kwargs)
+    if os.name == "nt":
+        from od_dist.host import winjob
+
+        winjob.hold(proc)
+    return proc
 
 
 # Windows can send a process group no signal but CTRL_BREAK (and CTRL_C only to a whole console).
