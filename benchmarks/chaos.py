@@ -80,6 +80,8 @@ from loopback import COCO_LINE, PIPELINE, checkpoint_step  # noqa: E402
 from outage import STEP, set_port, simulated_work  # noqa: E402 (benchmarks/: this folder)
 from test_multihost import PORT, Job, job_cluster, write_scripts  # noqa: E402
 
+from od_dist.protocol import spare  # noqa: E402 (a parked spare's process name)
+
 PY = sys.executable
 LAYOUTS = {  # machine index -> role
     "parameter_server": {0: "master", 1: "worker", 2: "worker", 3: "ps"},
@@ -327,13 +329,21 @@ class Watch(threading.Thread):
 
 
 def task_pid(job: ChaosJob, name: str) -> int | None:
-    """The task process that the machine's `od-dist train --max_restarts` runs (its child)."""
+    """The task process that the machine's `od-dist train --max_restarts` runs (its child that is
+    not its parked spare)."""
     sup = job.proc(name).pid
     try:
         children = open(f"/proc/{sup}/task/{sup}/children").read().split()
     except OSError:
         return None
-    return int(children[0]) if children else None
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != spare.PARKED_NAME:
+                    return int(pid)
+        except OSError:
+            pass
+    return None
 
 
 def signal_task(job: ChaosJob, name: str, sig: int) -> str:

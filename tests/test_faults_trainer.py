@@ -17,7 +17,7 @@ import psutil
 import pytest
 from loopback import PIPELINE, SMALL, checkpoint_step, clean_env, site_hook, write_cluster
 
-from od_dist.protocol import lineage
+from od_dist.protocol import lineage, spare
 
 OVERRIDE = (
     "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
@@ -167,27 +167,38 @@ STOPPED = re.compile(
 )
 
 
-RESTARTED = re.compile(r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/1 in 0 s$", re.M)
+RESTARTED = re.compile(r"^od-dist train: single:0 died \(exit 137, killed\); restart 1/2 in 0 s$", re.M)
+TAKEN = re.compile(r"^od-dist: a spare made ready \d+ s ago takes this start", re.M)
+
+
+def children(pid):
+    """A supervisor's children: (its task, its parked spare or None)."""
+    procs = psutil.Process(pid).children()
+    parked = [p for p in procs if p.name() == spare.PARKED_NAME]
+    tasks = [p for p in procs if p not in parked]
+    return (tasks[0] if tasks else None), (parked[0] if parked else None)
 
 
 def test_single_machine_killed_during_a_save_is_restarted_and_resumes_then_sigterm_saves(
     tmp_path, data_dir, procs
 ):
     """One machine's trainer with two CPU clones (--num_clones 2 --clone_on_cpu: MirroredStrategy,
-    2 replicas in sync) under `--max_restarts 1`, a checkpoint every 5 steps:
+    2 replicas in sync) under `--max_restarts 2`, a checkpoint every 5 steps:
 
     1. SIGKILL during the save of ckpt-10 (leftovers of other unfinished saves beside it): the
        task is restarted, removes what the unfinished saves left (ckpt-10 with its index torn
        among them) and resumes from ckpt-5, which stayed the latest named.
-    2. SIGTERM (to `od-dist train`, passed on to its task) then saves a checkpoint where it
-       stopped, at most a loop after the signal, and exits 143."""
+    2. The restarted task trained a loop: a spare of it is made ready (TensorFlow imported,
+       waiting); SIGKILL of the task: the restart takes the spare, which trains on.
+    3. SIGTERM (to `od-dist train`, passed on to its task) then saves a checkpoint where it
+       stopped, at most a loop after the signal, and exits 143; no process of it is left."""
     model_dir = tmp_path / "model"
     env = {
         "PYTHONPATH": site_hook(tmp_path, KILL_DURING_SAVE),
         "OD_DIST_TEST_KILLED": str(tmp_path / "killed"),
     }
     args = train_args(None, None, None, model_dir, data_dir, interval=5)
-    run = Proc(tmp_path, "train", [*args, "--num_clones=2", "--clone_on_cpu", "--max_restarts=1"], env=env)
+    run = Proc(tmp_path, "train", [*args, "--num_clones=2", "--clone_on_cpu", "--max_restarts=2"], env=env)
     procs.append(run)
 
     # 1. Killed during a save, restarted, resumed from the previous checkpoint.
@@ -207,10 +218,26 @@ def test_single_machine_killed_during_a_save_is_restarted_and_resumes_then_sigte
         )
     print(f"\ntrain --max_restarts: resumed 5 steps back {time.monotonic() - killed:.1f} s after kill -9")
 
-    # 2. SIGTERM: a checkpoint where it stopped.
+    # 2. A spare made ready, then taken by the next restart.
+    deadline = time.monotonic() + 120
+    while (parked := children(run.proc.pid))[1] is None:
+        assert time.monotonic() < deadline, f"no spare within 120 s:\n{run.out[-3000:]}"
+        time.sleep(0.5)
+    task, ready = parked
+    assert TAKEN.search(run.out) is None
+    task.kill()
+    run.wait_for(lambda out: TAKEN.search(out), 120, "the spare taking the start")
+    taken = TAKEN.split(run.out, maxsplit=1)[-1]
+    assert "od-dist train: single:0 died (exit 137, killed); restart 1/2 (2 in all) in 0 s" in run.out
+    assert children(run.proc.pid)[0].pid == ready.pid  # the spare runs the task now
+    assert "start-up | TensorFlow imported" in taken  # after the spare took the start
+    run.wait_for(lambda out: PROGRESS.search(TAKEN.split(out, maxsplit=1)[-1]), 400, "a step in the spare")
+
+    # 3. SIGTERM: a checkpoint where it stopped.
     before = run.step()
     run.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
+    left = psutil.Process(run.proc.pid).children()
     run.wait_for(lambda out: STOPPED.search(restarted(out)), 180, "the stopped line")
     saved = time.monotonic() - sent
     assert run.wait(180) == 143, run.out[-3000:]
@@ -226,6 +253,7 @@ def test_single_machine_killed_during_a_save_is_restarted_and_resumes_then_sigte
     assert before <= step <= run.step() <= before + 10 and step == run.step()
     assert checkpoint_step(str(model_dir)) == step and m.group(5).endswith(f"ckpt-{step}")
     assert not [n for n in os.listdir(model_dir) if "temp" in n]
+    assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # a spare too
     print(f"single machine: SIGTERM to ckpt-{step} saved in {saved:.1f} s, exit 143 in {took:.1f} s")
 
 

@@ -23,7 +23,7 @@ from od_dist.cli import checks, train, launch, data, model, render  # noqa: F401
 from od_dist.cli.registry import COMMANDS, Command, UsageError
 from od_dist.cluster.messages import SHOWN_MAX, shown
 from od_dist.cluster.spec import InvalidCluster
-from od_dist.protocol import exit_codes
+from od_dist.protocol import exit_codes, spare
 
 
 def _gather(args: list[str], lists: tuple[str, ...]) -> list[str]:
@@ -158,4 +158,8 @@ def run() -> None:
     # `import tensorflow` also loads Keras 3 (and scikit-learn and matplotlib with it): about
     # 1.5 s of CPU at every TensorFlow process start, for nothing od-dist uses.
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    if os.environ.pop(spare.SPARE_ENV, None):  # a warm spare (host/spare.py): run when a start takes it
+        from od_dist.task import spare as parked
+
+        parked.park()
     sys.exit(main(sys.argv))

@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass
 
 from od_dist.cluster.spec import Task
-from od_dist.host import supervisor
+from od_dist.host import policy, supervisor
 from od_dist.host.processes import start_child
+from od_dist.host.spare import Spare
 from od_dist.protocol import notes
 
 
@@ -197,10 +198,11 @@ def run_task(
     def say(message: str) -> None:
         print(f"od-dist train: {message}", file=sys.stderr, flush=True)
 
+    warm = Spare(argv, tf_config) if policy.is_trainer(strategy, task.role) else None
     sup = supervisor.Supervisor(
         strategy,
         [task],
-        lambda t: supervisor.Running(t, start_child(argv, tf_config=tf_config)),
+        lambda t: supervisor.Running(t, warm.start() if warm else start_child(argv, tf_config=tf_config)),
         say,
         max_restarts,
         grace_s,
@@ -210,6 +212,7 @@ def run_task(
         term_to_all=term_to_all,
         elastic=elastic(say) if elastic else None,
         stop_file=os.path.abspath(notes.STOP_FILE),
+        spare=warm,
     )
     previous = handle_signals(sup.on_signal)
     try:

@@ -1,5 +1,5 @@
-"""A supervisor's children: how one is started, signalled, waited for, killed, and whether it still makes
-progress. No TensorFlow here."""
+"""A supervisor's children: how one is started, signalled, waited for, killed, and whether it still
+makes progress. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from od_dist.cluster.spec import Task
-from od_dist.protocol import exit_codes, notes
+from od_dist.protocol import exit_codes, notes, spare
 
 # Stopping every task for a restart: the lost task held the variables (ps), was the one that saves
 # (master) or blocks every all-reduce, so the survivors have nothing consistent to save; they get
@@ -43,19 +43,32 @@ def _die_with_parent_hook():
     return hook
 
 
-def start_child(
-    argv: list[str], stdout=None, tf_config: str | None = None, task_log: str | None = None
-) -> subprocess.Popen:
-    """A task as a child process in its own process group: a Ctrl+C in the terminal reaches only
-    the supervisor, which then stops the trainers before the servers. The child also dies with the
-    supervisor, so even a supervisor killed with SIGKILL (or terminated, on Windows) leaves none: on
-    Linux by PR_SET_PDEATHSIG, on Windows by a kill-on-close job object (host/winjob.py)."""
+def child_env(tf_config: str | None = None, task_log: str | None = None) -> dict[str, str]:
+    """A task's environment: this process's, as it is now."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TF_CONFIG", None)  # the child gets its task from --cluster/--role/--index...
     if tf_config:
         env["TF_CONFIG"] = tf_config  # ...or from the TF_CONFIG its supervisor was given
     if task_log:
         env["OD_DIST_TASK_LOG"] = task_log  # the task appends its own detail there: host/console.py
+    return env
+
+
+def start_child(
+    argv: list[str],
+    stdout=None,
+    tf_config: str | None = None,
+    task_log: str | None = None,
+    as_spare: bool = False,
+) -> subprocess.Popen:
+    """A task as a child process in its own process group: a Ctrl+C in the terminal reaches only
+    the supervisor, which then stops the trainers before the servers. The child also dies with the
+    supervisor, so even a supervisor killed with SIGKILL (or terminated, on Windows) leaves none: on
+    Linux by PR_SET_PDEATHSIG, on Windows by a kill-on-close job object (host/winjob.py).
+    `as_spare`: the child is a spare (protocol/spare.py), its stdin a pipe."""
+    env = child_env(tf_config, task_log)
+    if as_spare:
+        env[spare.SPARE_ENV] = "1"
     kwargs = {}
     if os.name == "nt":
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP
@@ -67,7 +80,8 @@ def start_child(
         kwargs.update(
             stdout=stdout, stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace", bufsize=1
         )
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, **kwargs)
+    stdin = subprocess.PIPE if as_spare else subprocess.DEVNULL
+    proc = subprocess.Popen(argv, stdin=stdin, env=env, **kwargs)
     if os.name == "nt":
         from od_dist.host import winjob
 

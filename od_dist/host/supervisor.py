@@ -47,6 +47,7 @@ from od_dist.host.processes import (
     wait_all,
 )
 from od_dist.host.rounds import Rounds
+from od_dist.host.spare import Spare
 from od_dist.protocol import checkpoint_feed, exit_codes, membership, notes
 
 SERVER_STOP_GRACE_S = 10.0  # servers and the evaluator hold no training state
@@ -114,6 +115,11 @@ class Supervisor(Rounds):
     stop_file: str | None = None
     regrouping: bool = False  # the trainers here were asked to stop for a new round
     regroup_asked_at: float = float("inf")  # when
+    # The trainer's warm spare (host/spare.py; `train --max_restarts`, one task here): its start
+    # (`start`) takes it when one is ready.
+    spare: Spare | None = None
+    starts: int = 0  # of tasks, this run
+    spare_for: int | None = None  # the pid of the start that last made the spare ready
 
     def on_signal(self, signum, _frame=None) -> None:
         self.signals.append(signum)
@@ -136,6 +142,8 @@ class Supervisor(Rounds):
         finally:
             # Whatever happened (an exception included), no child outlives the supervisor.
             self._stop_all(SERVER_STOP_GRACE_S, trainers_first=False)
+            if self.spare is not None:
+                self.spare.close()
             shutil.rmtree(self.notes_root, ignore_errors=True)
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -190,6 +198,7 @@ class Supervisor(Rounds):
                 else:
                     os.environ[name] = value
         running.tmpdir, running.notes_dir = folder, notes_dir
+        self.starts += 1
         return running
 
     def _finish(self, r: Running) -> None:
@@ -396,7 +405,25 @@ class Supervisor(Rounds):
                 result = self._after_training()
                 if result is not None:
                     return result
+            self._spare_step()
             time.sleep(POLL_S)
+
+    def _spare_step(self) -> None:
+        """Once a trainer here was restarted (this job sees faults), the first of its starts to say it
+        trained a loop makes the next start's spare ready: never beside a start's own import, and
+        once per start (a spare that could not import is not made again and again). Training over,
+        nothing restarts: the spare is ended."""
+        if self.spare is None:
+            return
+        if self.first_done is not None:
+            self.spare.close()
+            return
+        if self.starts <= len(self.tasks) or self.spare.ready():
+            return
+        for r in self._runs(trainers=True):
+            if r.proc.pid != self.spare_for and notes.step_reached(r.notes_dir, r.proc.pid) is not None:
+                self.spare_for = r.proc.pid
+                self.spare.prime()
 
     _stop_why: str | None = None
 

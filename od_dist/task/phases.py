@@ -19,10 +19,23 @@ LINE = re.compile(
 )
 
 
+# A spare's start (protocol/spare.py): when a start took it, and its CPU seconds then.
+_taken: tuple[float, float] | None = None
+
+
+def restart_clock() -> None:
+    """A spare taken by a start: its phases count from now, not from the spare's own start."""
+    global _taken
+    _taken = (time.monotonic(), time.process_time())
+
+
 def since_start() -> float:
-    """Seconds since the kernel started this process: the interpreter's own start-up is in every
-    figure, as a user waiting for the task sees it. Linux: both clocks since boot, in ticks of
-    10 ms (psutil's create_time adds the boot time in whole seconds: up to 1 s off)."""
+    """Seconds since the kernel started this process (or a start took this spare): the interpreter's
+    own start-up is in every figure, as a user waiting for the task sees it. Linux: both clocks
+    since boot, in ticks of 10 ms (psutil's create_time adds the boot time in whole seconds: up to
+    1 s off)."""
+    if _taken is not None:
+        return time.monotonic() - _taken[0]
     try:
         with open("/proc/self/stat", encoding="ascii") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
@@ -33,11 +46,15 @@ def since_start() -> float:
         return time.time() - psutil.Process().create_time()
 
 
+def cpu_since_start() -> float:
+    return time.process_time() - (_taken[1] if _taken is not None else 0.0)
+
+
 def mark(phase: str) -> None:
     """Prints `phase`'s line; its CPU seconds (every thread of the process) vary less than its
     wall time on a loaded machine."""
     print(
-        f"od-dist: start-up | {phase} | {since_start():.1f} s since start, {time.process_time():.1f} s of "
+        f"od-dist: start-up | {phase} | {since_start():.1f} s since start, {cpu_since_start():.1f} s of "
         f"CPU (at {time.time():.2f})",
         flush=True,
     )
