@@ -1,6 +1,6 @@
 """A trainer's warm spare (protocol/spare.py), for `od-dist train --max_restarts`: made ready once
-the trainer has been restarted and its new start trained a loop (a job that sees faults; one that sees none
-pays nothing), taken by the next start, which would otherwise import TensorFlow anew. No TensorFlow
+the trainer has been restarted and its new start trained a loop (a job that sees faults; one that
+sees none pays nothing), taken by the next start, which would otherwise import TensorFlow anew. No TensorFlow
 here."""
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ class Spare:
     argv: list[str]
     tf_config: str | None = None
     proc: subprocess.Popen | None = None
-    taken: int = 0  # starts made in a spare, this run
 
     def start(self) -> subprocess.Popen:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
+        ready, proc, self.proc = self.ready(), self.proc, None
+        if ready:
             try:
                 proc.stdin.write(spare.encode(child_env(self.tf_config)))
                 proc.stdin.close()
-                self.taken += 1
                 return proc
             except OSError:  # it died meanwhile
                 _end(proc)
