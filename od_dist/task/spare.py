@@ -13,7 +13,8 @@ from od_dist.protocol import spare
 def park() -> None:
     """Imports what a trainer imports first, then waits for its start; returns with the start's
     environment in place (the caller runs the task), or exits 0 at end of input. An import that fails
-    exits 1 unseen: the next start is made from nothing and says what is wrong."""
+    is left to the start: it imports again and says what is wrong, as a start from nothing does
+    (an exit of the spare's own, unexplained, would read as a permanent failure of the task)."""
     own_name = _name(spare.PARKED_NAME)
     try:
         from od_dist import patches
@@ -21,8 +22,8 @@ def park() -> None:
         patches.import_tensorflow()
         patches.problems()  # imports every module a patch touches: Model Garden's, orbit's
         from od_dist.task import trainer  # noqa: F401
-    except BaseException:
-        os._exit(1)
+    except Exception:
+        pass
     parked_at = time.time()
     env = spare.decode(sys.stdin.buffer.readline())
     if env is None:
