@@ -411,7 +411,7 @@ class Supervisor(Rounds):
     def _spare_step(self) -> None:
         """Once a trainer here was restarted (this job sees faults), the first of its starts to say it
         trained a loop makes the next start's spare ready: never beside a start's own import, and
-        once per start (a spare that could not import is not made again and again). Training over,
+        once per start (a spare that died is not made again and again). Training over,
         nothing restarts: the spare is ended."""
         if self.spare is None:
             return
