@@ -225,6 +225,9 @@ def test_single_machine_killed_during_a_save_is_restarted_and_resumes_then_sigte
         time.sleep(0.5)
     task, ready = parked
     assert TAKEN.search(run.out) is None
+    # Killed after a checkpoint past ckpt-5 (progress): the restart is then the first of a streak.
+    # The spare is made at the restarted start's first loop, which can come before that save.
+    run.wait_for(lambda out: (checkpoint_step(str(model_dir)) or 0) > 5, 120, "a checkpoint past ckpt-5")
     task.kill()
     run.wait_for(lambda out: TAKEN.search(out), 120, "the spare taking the start")
     taken = TAKEN.split(run.out, maxsplit=1)[-1]
@@ -490,7 +493,7 @@ def test_multi_worker_mirrored_pair_stop_and_mismatch(tmp_path, data_dir, procs)
        (which is collective and would fail inside TensorFlow).
 
     (A trainer on a new disk resuming from the others' checkpoint, and the survivors of a lost
-    trainer exiting 138 naming it: test_multihost.py's separate disks, and test_faults.py's pair.)"""
+    trainer exiting 138 naming it: test_lan_mirrored.py's separate disks, and test_faults.py's pair.)"""
     cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
     model_dir, own = tmp_path / "model", tmp_path / "worker-own"
 
