@@ -76,9 +76,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import netns  # noqa: E402 (the tests' simulated machines)
 from breakdown import breakdown, describe, medians  # noqa: E402 (benchmarks/: where recovery goes)
+from lan_job import PORT, Job, job_cluster, write_scripts  # noqa: E402
 from loopback import COCO_LINE, PIPELINE, checkpoint_step  # noqa: E402
 from outage import STEP, set_port, simulated_work  # noqa: E402 (benchmarks/: this folder)
-from test_multihost import PORT, Job, job_cluster, write_scripts  # noqa: E402
 
 from od_dist.protocol import spare  # noqa: E402 (a parked spare's process name)
 

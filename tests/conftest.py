@@ -23,14 +23,17 @@ if WINDOWS_LIKE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # xd
 # took 34.5 s and 52.0 s of CPU with TensorFlow's pools, 25.3 s and 45.9 s with one (2026-11-28).
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
-# The slowest modules, longest first (each alone with `--durations=15`, 2026-11-28; docs/tests.md):
+# The slowest modules, longest first (each alone with `--durations=15`, 2026-11-28; docs/tests.md;
+# test_lan_mirrored.py came out of test_multihost.py, which had taken 20 minutes of one worker's run
+# at 12da41d, 2026-12-02):
 # xdist hands a whole module (--dist loadfile) to whichever worker is free, so the long ones start
 # at once and the short ones fill in at the end, and the workers finish together. But
-# test_supervisor.py third: its stand-in tasks wait (67 s, 3 s of CPU), so it runs while the two
+# test_supervisor.py fourth: its stand-in tasks wait (67 s, 3 s of CPU), so it runs while the
 # heaviest use both cores, not later beside other waits (cores idle 5.7% of a run, not 7.8%).
 LONGEST_FIRST = (
     "test_multihost.py",
     "test_faults_trainer.py",
+    "test_lan_mirrored.py",
     "test_supervisor.py",
     "test_distributed.py",
     "test_readme_lan.py",  # 53 s alone, 107 s beside other work (2026-12-01)
