@@ -157,6 +157,16 @@ PATCHES = (
         held=("official.core.base_trainer:Trainer._is_async",),
     ),
     Patch(
+        "orbit-train-iterator",
+        MODEL_GARDEN,
+        (),
+        "sets orbit.StandardTrainer._train_iter to None (fresh_train_iterators)",
+        "parameter_server: a loop that ended on a worker's input iterator TensorFlow cancelled (a step "
+        "aborted by a transient ps error, retried on that iterator) goes on with new iterators, which "
+        "orbit makes from its train dataset when it holds none",
+        held=("orbit:StandardTrainer._train_iter",),
+    ),
+    Patch(
         "checkpoint-state",
         TENSORFLOW,
         ("tensorflow:__internal__.train.update_checkpoint_state",),
@@ -588,6 +598,19 @@ def inner_optimizer(optimizer):
 def is_async(trainer) -> bool:
     """trainer-is-async: whether Model Garden's Trainer runs its loops asynchronously."""
     return bool(_held("trainer-is-async", trainer, "_is_async"))
+
+
+def check_train_iterator(trainer) -> None:
+    """orbit-train-iterator: the trainer holds what fresh_train_iterators sets (it is needed
+    mid-run): a renamed one ends the task as its first loop is made, before any step."""
+    _held("orbit-train-iterator", trainer, "_train_iter")
+
+
+def fresh_train_iterators(trainer) -> None:
+    """orbit-train-iterator: the trainer's next loop iterates its train dataset anew (under
+    parameter_server: a new iterator on every worker, each from its own dataset function)."""
+    _held("orbit-train-iterator", trainer, "_train_iter")
+    trainer._train_iter = None
 
 
 def registered_experiments():

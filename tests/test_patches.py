@@ -98,6 +98,11 @@ class NoTrainer(orbit.AbstractTrainer):
         return {}
 
 
+class NoSteps(orbit.StandardTrainer):
+    def train_step(self, iterator):
+        pass
+
+
 def controller():
     step = tf.Variable(0, dtype=tf.int64)
     manager = tf.train.CheckpointManager(
@@ -115,6 +120,10 @@ trainer = object.__new__(base_trainer.Trainer)
 trainer._strategy = tf.distribute.get_strategy()
 trainer.init_async()  # where Model Garden's Trainer sets _is_async
 assert patches.is_async(trainer) is False
+standard = NoSteps(train_dataset=tf.data.Dataset.range(1))
+patches.check_train_iterator(standard)
+patches.fresh_train_iterators(standard)
+assert standard._train_iter is None
 dist = tf.distribute.MultiWorkerMirroredStrategy()
 patches.merge_communication_options(dist, tf.distribute.experimental.CommunicationOptions(bytes_per_pack=8))
 assert dist.extended._communication_options.bytes_per_pack == 8
@@ -134,6 +143,8 @@ del ema._optimizer
 ended("moving-average-inner", lambda: patches.inner_optimizer(ema))
 del trainer._is_async
 ended("trainer-is-async", lambda: patches.is_async(trainer))
+del standard._train_iter
+ended("orbit-train-iterator", lambda: patches.fresh_train_iterators(standard))
 del dist.extended._communication_options
 options = tf.distribute.experimental.CommunicationOptions()
 ended("communication-options", lambda: patches.merge_communication_options(dist, options))
@@ -175,6 +186,7 @@ NEEDS = {
     "checkpoint-next-save": "tensorflow.train.CheckpointManager._last_checkpoint_step",
     "moving-average-inner": "official.modeling.optimization.ExponentialMovingAverage._optimizer",
     "trainer-is-async": "official.core.base_trainer.Trainer._is_async",
+    "orbit-train-iterator": "orbit.StandardTrainer._train_iter",
     "communication-options": "tensorflow.python.distribute.collective_all_reduce_strategy."
     "CollectiveAllReduceExtended._communication_options",
     "sync-on-read-reads": "tensorflow.python.distribute.values.SyncOnReadVariable._get_on_device_or_primary",
@@ -206,7 +218,7 @@ def _assert_each_ends(cases, names):
 
 def test_each_attribute_a_patch_reads_on_an_instance_renamed_ends_the_task_in_one_line():
     cases = _cases(HELD)
-    assert len(cases) == 1 + 9, cases
+    assert len(cases) == 1 + 10, cases
     _assert_each_ends(cases, set(NEEDS) - {"strategy-resolver"})
 
 

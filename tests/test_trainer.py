@@ -312,3 +312,68 @@ def test_a_worker_resumed_from_the_masters_checkpoint_saves_when_the_master_does
         savers[who] = sorted(int(p.rsplit("-", 1)[1]) for p in manager.checkpoints)
         step.assign(0)
     assert savers["worker"] == savers["master"] == [175, 200]
+
+
+# The closure error TensorFlow's coordinator raised in a parameter_server round (a per-worker
+# iterator a step's abort cancelled: tests/test_multihost.py's healed master, once in a while).
+ENDED = (
+    "Graph execution error:\n\nEnd of sequence\n\t [[{{node cond/IteratorGetNext}}]]\n"
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling "
+    "/tensorflow.eager.EagerService/Enqueue"
+)
+
+
+def _spread_trainer(step):
+    t = object.__new__(trainer._spread_trainer_cls())
+    t._is_async = True
+    t._global_step = tf.Variable(step, dtype=tf.int64)
+    t._train_iter = "the cancelled iterators"
+    return t
+
+
+def test_a_loop_ending_on_a_cancelled_input_iterator_goes_on_with_new_iterators(monkeypatch, capsys):
+    import orbit
+
+    t = _spread_trainer(225)
+    calls = []
+
+    def train(self, num_steps):
+        calls.append((int(num_steps), self._train_iter))
+        if len(calls) == 1:
+            self._global_step.assign_add(3)  # the closures that finished before the error
+            raise tf.errors.OutOfRangeError(None, None, ENDED)
+        self._global_step.assign_add(int(num_steps))
+        return {"training_loss": 1.0}
+
+    monkeypatch.setattr(orbit.StandardTrainer, "train", train)
+    assert t.train(tf.constant(5, tf.int32)) == {"training_loss": 1.0}
+    # Again with new iterators (orbit makes them when it holds none), for the steps not done.
+    assert calls == [(5, "the cancelled iterators"), (2, None)]
+    assert int(t.global_step.numpy()) == 230
+    out = capsys.readouterr().out
+    assert "the input iterator on /job:worker/replica:0/task:0 ended" in out, out
+    assert "goes on from step 228 (3 of its 5 steps done)" in out, out
+
+
+def test_an_input_that_keeps_ending_or_another_out_of_range_still_fails(monkeypatch):
+    import orbit
+
+    raised = []
+
+    def train(self, num_steps):
+        raised.append(int(num_steps))
+        raise tf.errors.OutOfRangeError(
+            None, None, ENDED if self._od_ends else "Read less bytes than requested"
+        )
+
+    monkeypatch.setattr(orbit.StandardTrainer, "train", train)
+    t = _spread_trainer(0)
+    t._od_ends = True
+    with pytest.raises(tf.errors.OutOfRangeError, match="End of sequence"):
+        t.train(tf.constant(5, tf.int32))
+    assert raised == [5, 5, 5]  # a dataset that truly ends: twice again, then the error as before
+    raised.clear()
+    t._od_ends = False
+    with pytest.raises(tf.errors.OutOfRangeError, match="Read less bytes"):
+        t.train(tf.constant(5, tf.int32))
+    assert raised == [5]

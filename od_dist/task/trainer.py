@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 
 from od_dist import patches
@@ -30,6 +31,8 @@ from od_dist.protocol import checkpoint_feed
 from od_dist.task.controller import _controller_cls, several_trainers
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import TrainerError
+
+_WORKER = re.compile(r"/job:worker/(?:replica:\d+/)?task:\d+")
 
 
 def _num_ps_workers(strategy) -> int:
@@ -41,6 +44,22 @@ def _num_ps_workers(strategy) -> int:
     return patches.cluster_resolver(strategy).cluster_spec().num_tasks("worker")
 
 
+# A loop whose closures end on a cancelled input iterator is run again this many times in a row
+# with new iterators (SpreadTrainer.train); a dataset that truly ends fails again at once.
+_ITERATOR_RETRIES = 2
+
+
+def _ended_iterator(e) -> bool:
+    """Whether `e` is a per-worker input iterator that gave End of sequence. The training data
+    repeats forever (Model Garden's reader repeats it for training), so that is an iterator
+    TensorFlow cancelled: IteratorResource::GetNext ties the iterator's own cancellation to the step
+    reading it, and a step aborted while it waits for an element (a ps RPC that failed mid-step,
+    which the coordinator retries as transient, on the same iterator) leaves the iterator's
+    prefetch finished for good."""
+    text = str(e)
+    return "End of sequence" in text and "IteratorGetNext" in text
+
+
 def _spread_trainer_cls():
     """Model Garden's Trainer, scheduling each loop on every parameter-server worker.
 
@@ -48,6 +67,12 @@ def _spread_trainer_cls():
     steps) as ONE closure, so one worker trains while the others wait. This subclass
     splits the loop's steps into one closure per worker; the coordinator still joins
     at the end of the loop, so global_step, summaries and checkpoints are unchanged.
+
+    A loop that ends on a worker's cancelled input iterator (_ended_iterator) is not a failure
+    of the job: TensorFlow's coordinator retries a closure a transient ps error aborted on the
+    iterator that abort cancelled, and cancels the other workers' in-flight closures (their
+    iterators with them) when it raises. The loop goes on with new iterators on every worker
+    for the steps it has not done (global_step counts the ones it did).
     """
     import orbit
     import tensorflow as tf
@@ -57,6 +82,7 @@ def _spread_trainer_cls():
         def create_train_loop_fn(self):
             if not patches.is_async(self):
                 return super().create_train_loop_fn()
+            patches.check_train_iterator(self)
             loop_fn = orbit.StandardTrainer.create_train_loop_fn(self)
             workers = max(1, _num_ps_workers(self.strategy))
             coordinator = self.coordinator_for_async()
@@ -70,6 +96,28 @@ def _spread_trainer_cls():
                         coordinator.schedule(loop_fn, args=(iterator, tf.constant(n, tf.int32)))
 
             return spread_loop_fn
+
+        def train(self, num_steps):
+            if not patches.is_async(self):
+                return super().train(num_steps)
+            total = int(num_steps.numpy() if hasattr(num_steps, "numpy") else num_steps)
+            step0 = int(self.global_step.numpy())
+            for retry in range(_ITERATOR_RETRIES + 1):
+                try:
+                    return super().train(num_steps)
+                except tf.errors.OutOfRangeError as e:
+                    if retry == _ITERATOR_RETRIES or not _ended_iterator(e):
+                        raise
+                    done = int(self.global_step.numpy()) - step0
+                    where = ", ".join(sorted(set(_WORKER.findall(str(e))))) or "a worker"
+                    print(
+                        f"{_PREFIX} train | the input iterator on {where} ended (TensorFlow cancelled "
+                        f"it with a step it aborted): new iterators on every worker; the loop goes "
+                        f"on from step {step0 + done} ({done} of its {total} steps done)",
+                        flush=True,
+                    )
+                    patches.fresh_train_iterators(self)
+                    num_steps = tf.constant(max(total - done, 0), tf.int32)
 
     return SpreadTrainer
 
