@@ -260,6 +260,52 @@ def test_single_machine_killed_during_a_save_is_restarted_and_resumes_then_sigte
     print(f"single machine: SIGTERM to ckpt-{step} saved in {saved:.1f} s, exit 143 in {took:.1f} s")
 
 
+# TensorFlow cannot be imported on this machine (a broken install), in every process of the test.
+BROKEN_TENSORFLOW = """
+import importlib.abc, sys
+
+class _Broken(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "tensorflow":
+            raise ModuleNotFoundError("No module named 'tensorflow' (broken by a test)", name="tensorflow")
+        return None
+
+sys.meta_path.insert(0, _Broken())
+"""
+
+
+def test_a_spare_whose_import_failed_leaves_it_to_the_start_that_takes_it(tmp_path, capfd, monkeypatch):
+    """A spare (host/spare.py) whose import of TensorFlow fails still waits for its start: taken, it
+    runs the task, which imports again and ends as a start from nothing does, with its line and exit
+    code. (An exit of the spare's own, unexplained, would read to its supervisor as the task's
+    permanent failure.)"""
+    from od_dist.host.spare import Spare
+
+    monkeypatch.setenv("PYTHONPATH", site_hook(tmp_path, BROKEN_TENSORFLOW))
+    argv = [
+        sys.executable,
+        "-m",
+        "od_dist",
+        "train",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={tmp_path / 'm'}",
+    ]
+    cold = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=clean_env())
+    assert cold.returncode == 1 and "No module named 'tensorflow' (broken by a test)" in cold.stderr, cold
+    warm = Spare(argv)
+    warm.prime()
+    parked = warm.proc
+    try:
+        taken = warm.start()
+        assert taken is parked and taken.wait(120) == cold.returncode
+    finally:
+        warm.close()
+        parked.kill()
+    out, err = capfd.readouterr()
+    assert re.search(TAKEN, out), out + err
+    assert cold.stderr.strip() in err, err
+
+
 def test_every_parameter_server_worker_lost_then_the_master(tmp_path, data_dir, procs):
     """With no worker left for --wait_timeout the master exits 138 naming them (TensorFlow alone
     would wait an hour); the ps, its master gone for --wait_timeout, exits 138 naming it. The
