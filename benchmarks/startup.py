@@ -12,10 +12,12 @@ falls on all alike. Cases:
           shapes data, one machine, steps_per_loop 1: its first progress line is its first step
   ps      `od-dist train --role ps` of a parameter_server cluster on loopback: until it says
           `serving on` (its master never comes; it is killed then)
+  end     the train case's 2 steps run to the end: from its `done at step` line to its exit (the
+          process's teardown, which a restart or the next round waits for)
 
 Per case, medians over the rounds: the wall time from the process's start to that line (seen on
-its output), the CPU seconds the process tree had used by then (steadier than wall time under
-load), and each phase line the task printed (od_dist/task/phases.py: seconds since its start and
+its output; end: from that line to the exit), the CPU seconds the process tree had used by then
+(steadier than wall time under load; end: after that line), and each phase line the task printed (od_dist/task/phases.py: seconds since its start and
 of CPU by then; a commit older than those lines shows only the totals).
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -42,7 +45,8 @@ from loopback import PIPELINE, free_ports, shapes_data  # noqa: E402 (the tests'
 from od_dist.task.phases import LINE  # noqa: E402 (the phase lines, as the tasks print them)
 
 PY = sys.executable
-READY = {"train": "od-dist train | step 1/", "ps": "serving on"}  # the line a case waits for
+READY = {"train": "od-dist train | step 1/", "ps": "serving on", "end": "od-dist train | done at step"}
+MEASURED = {"end": "`done at step` to the exit"}  # what a case measures, if not its start to its line
 CASES = tuple(READY)
 
 
@@ -64,7 +68,7 @@ def tree_cpu(pid: int) -> float:
 
 
 def argv_for(case: str, work: str, run_id: str, data: str) -> list[str]:
-    if case == "train":
+    if case in ("train", "end"):
         override = (
             "trainer.train_steps=2,trainer.steps_per_loop=1,trainer.summary_interval=1,"
             f"trainer.checkpoint_interval=100,task.train_data.input_path={data}/train.tfrecord,"
@@ -109,6 +113,7 @@ def run_case(case: str, work: str, run_id: str, data: str, code_dir: str, timeou
     ready = threading.Event()
     result: dict = {"phases": {}}
     start = time.time()
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(
         argv_for(plain, work, run_id, data),
         cwd=work,
@@ -137,6 +142,14 @@ def run_case(case: str, work: str, run_id: str, data: str, code_dir: str, timeou
     reader.start()
     try:
         ready.wait(timeout)
+        if plain == "end" and ready.is_set():
+            line_at, cpu_at = result["ready_s"], result["cpu_s"]
+            proc.wait(timeout)
+            now = resource.getrusage(resource.RUSAGE_CHILDREN)  # the whole tree, reaped
+            tree = sum(getattr(now, f) - getattr(reaped, f) for f in ("ru_utime", "ru_stime"))
+            result["ready_s"], result["cpu_s"] = time.time() - start - line_at, tree - cpu_at
+    except subprocess.TimeoutExpired:
+        result.pop("ready_s", None)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # nothing after the line is measured
@@ -162,7 +175,7 @@ def report(results: dict[str, list[dict]], checkouts: dict[str, str], loads) -> 
         for k in keys:
             for r in results[k]:
                 phases += [p for p in r.get("phases", {}) if p not in phases]
-        head = f"| {plain}: wall / CPU (s) | start to `{READY[plain].strip()}` |"
+        head = f"| {plain}: wall / CPU (s) | {MEASURED.get(plain, f'start to `{READY[plain].strip()}`')} |"
         lines += [head + "".join(f" {p} |" for p in phases) + " runs ok |", "|---" * (3 + len(phases)) + "|"]
         totals = {}
         for k in keys:
