@@ -248,3 +248,30 @@ def test_tensorflow_is_imported_without_pandas_which_stays_importable():
         timeout=120,
     )
     assert r.returncode == 0 and r.stdout.strip() == "ok (1, 1)", r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_a_server_imports_tensorflow_without_keras_and_serves():
+    # A ps or worker server runs the functions its coordinator sends, no Python model code: its
+    # import leaves Keras out (1 s of CPU of every server's start), and Keras stays importable.
+    (port,) = free_ports(1)
+    code = (
+        "import sys\n"
+        "from od_dist import patches\n"
+        "patches.import_tensorflow(keras=False)\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('tf_keras', 'keras')], 'keras loaded'\n"
+        "import tensorflow as tf\n"
+        f"spec = tf.train.ClusterSpec({{'ps': ['127.0.0.1:{port}']}})\n"
+        "server = tf.distribute.Server(spec, job_name='ps', task_index=0, protocol='grpc', start=True)\n"
+        "import tf_keras\n"
+        "print('ok', server.target)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(TF_USE_LEGACY_KERAS="1", PYTHONPATH=python_path(ROOT)),
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == f"ok grpc://127.0.0.1:{port}", (
+        r.stdout[-2000:] + r.stderr[-2000:]
+    )

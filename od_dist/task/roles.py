@@ -623,7 +623,7 @@ def run(config: TrainConfig) -> int:
             beacon.close()
             beacon = None
     try:
-        patches.import_tensorflow()
+        patches.import_tensorflow(keras=not config.is_server)
         # Before anything initialises TensorFlow's thread pools (devices, servers, strategies).
         threads.apply(config.threads, task.name if task else "single")
         phases.mark("TensorFlow imported")
