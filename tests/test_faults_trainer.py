@@ -230,10 +230,13 @@ def test_single_machine_killed_during_a_save_is_restarted_and_resumes_then_sigte
     run.wait_for(lambda out: (checkpoint_step(str(model_dir)) or 0) > 5, 120, "a checkpoint past ckpt-5")
     task.kill()
     run.wait_for(lambda out: TAKEN.search(out), 120, "the spare taking the start")
-    taken = TAKEN.split(run.out, maxsplit=1)[-1]
+    run.wait_for(
+        lambda out: "start-up | TensorFlow imported" in TAKEN.split(out, maxsplit=1)[-1],
+        60,
+        "the spare's TensorFlow imported line, after it took the start",
+    )
     assert "od-dist train: single:0 died (exit 137, killed); restart 1/2 (2 in all) in 0 s" in run.out
     assert children(run.proc.pid)[0].pid == ready.pid  # the spare runs the task now
-    assert "start-up | TensorFlow imported" in taken  # after the spare took the start
     run.wait_for(lambda out: PROGRESS.search(TAKEN.split(out, maxsplit=1)[-1]), 400, "a step in the spare")
 
     # 3. SIGTERM: a checkpoint where it stopped.

@@ -160,8 +160,10 @@ def _exit_without_teardown(returned: list) -> None:
     process's end (a 10-step train: its last handler 1.1 s before its exit, 2026-12-02), which a
     restart or a test's next start waited for. Checkpoints and summaries are written and flushed
     by then (orbit flushes its writers after every loop). An exception or a signal leaves
-    `returned` empty: Python's usual end."""
-    if not returned:
+    `returned` empty, and a process without TensorFlow has no such teardown: Python's usual end,
+    which also runs the exit handlers registered before this one (a sitecustomize's; a
+    TensorFlow process skips those, and runs logging's here)."""
+    if not returned or "tensorflow" not in sys.modules:
         return
     logging.shutdown()  # registered before this handler, so it would run after it
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
