@@ -523,7 +523,7 @@ def import_tensorflow(keras: bool = True) -> None:
     loads (Model Garden's Keras), as if pandas were not installed; pandas itself stays importable
     for any other module. `keras` False (a ps or worker server, which runs the functions its
     coordinator sends and no Python model code): without Keras at all, which TensorFlow's import
-    then skips: 5.9 s of CPU instead of 7.0 s for `import tensorflow` (2 cores under load,
+    then skips: a ps ready in 3.3 s instead of 3.8 s (`benchmarks/startup.py --cases ps`,
     2026-12-02)."""
     if "tensorflow" in sys.modules or "pandas" in sys.modules:
         return
