@@ -631,6 +631,33 @@ def test_a_heartbeat_missed_over_a_network_outage_is_a_lost_peer():
     assert not roles._is_peer_error(tf.errors.InvalidArgumentError(None, None, "a bug"))
 
 
+def test_a_lost_peer_is_the_unreachable_one_the_error_names_not_another_that_ended_of_it():
+    """Three multi_worker_mirrored trainers, worker:1's machine powered off: worker:0's task ends of
+    the same collective error at once, so its port is closed too when the master looks; the error
+    names worker:1 (its RecvBuf failed), and the master's line names worker:1 alone. With no named
+    peer unreachable, every unreachable one; with none unreachable, the named ones."""
+    import socket
+
+    from loopback import free_ports
+
+    from od_dist.cluster.spec import Address, Task
+    from od_dist.task import watch
+
+    with socket.socket() as up:
+        up.bind(("127.0.0.1", 0))
+        up.listen()
+        down = free_ports(2)
+        w0, w1 = (Task("worker", i, Address("127.0.0.1", port)) for i, port in enumerate(down))
+        w2 = Task("worker", 2, Address("127.0.0.1", up.getsockname()[1]))
+        about_w1 = (
+            "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling"
+        )
+        assert watch.lost_in_error(about_w1, [w0, w1, w2]) == [w1]
+        about_w2 = about_w1.replace("task:1", "task:2")
+        assert watch.lost_in_error(about_w2, [w0, w1, w2]) == [w0, w1]
+        assert watch.lost_in_error(about_w2, [w2]) == [w2]
+
+
 # ----- 9: --params_override takes a file, as its help and Model Garden's flag say ----------------
 
 

@@ -135,11 +135,22 @@ class Job:
         return supervisor.Running(t, proc, f"logs/{t.role}-{t.index}.log")
 
     def run(self, timeout=60):
-        result = []
-        thread = threading.Thread(target=lambda: result.append(self.sup.run()), daemon=True)
+        result, skipped = [], []
+
+        def supervise():
+            try:
+                result.append(self.sup.run())
+            except pytest.skip.Exception as e:  # start(): another process took the PID; a skip only here
+                skipped.append(e)
+
+        thread = threading.Thread(target=supervise, daemon=True)
         thread.start()
         thread.join(timeout)
         assert not thread.is_alive(), self.lines
+        if skipped:
+            for p in self.procs:
+                p.kill()
+            pytest.skip(str(skipped[0]))
         assert all(p.poll() is not None for p in self.procs), "a child outlived the supervisor"
         return result[0]
 

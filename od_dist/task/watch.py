@@ -137,9 +137,14 @@ TF_TASK = re.compile(r"/job:(chief|worker|ps)/replica:\d+/task:(\d+)")
 
 
 def lost_in_error(message: str, peers) -> list:
-    """The peers a TensorFlow error is about: those unreachable now, else those it names."""
-    lost = [t for t in peers if not is_listening(t.address.host, t.address.port)]
-    if lost:
-        return lost
+    """The peers a TensorFlow error is about: those it names that are unreachable now, else those
+    unreachable now, else those it names. A peer that the same loss ended is unreachable too for a
+    moment (its task exits at once, its supervisor restarts it), but the error names the one whose
+    link failed: three machines, one powered off, the other trainer named with it otherwise."""
     named = {(job, int(index)) for job, index in TF_TASK.findall(message)}
-    return [t for t in peers if (t.tf_job, t.index) in named]
+    unreachable = [t for t in peers if not is_listening(t.address.host, t.address.port)]
+    return (
+        [t for t in unreachable if (t.tf_job, t.index) in named]
+        or unreachable
+        or [t for t in peers if (t.tf_job, t.index) in named]
+    )
