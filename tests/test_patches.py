@@ -227,6 +227,17 @@ def test_a_parameter_server_strategy_without_its_resolver_ends_the_task_in_one_l
     _assert_each_ends(_cases(f"PORTS = {free_ports(3)}\n" + HELD_PS), {"strategy-resolver"})
 
 
+def _in_a_task_s_python(code):
+    """`code` run in a child with a task's environment for TensorFlow's import (tf_keras as Keras)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(TF_USE_LEGACY_KERAS="1", PYTHONPATH=python_path(ROOT)),
+        timeout=120,
+    )
+
+
 def test_tensorflow_is_imported_without_pandas_which_stays_importable():
     # keras-without-pandas: tf_keras (loaded by TensorFlow under TF_USE_LEGACY_KERAS) takes pandas
     # for absent; any other module may still import it.
@@ -240,13 +251,7 @@ def test_tensorflow_is_imported_without_pandas_which_stays_importable():
         "import pandas\n"
         "print('ok', pandas.DataFrame({'a': [1]}).shape)\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=clean_env(TF_USE_LEGACY_KERAS="1", PYTHONPATH=python_path(ROOT)),
-        timeout=120,
-    )
+    r = _in_a_task_s_python(code)
     assert r.returncode == 0 and r.stdout.strip() == "ok (1, 1)", r.stdout[-2000:] + r.stderr[-2000:]
 
 
@@ -265,13 +270,7 @@ def test_a_server_imports_tensorflow_without_keras_and_serves():
         "import tf_keras\n"
         "print('ok', server.target)\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=clean_env(TF_USE_LEGACY_KERAS="1", PYTHONPATH=python_path(ROOT)),
-        timeout=120,
-    )
+    r = _in_a_task_s_python(code)
     assert r.returncode == 0 and r.stdout.strip() == f"ok grpc://127.0.0.1:{port}", (
         r.stdout[-2000:] + r.stderr[-2000:]
     )
