@@ -396,7 +396,7 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
         log = open(os.path.join(model_dir, "logs", f"{task}.log"), errors="replace").read()
         launched = re.findall(r"Collective all_reduce tensors: (\d+) all_reduces, .*num_packs = (\d+)", log)
         # The first start's two large ones: at step 0 the broadcast of every checkpointed variable
-        # in one (each trainer took its own initial values: patches.local_initial_values), then the
+        # in one (each trainer took its own initial values: patches.tensorflow.local_initial_values), then the
         # gradients, a tensor per trainable variable (96 in the tests' model), as the first step is
         # traced. The restart restores one save on both trainers: its gradients' alone. The others
         # carry one tensor each.

@@ -590,7 +590,7 @@ def test_multi_worker_mirrored_pair_stop_and_mismatch(tmp_path, data_dir, procs)
     assert checkpoint_step(str(model_dir)) == stopped and checkpoint_step(str(own)) == stopped
     assert w.group(5) == f"{own}/ckpt-{stopped}", worker.out[-2000:]
     # One model on both: each trainer's variables took its own initial values, then the master's in
-    # one broadcast (patches.local_initial_values), and every step changed them alike.
+    # one broadcast (patches.tensorflow.local_initial_values), and every step changed them alike.
     import numpy as np
     import tensorflow as tf
 

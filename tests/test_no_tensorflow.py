@@ -1,4 +1,4 @@
-"""The host side (od_dist/host/, od_dist/protocol/, od_dist/patches.py) and the commands that run
+"""The host side (od_dist/host/, od_dist/protocol/, od_dist/patches/) and the commands that run
 beside the tasks work where TensorFlow cannot be imported: a `tensorflow` package first on the path
 fails its import, as a missing one's does, in every process these tests start."""
 

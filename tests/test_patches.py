@@ -1,4 +1,4 @@
-"""od_dist/patches.py: a library whose private attribute a patch needs is gone (as after an upgrade)
+"""od_dist/patches/: a library whose private attribute a patch needs is gone (as after an upgrade)
 ends a real `od-dist train` at its start, in one line naming the patch and the installed version;
 so does each attribute a library sets on its instances, renamed on a real instance, where the patch
 first reads it."""
@@ -112,42 +112,42 @@ def controller():
 
 
 # The instances as the libraries make them: every patch reads what it needs.
-patches.check_controller(controller())
+patches.orbit.check_controller(controller())
 sgd = tf_keras.optimizers.legacy.SGD(1.0)
-assert patches.inner_optimizer(ExponentialMovingAverage(sgd)) is sgd
-assert patches.inner_optimizer(sgd) is None
+assert patches.model_garden.inner_optimizer(ExponentialMovingAverage(sgd)) is sgd
+assert patches.model_garden.inner_optimizer(sgd) is None
 trainer = object.__new__(base_trainer.Trainer)
 trainer._strategy = tf.distribute.get_strategy()
 trainer.init_async()  # where Model Garden's Trainer sets _is_async
-assert patches.is_async(trainer) is False
+assert patches.model_garden.is_async(trainer) is False
 standard = NoSteps(train_dataset=tf.data.Dataset.range(1))
-patches.check_train_iterator(standard)
-patches.fresh_train_iterators(standard)
+patches.orbit.check_train_iterator(standard)
+patches.orbit.fresh_train_iterators(standard)
 assert standard._train_iter is None
 dist = tf.distribute.MultiWorkerMirroredStrategy()
-patches.merge_communication_options(dist, tf.distribute.experimental.CommunicationOptions(bytes_per_pack=8))
+patches.tensorflow.merge_communication_options(dist, tf.distribute.experimental.CommunicationOptions(bytes_per_pack=8))
 assert dist.extended._communication_options.bytes_per_pack == 8
 print("as made | passed", flush=True)
 
 c = controller()
 del c._checkpoint_options
-ended("orbit-save-now", lambda: patches.check_controller(c))
-ended("orbit-save-now", lambda: patches.save_now(c, 0))
-ended("orbit-save-now", lambda: patches.save_io_on(c, "/job:localhost/device:CPU:0"))
+ended("orbit-save-now", lambda: patches.orbit.check_controller(c))
+ended("orbit-save-now", lambda: patches.orbit.save_now(c, 0))
+ended("orbit-save-now", lambda: patches.orbit.save_io_on(c, "/job:localhost/device:CPU:0"))
 c = controller()
 del c.checkpoint_manager._last_checkpoint_step
-ended("checkpoint-next-save", lambda: patches.check_controller(c))
-ended("checkpoint-next-save", lambda: patches.count_saves_from(c.checkpoint_manager, 5))
+ended("checkpoint-next-save", lambda: patches.orbit.check_controller(c))
+ended("checkpoint-next-save", lambda: patches.tensorflow.count_saves_from(c.checkpoint_manager, 5))
 ema = ExponentialMovingAverage(sgd)
 del ema._optimizer
-ended("moving-average-inner", lambda: patches.inner_optimizer(ema))
+ended("moving-average-inner", lambda: patches.model_garden.inner_optimizer(ema))
 del trainer._is_async
-ended("trainer-is-async", lambda: patches.is_async(trainer))
+ended("trainer-is-async", lambda: patches.model_garden.is_async(trainer))
 del standard._train_iter
-ended("orbit-train-iterator", lambda: patches.fresh_train_iterators(standard))
+ended("orbit-train-iterator", lambda: patches.orbit.fresh_train_iterators(standard))
 del dist.extended._communication_options
 options = tf.distribute.experimental.CommunicationOptions()
-ended("communication-options", lambda: patches.merge_communication_options(dist, options))
+ended("communication-options", lambda: patches.tensorflow.merge_communication_options(dist, options))
 for cls in values.DistributedVariable, values.DistributedValues:  # a method: check() sees its class
     del cls._get_on_device_or_primary
 ended("sync-on-read-reads", patches.check)
@@ -170,13 +170,13 @@ resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
     spec, task_type="chief", task_id=0, rpc_layer="grpc"
 )
 dist = tf.distribute.experimental.ParameterServerStrategy(resolver)
-assert patches.cluster_resolver(dist) is resolver
+assert patches.tensorflow.cluster_resolver(dist) is resolver
 print("as made | passed", flush=True)
 del dist._cluster_resolver
 err = io.StringIO()
 try:
     with contextlib.redirect_stderr(err):
-        patches.cluster_resolver(dist)
+        patches.tensorflow.cluster_resolver(dist)
 except SystemExit as e:
     print(f"strategy-resolver | exit {e.code} | {err.getvalue().strip()}", flush=True)
 """
@@ -213,7 +213,7 @@ def _assert_each_ends(cases, names):
     for name, code, line in cases[1:]:
         assert code == "exit 2", (name, code, line)
         assert line.startswith(f"od-dist: patch '{name}' needs {NEEDS[name]}, missing in "), line
-        assert line.endswith("or update od_dist/patches.py; exit 2"), line
+        assert line.endswith("or update od_dist/patches/; exit 2"), line
 
 
 def test_each_attribute_a_patch_reads_on_an_instance_renamed_ends_the_task_in_one_line():
@@ -227,10 +227,12 @@ def test_a_parameter_server_strategy_without_its_resolver_ends_the_task_in_one_l
     _assert_each_ends(_cases(f"PORTS = {free_ports(3)}\n" + HELD_PS), {"strategy-resolver"})
 
 
-def _in_a_task_s_python(code):
-    """`code` run in a child with a task's environment for TensorFlow's import (tf_keras as Keras)."""
+def _in_a_task_s_python(tmp_path, code):
+    """`code` run in a child with a task's environment for TensorFlow's import (tf_keras as Keras),
+    from a file (autograph reads a function's source)."""
+    (tmp_path / "child.py").write_text(code)
     return subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, str(tmp_path / "child.py")],
         capture_output=True,
         text=True,
         env=clean_env(TF_USE_LEGACY_KERAS="1", PYTHONPATH=python_path(ROOT)),
@@ -238,31 +240,52 @@ def _in_a_task_s_python(code):
     )
 
 
-def test_tensorflow_is_imported_without_pandas_which_stays_importable():
-    # keras-without-pandas: tf_keras (loaded by TensorFlow under TF_USE_LEGACY_KERAS) takes pandas
-    # for absent; any other module may still import it.
+def test_a_tasks_imports_leave_out_what_no_task_uses_which_stays_importable(tmp_path):
+    # keras-without-pandas, tensorflow-without-gce: tf_keras (loaded by TensorFlow under
+    # TF_USE_LEGACY_KERAS) takes pandas for absent, TensorFlow's GCE resolver the Google API client.
+    # model-garden-deferred: Model Garden's pyplot and tensorflow_datasets are not run at its import
+    # (a module's namespace holds only the import system's names) nor at a trace by autograph, which
+    # reads every module's __file__; each is loaded at its first name. Any other module may import
+    # each of them.
     code = (
         "import sys\n"
         "from od_dist import patches\n"
-        "patches.import_tensorflow()\n"
+        "patches.imports.import_tensorflow()\n"
         "from tf_keras.src.engine import data_adapter\n"
-        "assert 'tf_keras' in sys.modules and 'pandas' not in sys.modules\n"
-        "assert data_adapter.pd is None\n"
+        "from tensorflow.python.distribute.cluster_resolver import gce_cluster_resolver as gce\n"
+        "assert 'pandas' not in sys.modules and 'googleapiclient' not in sys.modules\n"
+        "assert data_adapter.pd is None and gce._GOOGLE_API_CLIENT_INSTALLED is False\n"
+        "patches.check()  # as a task's start: imports the modules Model Garden's patches need\n"
+        "from od_dist.model import pipeline\n"
+        "pipeline.import_model_garden()\n"
+        "import tensorflow as tf\n"
+        "def plus_one(x):\n"
+        "    return x + 1 if x > 0 else x\n"
+        "assert int(tf.function(plus_one)(tf.constant(1))) == 2  # autograph converts it\n"
+        "def unrun(name):\n"
+        "    return all(k.startswith('__') for k in sys.modules[name].__dict__)\n"
+        "assert all(unrun(name) for name in patches.imports.DEFERRED), 'run at import'\n"
+        "from official.vision.utils.object_detection import visualization_utils\n"
+        "figure = visualization_utils.plt.figure(frameon=False)  # its first name: now loaded\n"
+        "import matplotlib.pyplot as plt\n"
+        "import tensorflow_datasets as tfds\n"
+        "assert plt.gcf() is figure and not unrun('matplotlib.pyplot') and tfds.builder and not unrun('tensorflow_datasets')\n"
+        "import googleapiclient.discovery\n"
         "import pandas\n"
         "print('ok', pandas.DataFrame({'a': [1]}).shape)\n"
     )
-    r = _in_a_task_s_python(code)
+    r = _in_a_task_s_python(tmp_path, code)
     assert r.returncode == 0 and r.stdout.strip() == "ok (1, 1)", r.stdout[-2000:] + r.stderr[-2000:]
 
 
-def test_a_server_imports_tensorflow_without_keras_and_serves():
+def test_a_server_imports_tensorflow_without_keras_and_serves(tmp_path):
     # A ps or worker server runs the functions its coordinator sends, no Python model code: its
     # import leaves Keras out (1 s of CPU of every server's start), and Keras stays importable.
     (port,) = free_ports(1)
     code = (
         "import sys\n"
         "from od_dist import patches\n"
-        "patches.import_tensorflow(keras=False)\n"
+        "patches.imports.import_tensorflow(keras=False)\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('tf_keras', 'keras')], 'keras loaded'\n"
         "import tensorflow as tf\n"
         f"spec = tf.train.ClusterSpec({{'ps': ['127.0.0.1:{port}']}})\n"
@@ -270,7 +293,7 @@ def test_a_server_imports_tensorflow_without_keras_and_serves():
         "import tf_keras\n"
         "print('ok', server.target)\n"
     )
-    r = _in_a_task_s_python(code)
+    r = _in_a_task_s_python(tmp_path, code)
     assert r.returncode == 0 and r.stdout.strip() == f"ok grpc://127.0.0.1:{port}", (
         r.stdout[-2000:] + r.stderr[-2000:]
     )

@@ -734,11 +734,11 @@ def test_parameter_server_scancel_resume(slurm_cluster, data_dir, tmp_path):
         "import os, time\n"
         f"if os.environ.get('SLURM_PROCID') == '{master_rank}' and os.environ.get('OD_DIST_SUPERVISOR_NOTES'):\n"
         "    from od_dist import patches  # the master's trainer: its save at a stop takes 12 s more\n"
-        "    save_now = patches.save_now\n"
+        "    save_now = patches.orbit.save_now\n"
         "    def slow(*args):\n"
         "        time.sleep(12)\n"
         "        return save_now(*args)\n"
-        "    patches.save_now = slow\n"
+        "    patches.orbit.save_now = slow\n"
     )
     job = slurm_cluster.sbatch(script, tmp_path, _shim(tmp_path, slow))
     model_dir = tmp_path / "ps-model"

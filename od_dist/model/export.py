@@ -169,7 +169,7 @@ def _without_keras_traces():
     load). Keras would also trace every layer's call into the SavedModel, to reload it as a Keras
     model, which nothing here does: for the demo model that is half the export's time (23 -> 13 s)
     and most of each load's (predict 9.7 -> 3.6 s), for the same detections."""
-    return patches.without_keras_traces()
+    return patches.tf_keras.without_keras_traces()
 
 
 # The score under which an exported CenterNet drops detections unless --min_score says otherwise:

@@ -73,7 +73,7 @@ def name_classes(task, names: dict[int, str]) -> None:
         built = build_metrics(training=training)
         evaluator = getattr(task, "coco_metric", None)
         if evaluator is not None:
-            patches.per_class_from(evaluator, lambda coco_eval: per_class(coco_eval, names))
+            patches.model_garden.per_class_from(evaluator, lambda coco_eval: per_class(coco_eval, names))
         return built
 
     task.build_metrics = build

@@ -123,7 +123,9 @@ def _parse_override(text: str) -> dict:
 def known_experiments() -> list[str]:
     """Registered Model Garden detection experiments."""
     import_model_garden()
-    return sorted(n for n in patches.registered_experiments() if n.startswith(_DETECTION_PREFIXES))
+    return sorted(
+        n for n in patches.model_garden.registered_experiments() if n.startswith(_DETECTION_PREFIXES)
+    )
 
 
 def import_model_garden() -> None:
@@ -132,7 +134,7 @@ def import_model_garden() -> None:
     import official.projects.centernet.common.registry_imports  # noqa: F401
     import official.vision  # noqa: F401
 
-    patches.gather_centernet_inside(_gather_inside)
+    patches.model_garden.gather_centernet_inside(_gather_inside)
 
 
 def _gather_inside(batch_predictions, indices):

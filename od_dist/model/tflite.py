@@ -193,7 +193,7 @@ def export_tflite(
     with tempfile.TemporaryDirectory(prefix=".od-dist-tflite-", dir=first) as tmp:
         saved = os.path.join(tmp, "saved_model")
         try:
-            with patches.without_keras_traces(), patches.tflite_without_background():
+            with patches.tf_keras.without_keras_traces(), patches.model_garden.tflite_without_background():
                 export_saved_model_lib.export_inference_graph(
                     input_type="tflite",
                     batch_size=1,

@@ -145,7 +145,7 @@ def tidy_checkpoints(model_dir: str) -> Tidied:
         stamps = list(state.all_model_checkpoint_timestamps) if state else []
         if len(stamps) != len(kept):
             stamps = [time.time()] * len(kept)
-        patches.update_checkpoint_state(
+        patches.tensorflow.update_checkpoint_state(
             model_dir,
             prefix,
             [*kept, prefix],

@@ -57,7 +57,7 @@ def _controller_cls():
     import tensorflow as tf
     from absl import logging
 
-    patches.quiet_orbit_log(logging.info)
+    patches.orbit.quiet_orbit_log(logging.info)
 
     class OdController(orbit.Controller):
         """orbit.Controller plus progress lines, eval JSON, and a bounded continuous eval."""
@@ -78,7 +78,9 @@ def _controller_cls():
             od_local_init: bool = False,
             **kwargs,
         ):
-            self._od_local_init = od_local_init  # patches.local_initial_values: the resume broadcasts
+            self._od_local_init = (
+                od_local_init  # patches.tensorflow.local_initial_values: the resume broadcasts
+            )
             self._od_same_flags = od_same_flags or {}
             self._od_on_loop_start = od_on_loop_start
             self._od_keep_waiting = od_keep_waiting
@@ -109,9 +111,11 @@ def _controller_cls():
             super().__init__(*args, **kwargs)
             manager = self.checkpoint_manager
             if manager is not None and os.path.abspath(manager.directory) != os.path.abspath(od_model_dir):
-                patches.log_saves_into(manager.directory)  # a shared folder's worker: its copy is dropped
+                patches.orbit.log_saves_into(
+                    manager.directory
+                )  # a shared folder's worker: its copy is dropped
             if self.trainer is not None and self.checkpoint_manager is not None:
-                self.checkpoint_manager.save = patches.reading_batch_norm_once(
+                self.checkpoint_manager.save = patches.tensorflow.reading_batch_norm_once(
                     self.checkpoint_manager.save, self.strategy, self.trainer.model.variables
                 )
             if self.trainer is not None:
@@ -167,7 +171,7 @@ def _controller_cls():
             read and written by the master instead, on its own disk (CheckpointOptions'
             experimental_io_device), for its saves and its restore."""
             if self._od_io_options is None:
-                self._od_io_options = patches.save_io_on(self, _COORDINATOR_CPU)
+                self._od_io_options = patches.orbit.save_io_on(self, _COORDINATOR_CPU)
             return self._od_io_options
 
         def _od_resume(self, latest: str | None):
@@ -194,7 +198,7 @@ def _controller_cls():
             run = self._od_agree_run(starts)
             # Created now on every trainer, in the same order: a restore creates it otherwise, and
             # creating a variable is collective under multi_worker_mirrored (the master's initial
-            # value) where patches.local_initial_values is not on.
+            # value) where patches.tensorflow.local_initial_values is not on.
             self.checkpoint_manager.checkpoint.save_counter  # noqa: B018
             newest = max(s[1] for s in starts)
             names = _trainer_names(self.strategy)
@@ -207,11 +211,11 @@ def _controller_cls():
                         # At a step each restored the same values, its copy of one collective
                         # save of one run: the broadcast (3.5 s of a restart, its trace) is spared.
                         _broadcast(self.strategy, _checkpointed_variables(self.trainer), source)
-                    patches.end_local_initial_values(self.strategy)
+                    patches.tensorflow.end_local_initial_values(self.strategy)
                 return restored
             restored = super().restore_checkpoint(latest) if self._od_step(latest) == newest else None
             _broadcast(self.strategy, _checkpointed_variables(self.trainer), source)
-            patches.end_local_initial_values(self.strategy)
+            patches.tensorflow.end_local_initial_values(self.strategy)
             self._od_count_saves_from(newest)
             behind = ", ".join(f"{s[0]}'s at step {s[1]}" for s in starts if s[1] != newest)
             print(
@@ -249,7 +253,7 @@ def _controller_cls():
             # trainers that disagree fail the job (a collective "Shape mismatch", exit 1) at the
             # first boundary after a mid-interval resume.
             if self.checkpoint_manager.checkpoint_interval:
-                patches.count_saves_from(self.checkpoint_manager, step)
+                patches.tensorflow.count_saves_from(self.checkpoint_manager, step)
 
         def _od_capture(self, output):
             self._od_last_train_output = output or {}
@@ -317,9 +321,9 @@ def _controller_cls():
             step = int(self.global_step.numpy())
             path = None
             if self.checkpoint_manager is not None:
-                path = patches.save_now(self, step)
+                path = patches.orbit.save_now(self, step)
             else:
-                patches.sync_saves(self)
+                patches.orbit.sync_saves(self)
             if not self.strategy.extended.should_checkpoint and not self._od_own_copy:
                 path = None  # a worker's copy, in a temporary folder: the master's is in the shared one
             why = (
@@ -420,14 +424,14 @@ def _create_optimizer_slots(trainer, strategy) -> None:
     optimizer = getattr(trainer, "optimizer", None)
     variables = trainer.model.trainable_variables
     with strategy.scope():
-        patches.create_optimizer_slots(optimizer, variables)
+        patches.tf_keras.create_optimizer_slots(optimizer, variables)
 
 
 def _trainer_names(strategy) -> list:
     """multi_worker_mirrored trainers by TensorFlow's id in cluster (chief 0, worker i -> i+1;
     without a chief, worker i -> i), by their names in the cluster file: in an elastic job's round,
     its members (whose order is that of the ids: the master, then the workers in the file's order)."""
-    resolver = patches.cluster_resolver(strategy)
+    resolver = patches.tensorflow.cluster_resolver(strategy)
     spec = resolver.cluster_spec() if resolver else None
     if not spec or not spec.jobs:
         return ["single"]
@@ -448,7 +452,7 @@ def several_trainers(strategy) -> bool:
 
 
 def _trainer_id(strategy) -> int:
-    resolver = patches.cluster_resolver(strategy)
+    resolver = patches.tensorflow.cluster_resolver(strategy)
     if not resolver or not resolver.cluster_spec().jobs:
         return 0
     if resolver.task_type == "chief":

@@ -623,14 +623,14 @@ def run(config: TrainConfig) -> int:
             beacon.close()
             beacon = None
     try:
-        patches.import_tensorflow(keras=not config.is_server)
+        patches.imports.import_tensorflow(keras=not config.is_server)
         # Before anything initialises TensorFlow's thread pools (devices, servers, strategies).
         threads.apply(config.threads, task.name if task else "single")
         phases.mark("TensorFlow imported")
         # A library upgrade that breaks a patch: one line now, before any wait or step. A server
         # runs none of Model Garden's code: TensorFlow's patches only (no Model Garden import).
         if config.is_server:
-            patches.check([patches.TENSORFLOW[0]])
+            patches.check([patches.base.TENSORFLOW[0]])
             return run_server(config)
         patches.check()
         phases.mark("Model Garden imported")  # by check(): its patches' modules

@@ -374,7 +374,7 @@ def stop_requests(cluster: Cluster, tasks) -> list[str]:
     for task in tasks:
         try:
             with (
-                patches.own_executor(),
+                patches.tensorflow.own_executor(),
                 tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"),
             ):
                 found = tf.io.matching_files(stop_request(cluster, task)).numpy()
@@ -406,7 +406,7 @@ def send_stop(cluster: Cluster, tasks, why: str = notes.DONE, timeout_s: float =
             # Its own executor: a failed remote op poisons the executor it ran in, and with the
             # shared one every other task's write would report this task's error.
             with (
-                patches.own_executor(),
+                patches.tensorflow.own_executor(),
                 tf.device(f"/job:{task.tf_job}/replica:0/task:{task.index}/device:CPU:0"),
             ):
                 tf.io.write_file(stop_marker(cluster, task), why)

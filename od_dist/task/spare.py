@@ -19,7 +19,7 @@ def park() -> None:
     try:
         from od_dist import patches
 
-        patches.import_tensorflow()
+        patches.imports.import_tensorflow()
         patches.problems()  # imports every module a patch touches: Model Garden's, orbit's
         from od_dist.task import trainer  # noqa: F401
     except Exception:

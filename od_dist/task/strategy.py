@@ -170,7 +170,7 @@ def collective_options(all_reduce_alg: str | None):
     import tensorflow as tf
 
     return tf.distribute.experimental.CommunicationOptions(
-        implementation=patches.collective_communication(all_reduce_alg)
+        implementation=patches.model_garden.collective_communication(all_reduce_alg)
     )
 
 
@@ -186,7 +186,7 @@ def pack_gradients(dist, gradients: list[int], packs: int) -> list[int]:
         return []
     bytes_per_pack = -(-sum(gradients) // packs)
     # The options are fixed when the strategy is built; it merges these into every all-reduce.
-    patches.merge_communication_options(
+    patches.tensorflow.merge_communication_options(
         dist, tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
     )
     return packed(gradients, bytes_per_pack)
@@ -218,8 +218,8 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str):
     wire = tf.as_dtype(dtype_name)
     while getattr(optimizer, "inner_optimizer", None) is not None:  # a LossScaleOptimizer
         optimizer = optimizer.inner_optimizer
-    while patches.inner_optimizer(optimizer) is not None:  # Model Garden's moving average
-        optimizer = patches.inner_optimizer(optimizer)
+    while patches.model_garden.inner_optimizer(optimizer) is not None:  # Model Garden's moving average
+        optimizer = patches.model_garden.inner_optimizer(optimizer)
     if not hasattr(optimizer, "gradient_aggregator"):
         raise PipelineError(
             f"--all_reduce_dtype {dtype_name}: the pipeline's optimizer {type(optimizer).__name__} "
@@ -244,7 +244,7 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str):
 
 def mirrored_cross_device_ops(all_reduce_alg: str | None, num_packs: int):
     """One machine's cross-device ops from runtime.all_reduce_alg/num_packs (None: TensorFlow's pick)."""
-    return patches.mirrored_cross_device_ops(all_reduce_alg, num_packs)
+    return patches.model_garden.mirrored_cross_device_ops(all_reduce_alg, num_packs)
 
 
 def make(

@@ -41,7 +41,7 @@ def _num_ps_workers(strategy) -> int:
 
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return 0
-    return patches.cluster_resolver(strategy).cluster_spec().num_tasks("worker")
+    return patches.tensorflow.cluster_resolver(strategy).cluster_spec().num_tasks("worker")
 
 
 # A loop whose closures end on a cancelled input iterator is run again this many times in a row
@@ -80,9 +80,9 @@ def _spread_trainer_cls():
 
     class SpreadTrainer(base_trainer.Trainer):
         def create_train_loop_fn(self):
-            if not patches.is_async(self):
+            if not patches.model_garden.is_async(self):
                 return super().create_train_loop_fn()
-            patches.check_train_iterator(self)
+            patches.orbit.check_train_iterator(self)
             loop_fn = orbit.StandardTrainer.create_train_loop_fn(self)
             workers = max(1, _num_ps_workers(self.strategy))
             coordinator = self.coordinator_for_async()
@@ -98,7 +98,7 @@ def _spread_trainer_cls():
             return spread_loop_fn
 
         def train(self, num_steps):
-            if not patches.is_async(self):
+            if not patches.model_garden.is_async(self):
                 return super().train(num_steps)
             total = int(num_steps.numpy() if hasattr(num_steps, "numpy") else num_steps)
             step0 = int(self.global_step.numpy())
@@ -116,7 +116,7 @@ def _spread_trainer_cls():
                         f"on from step {step0 + done} ({done} of its {total} steps done)",
                         flush=True,
                     )
-                    patches.fresh_train_iterators(self)
+                    patches.orbit.fresh_train_iterators(self)
                     num_steps = tf.constant(max(total - done, 0), tf.int32)
 
     return SpreadTrainer
@@ -224,7 +224,7 @@ def _run(
         # Built once and checked (a model that cannot be built is one line naming the pipeline's
         # key, not a traceback at the first step), here rather than in Model Garden's
         # create_trainer, whose gin wrapper would add its own line to that error.
-        with patches.replica_copies_read():
+        with patches.tensorflow.replica_copies_read():
             model = pipeline.check_model(params, pipeline_path, task.build_model)
         task.build_model = lambda: model
         metrics.name_classes(task, metrics.class_names(params))
@@ -259,9 +259,9 @@ def _run(
         manager = kwargs.get("checkpoint_manager")
         if checkpoint and manager is not None:
             # The Controller restores as it starts: this checkpoint, not the latest.
-            patches.restore_from(manager, checkpoint)
+            patches.tensorflow.restore_from(manager, checkpoint)
         controller = holder["controller"] = controller_cls(**kwargs)
-        patches.check_controller(controller)  # before the first step, not at a stop's save
+        patches.orbit.check_controller(controller)  # before the first step, not at a stop's save
         if controller.trainer is not None:
             # orbit's Controller restores (or initialises, or receives over the all-reduce) as it is made.
             phases.mark(f"resumed at step {int(controller.global_step.numpy())}")
@@ -333,7 +333,10 @@ def train(
     # trainer's own initial values (the resume sets them all to one trainer's in one broadcast:
     # controller.py), and none exits before every one holds the final checkpoint (_all_saved).
     in_sync = several_trainers(strategy)
-    with stop_mod.StopRequest(who, peer_requests) as stop, patches.local_initial_values(strategy, in_sync):
+    with (
+        stop_mod.StopRequest(who, peer_requests) as stop,
+        patches.tensorflow.local_initial_values(strategy, in_sync),
+    ):
         controller = _run(
             params,
             model_dir,
@@ -371,8 +374,8 @@ def _all_saved(controller, step: int) -> None:
     if behind:
         # A group resumed at the final step trains no loop, and orbit's final save is skipped: the
         # manager counts saves from the resumed step. Every trainer saves it (a save is collective).
-        patches.count_saves_from(controller.checkpoint_manager, step - 1)
-        patches.save_now(controller, step)
+        patches.tensorflow.count_saves_from(controller.checkpoint_manager, step - 1)
+        patches.orbit.save_now(controller, step)
         print(f"{_PREFIX} train | ckpt-{step} saved again: {', '.join(behind)} did not hold it", flush=True)
         behind = [name for name, at in controller._od_all_trainers(_saved_step(controller)) if at != step]
     if behind:  # the trainers step in sync: a difference is a defect, never to be taken for done
