@@ -44,12 +44,13 @@ PATCHES = (
         "the first use of a name of theirs (import_tensorflow)",
         "Model Garden's drawing (pyplot, for mask and keypoint figures) and its TFDS inputs "
         "(`tfds_name`) import them at its import; a trainer or evaluator reading TFRecords uses "
-        "neither: 0.47 s and 0.19 s of CPU of every such task's start (`predict` draws with them)",
+        "neither: 0.47 s and 0.19 s of CPU of every such task's start",
     ),
 )
 
 
-# model-garden-deferred: what a task's first import of these runs at the first use of a name of theirs.
+# model-garden-deferred: imported by Model Garden, used by no task's start; each module's code runs at
+# the first use of one of its names.
 DEFERRED = ("matplotlib.pyplot", "tensorflow_datasets")
 
 
