@@ -78,9 +78,8 @@ def _controller_cls():
             od_local_init: bool = False,
             **kwargs,
         ):
-            self._od_local_init = (
-                od_local_init  # patches.tensorflow.local_initial_values: the resume broadcasts
-            )
+            # patches.tensorflow.local_initial_values: the resume broadcasts
+            self._od_local_init = od_local_init
             self._od_same_flags = od_same_flags or {}
             self._od_on_loop_start = od_on_loop_start
             self._od_keep_waiting = od_keep_waiting
@@ -111,9 +110,8 @@ def _controller_cls():
             super().__init__(*args, **kwargs)
             manager = self.checkpoint_manager
             if manager is not None and os.path.abspath(manager.directory) != os.path.abspath(od_model_dir):
-                patches.orbit.log_saves_into(
-                    manager.directory
-                )  # a shared folder's worker: its copy is dropped
+                # A shared folder's worker: its copy is dropped.
+                patches.orbit.log_saves_into(manager.directory)
             if self.trainer is not None and self.checkpoint_manager is not None:
                 self.checkpoint_manager.save = patches.tensorflow.reading_batch_norm_once(
                     self.checkpoint_manager.save, self.strategy, self.trainer.model.variables
