@@ -17,73 +17,68 @@ from loopback import COCO_LINE, TINY, checkpoint_step
 def test_multi_worker_mirrored_on_separate_disks_a_machine_lost_and_its_disk_replaced(
     tmp_path, machines, data_dir
 ):
-    """A LAN as it is: three multi_worker_mirrored trainer machines and an evaluator's machine, each
-    with its own --model_dir (no shared folder), each started by the script `od-dist scripts` wrote
-    for it. Mid-run every process of worker 1's machine is killed (kill -9) and its model_dir wiped
-    (a new disk); the other trainers exit 138 and their scripts restart them; its script started
-    again, it joins with the newest checkpoint the others hold, and the job finishes. The
-    evaluator, on its own disk, fetches the checkpoints from the master's checkpoint_port and prints
-    the COCO line of the final one."""
-    net = machines(4)
-    roles = {0: "master", 1: "worker", 2: "worker", 3: "evaluator"}
-    cluster = job_cluster(tmp_path, net, roles, strategy="multi_worker_mirrored", checkpoint_port=PORT + 1)
+    """A LAN as it is: two multi_worker_mirrored trainer machines, each with its own --model_dir (no
+    shared folder), each started by the script `od-dist scripts` wrote for it. Mid-run every process
+    of worker 0's machine is killed (kill -9) and its model_dir wiped (a new disk); the master exits
+    138 and its script restarts it; worker 0's script started again, it joins with the checkpoint
+    the master holds, and the job finishes. (The evaluator following the master's checkpoint feed
+    on its own disk is checked by the elastic job below and by test_feed_on_a_lan.py.)"""
+    net = machines(2)
+    roles = {0: "master", 1: "worker"}
+    cluster = job_cluster(tmp_path, net, roles, strategy="multi_worker_mirrored")
     steps = 20
-    override = TINY.format(steps=steps, data=data_dir) + ",task.train_data.global_batch_size=3"  # 3 trainers
+    override = TINY.format(steps=steps, data=data_dir) + ",task.train_data.global_batch_size=2"  # 2 trainers
     scripts, _ = write_scripts(
         tmp_path, cluster, data_dir, steps, wait_timeout=240, override=override, model_dir="runs/lan"
     )
     own = {i: tmp_path / net[i].hostname / "runs" / "lan" for i in roles}
     job = Job.from_scripts(tmp_path, net, roles, scripts)
     try:
-        # Killed once worker 1 holds a checkpoint of its own: a copy it would lose with its disk.
+        # Killed once worker 0 holds a checkpoint of its own: a copy it would lose with its disk.
         deadline = time.monotonic() + 420
-        while checkpoint_step(str(own[2])) is None and time.monotonic() < deadline:
-            assert job.procs["worker:1"].poll() is None, job.all_output()
+        while checkpoint_step(str(own[1])) is None and time.monotonic() < deadline:
+            assert job.procs["worker:0"].poll() is None, job.all_output()
             time.sleep(0.5)
-        assert checkpoint_step(str(own[2])) is not None, job.all_output()
-        net[2].power_off()
+        assert checkpoint_step(str(own[1])) is not None, job.all_output()
+        net[1].power_off()
         killed = time.monotonic()
-        lost_at = checkpoint_step(str(own[1]))
-        shutil.rmtree(own[2])
-        again = Job(tmp_path, {"worker:1 again": (net[2], ["bash", str(scripts / "worker-1.sh")])})
+        lost_at = checkpoint_step(str(own[0]))
+        shutil.rmtree(own[1])
+        again = Job(tmp_path, {"worker:0 again": (net[1], ["bash", str(scripts / "worker-0.sh")])})
         job.procs.update(again.procs)
         job.logs.update(again.logs)
         assert job.wait_for_line("master:0", r"restart 1/", timeout=120), job.all_output()
-        assert job.wait_for_line("worker:1 again", r"od-dist train \| step \d+/", 300), job.all_output()
+        assert job.wait_for_line("worker:0 again", r"od-dist train \| step \d+/", 300), job.all_output()
         training_again = time.monotonic() - killed  # loss to the rejoined machine's first loop
-        codes = job.wait(["master:0", "worker:0", "worker:1 again", "evaluator:0"], timeout=600)
+        codes = job.wait(["master:0", "worker:0 again"], timeout=600)
     finally:
         job.kill()
     out = job.all_output()
-    assert codes == {"master:0": 0, "worker:0": 0, "worker:1 again": 0, "evaluator:0": 0}, out
+    assert codes == {"master:0": 0, "worker:0 again": 0}, out
     resumed = re.search(
-        r"od-dist train \| resuming run [0-9a-f]{12} at step (\d+) from (master|worker):0's checkpoint, its variables "
+        r"od-dist train \| resuming run [0-9a-f]{12} at step (\d+) from master:0's checkpoint, its variables "
         r"sent over "
-        r"the all-reduce to the trainers whose --model_dir is behind \(worker:1's at step 0; 0: no checkpoint\)",
-        job.output("worker:1 again"),
+        r"the all-reduce to the trainers whose --model_dir is behind \(worker:0's at step 0; 0: no checkpoint\)",
+        job.output("worker:0 again"),
     )
     assert resumed and int(resumed.group(1)) >= (lost_at or 0), out
     # The master names the machine lost, at once rather than at a collective's timeout, and tells
     # its supervisor to restart it; it resumes with the same variables as the new disk.
     assert re.search(
-        rf"^od-dist: master:0: lost worker:1 at {re.escape(net[2].ip)}:{PORT} .*restart all of them.*; exit 138$",
+        rf"^od-dist: master:0: lost worker:0 at {re.escape(net[1].ip)}:{PORT} .*restart all of them.*; exit 138$",
         job.output("master:0"),
         re.M,
     ), out
     assert resumed.group(0) in job.output("master:0"), out
-    back = re.search(r"od-dist train \| step (\d+)/", job.output("worker:1 again"))
+    back = re.search(r"od-dist train \| step (\d+)/", job.output("worker:0 again"))
     print(
-        f"\nworker 1's machine killed at step >= {lost_at}; the job resumed at step {resumed.group(1)} "
+        f"\nworker 0's machine killed at step >= {lost_at}; the job resumed at step {resumed.group(1)} "
         f"with a new disk there; training again {training_again:.0f} s after the kill, done after "
         f"{time.monotonic() - killed:.0f} s"
     )
     assert back and int(back.group(1)) > int(resumed.group(1)), out
-    for i in (0, 1, 2):  # every trainer machine holds the final checkpoint on its own disk
+    for i in roles:  # both trainer machines hold the final checkpoint on their own disk
         assert checkpoint_step(str(own[i])) == steps, (i, out)
-    final = [m for m in COCO_LINE.finditer(job.output("evaluator:0")) if int(m["step"]) == steps]
-    assert final, out
-    assert checkpoint_step(str(own[3])) == steps, out  # fetched, named on the evaluator's own disk
-    assert re.search(rf"fetched ckpt-{steps} from the checkpoint feed at {net[0].ip}:{PORT + 1}", out), out
 
 
 @pytest.mark.slow
