@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import netns  # noqa: E402 (the tests' simulated machines)
-from breakdown import breakdown, describe, medians  # noqa: E402 (benchmarks/: where recovery goes)
+from breakdown import ROUND, breakdown, describe, medians  # noqa: E402 (benchmarks/: where recovery goes)
 from lan_job import PORT, Job, job_cluster, write_scripts  # noqa: E402
 from loopback import COCO_LINE, PIPELINE, checkpoint_step  # noqa: E402
 from outage import STEP, set_port, simulated_work  # noqa: E402 (benchmarks/: this folder)
@@ -104,7 +104,6 @@ SEPARATE = "runs/chaos"  # --model_dir relative to each machine's working direct
 SAID = re.compile(
     r"died|lost|restart|stopped|unreachable|exit \d+|removed|resuming|no restart|round \d+:|\bjoin\b"
 )
-ROUND = re.compile(r"round (\d+): (.+?) train from step ([\d,]+)")
 
 
 @dataclass

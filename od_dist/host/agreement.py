@@ -402,7 +402,14 @@ class Agreement:
         if self.cluster.strategy == PARAMETER_SERVER:
             members = self._newest_first(members, alive)
         rounds = [self.round] + [s["round"] for s in alive.values()] + [h[-1].round for h in histories if h]
-        self._take(Group(max(rounds) + 1, members), now)
+        group = Group(max(rounds) + 1, members)
+        # Said, as the round line is, so that a reader (benchmarks/breakdown.py) sees how long the
+        # forming took and how long the members then took to take the proposal.
+        self.say(
+            f"proposing round {group.round}: {', '.join(members)} (forming unchanged for "
+            f"{now - self._settled[1]:.0f} s); waiting for every member to take it"
+        )
+        self._take(group, now)
         return None
 
     def _newest_first(self, members: tuple[str, ...], alive: dict[str, dict]) -> tuple[str, ...]:
