@@ -333,8 +333,7 @@ def test_parameter_server_job_on_four_machines_then_the_masters_machine_cut_off(
     net = machines(4)
     roles = {0: "master", 1: "worker", 2: "worker", 3: "ps"}
     cluster = job_cluster(tmp_path, net, roles)
-    # Also every task's wait for its peers as the job starts, and (x watch.FIRST_LOOP_WAITS, 60 s)
-    # the master's bound on its first training loop: its start to that loop's end took 16 s at load 5.
+    # Also every task's wait for its peers as the job starts.
     wait_timeout = 20
     scripts, _ = write_scripts(tmp_path, cluster, data_dir, steps=100000, wait_timeout=wait_timeout)
     job = Job.from_scripts(tmp_path, net, roles, scripts)

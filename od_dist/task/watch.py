@@ -23,10 +23,13 @@ from od_dist.task.server import is_listening
 # parameter_server: TensorFlow's coordinator waits for the steps of a loop with no timeout, and a
 # step (or the master's read of a peer) can wait for good while every peer's port answers. LoopGuard
 # ends the master then: when the first loop of a start (it traces the step on every worker) has not
-# come round after --wait_timeout x FIRST_LOOP_WAITS, a later one after SLOW_LOOP_TIMES the slowest
-# before, and never before the watch of the peers (Watch) has named one unreachable for
-# --wait_timeout: GUARD_AFTER_WATCH_S later (it probes every peers.PROBE_S).
+# come round after --wait_timeout x FIRST_LOOP_WAITS, and at least FIRST_LOOP_S (that first loop took
+# 16 s at load 5, and over 30 s in CI's suite on 2 cores, a --wait_timeout of 10 then too short), a
+# later one after SLOW_LOOP_TIMES the slowest before, and never before the watch of the peers (Watch)
+# has named one unreachable for --wait_timeout: GUARD_AFTER_WATCH_S later (it probes every
+# peers.PROBE_S).
 FIRST_LOOP_WAITS = 3
+FIRST_LOOP_S = 120
 SLOW_LOOP_TIMES = 5
 GUARD_AFTER_WATCH_S = 2 * peers.PROBE_S
 
@@ -54,7 +57,7 @@ class LoopGuard:
 
     def limit(self) -> float:
         if self.slowest is None:
-            return self.wait_timeout_s * FIRST_LOOP_WAITS
+            return max(self.wait_timeout_s * FIRST_LOOP_WAITS, FIRST_LOOP_S)
         return max(self.wait_timeout_s + GUARD_AFTER_WATCH_S, SLOW_LOOP_TIMES * self.slowest)
 
     def loop_starts(self) -> None:
@@ -66,7 +69,7 @@ class LoopGuard:
         before = (
             f"the slowest before took {self.slowest:.1f} s"
             if self.slowest is not None
-            else f"the first of this start: --wait_timeout x {FIRST_LOOP_WAITS}"
+            else f"the first of this start: --wait_timeout x {FIRST_LOOP_WAITS}, at least {FIRST_LOOP_S} s"
         )
         self._dog.arm(
             limit,
