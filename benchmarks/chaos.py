@@ -128,6 +128,7 @@ class Fault:
     said: list[str] = field(default_factory=list)
     redone: int | None = None
     went: dict[str, float] = field(default_factory=dict)  # where its recovery went (breakdown.py)
+    terms: list[str] = field(default_factory=list)  # the tasks a SIGTERM of it reached
 
 
 def layout(strategy: str, elastic: bool = False) -> dict[int, str]:
@@ -345,7 +346,9 @@ def task_pid(job: ChaosJob, name: str) -> int | None:
     return None
 
 
-def signal_task(job: ChaosJob, name: str, sig: int) -> str:
+def signal_task(job: ChaosJob, name: str, sig: int, reached: list[str] | None = None) -> str:
+    """Sends `sig` to `name`'s task (its stand-in's if its machine is off); says what happened, and
+    adds the task signalled to `reached`."""
     instead = job.stand_in(name)
     said = "" if instead == name else f"{name}'s machine is off: "
     pid = task_pid(job, instead)
@@ -355,6 +358,8 @@ def signal_task(job: ChaosJob, name: str, sig: int) -> str:
         os.kill(pid, sig)
     except ProcessLookupError:
         return f"{said}{instead}: gone before the signal"
+    if reached is not None:
+        reached.append(instead)
     return f"{said}{signal.Signals(sig).name} {instead}"
 
 
@@ -377,13 +382,6 @@ def first_death(watch: Watch, fault: Fault, running) -> float:
             return min(died)
         time.sleep(0.25)
     return fault.injected_at
-
-
-def terminated(fault: Fault) -> list[str]:
-    """The tasks a fault sent SIGTERM."""
-    if fault.kind == "term":
-        return fault.targets
-    return [t.split()[1] for t in fault.targets if t.startswith("term ")] if fault.kind == "double" else []
 
 
 def kill_during_save(job: ChaosJob, disks: dict[str, str], timeout: float, running) -> str | None:
@@ -465,7 +463,9 @@ def gone(fault: Fault, job: ChaosJob, watch: Watch, disks: dict[str, str], args,
 def inject(fault: Fault, job: ChaosJob, watch: Watch, net, disks: dict[str, str], args, running) -> None:
     sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
     if fault.kind in ("kill", "term"):
-        fault.note = signal_task(job, fault.targets[0], sig[fault.kind])
+        fault.note = signal_task(
+            job, fault.targets[0], sig[fault.kind], fault.terms if fault.kind == "term" else None
+        )
     elif fault.kind == "ps":
         fault.note = signal_task(job, "ps:0", signal.SIGKILL)
     elif fault.kind == "save":
@@ -489,7 +489,7 @@ def inject(fault: Fault, job: ChaosJob, watch: Watch, net, disks: dict[str, str]
             if n:
                 time.sleep(fault.seconds)
             kind, name = target.split()
-            notes.append(signal_task(job, name, sig[kind]))
+            notes.append(signal_task(job, name, sig[kind], fault.terms if kind == "term" else None))
         fault.note = f", {fault.seconds:g} s later ".join(notes)
 
 
@@ -642,8 +642,10 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
                 # A loop that was ending as the fault came prints its line after it: training
                 # counts as going on again from the restart the fault brought (none: no effect).
                 fault.since = max(fault.since, first_death(watch, fault, running))
-            for name in terminated(fault):  # it exits at the end of its loop: from then on
-                key = job.current[job.stand_in(name)]
+            # A task that a SIGTERM reached exits at the end of its loop: from then on. (Not one the
+            # signal found restarting: it would wait for a death that never comes, and no fault after.)
+            for name in fault.terms:
+                key = job.current[name]
                 until = time.monotonic() + args.recovery_timeout
                 while time.monotonic() < until and running():
                     died = [t for t, line in watch.lines[key] if t >= fault.injected_at and " died " in line]
