@@ -448,7 +448,14 @@ def test_a_killed_tasks_temporary_files_are_removed(tmp_path):
             f"open({str(made)!r}, 'a').write(f.name + '\\n')\n"
         )
         if n == 0:  # the worker is killed; the master runs until every task is restarted
-            return write + (kill_self(0.1) if t.name == "worker:0" else SERVE)
+            # The worker dies once the master's first start has written its file: 0.1 s after its
+            # own start was too early for that under CI's load (3 files, not 4).
+            master_wrote = (
+                "import os, time\nend = time.time() + 60\n"
+                f"while time.time() < end and {os.sep + 'master-0-'!r} not in open({str(made)!r}).read():\n"
+                "    time.sleep(0.05)\n"
+            )
+            return write + (master_wrote + kill_self(0) if t.name == "worker:0" else SERVE)
         return write + exits(0, 0.5)
 
     job = Job(MWMS, [MASTER, W0], scripts)
