@@ -44,7 +44,9 @@ line after the first death a supervisor reports after it (a loop that was ending
 prints its line after it; a SIGTERM: after the task's exit at its loop's end), or after the fault
 itself when nothing died (an outage TensorFlow rode out). Each fault's row says where its recovery went
 (benchmarks/breakdown.py: the restart line, then the phase lines of the tasks started after it,
-od_dist/task/phases.py), and the summary line the median of each phase over the faults.
+od_dist/task/phases.py; a `gone` fault's loss to the smaller group's first step, and its return apart,
+from its script's new start to the larger group's), and the summary line the median of each phase
+over the faults (a return's in a line of its own).
 
 `--against DIR` (a checkout of an older commit: `git worktree add DIR COMMIT`) runs the same schedule
 on that code right after (its tasks import od_dist from DIR) and ends with one line per code: the
@@ -128,6 +130,7 @@ class Fault:
     said: list[str] = field(default_factory=list)
     redone: int | None = None
     went: dict[str, float] = field(default_factory=dict)  # where its recovery went (breakdown.py)
+    went_back: dict[str, float] = field(default_factory=dict)  # gone: where its return went
     terms: list[str] = field(default_factory=list)  # the tasks a SIGTERM of it reached
 
 
@@ -695,7 +698,20 @@ def run_job(strategy: str, faults: list[Fault], args, work: str, data: str) -> d
             if fault.kind == "gone":
                 first_steps(fault, watch)
             said = watch.said(fault.injected_at, end)
-            fault.went = breakdown(watch.lines, wall0, fault.injected_at, end)
+            if fault.kind == "gone":
+                # Two recoveries, each read apart: the survivors' start to the smaller group's first
+                # step, which ends before the machine's script starts again; then the larger group's.
+                lost_end = next(
+                    (t for t in (fault.smaller_step_at, fault.recovered_at) if t is not None), ended
+                )
+                fault.went = breakdown(watch.lines, wall0, fault.injected_at, lost_end)
+                if fault.back_at is not None:
+                    back_end = next(
+                        (t for t in (fault.larger_step_at, fault.rejoined_at) if t is not None), ended
+                    )
+                    fault.went_back = breakdown(watch.lines, wall0, fault.back_at, back_end)
+            else:
+                fault.went = breakdown(watch.lines, wall0, fault.injected_at, end)
             # The round lines first: who trained after the fault.
             fault.said = [s for s in said if ROUND.search(s)] + [s for s in said if not ROUND.search(s)]
             # A restarted master (elastic: any new round) resumes from the checkpoint named last
@@ -790,6 +806,13 @@ def gone_figures(f: Fault) -> str:
         f"step, {since(f.rejoined_at, f.back_at)} to a checkpoint on its disk (its round line "
         f"{since(f.round_at, f.back_at)})"
     )
+
+
+def gone_went(f: Fault) -> str:
+    """Where a loss went, after the power-off, to the smaller group's first step; and its return,
+    after its script started again, to the larger group's."""
+    back = f"; return (s after its script started): {describe(f.went_back)}" if f.went_back else ""
+    return f"loss: {describe(f.went)}{back}"
 
 
 def backwards_on(seq: list[int | None]) -> list[tuple[int, int]]:
@@ -954,7 +977,7 @@ def report(r: dict, faults: list[Fault], baseline: dict | None, args) -> None:
         said = "<br>".join(s.replace("|", "/") for s in f.said[:3]) or "(nothing)"
         print(
             f"| {n} | {f.injected_at:.0f} | {f.before_step} | {f.kind}: {f.note} | {said} | {rec} | "
-            f"{describe(f.went)} | {f.redone} |"
+            f"{describe(f.went) if f.kind != 'gone' else gone_went(f)} | {f.redone} |"
         )
     injected = [f for f in faults if f.injected_at is not None]
     times = [f.recovered_at - f.injected_at for f in injected if f.recovered_at is not None]
@@ -988,6 +1011,12 @@ def report(r: dict, faults: list[Fault], baseline: dict | None, args) -> None:
             f"{listed((f.round_at, f.back_at) for f in lost)})",
             flush=True,
         )
+        returns = [f.went_back for f in lost if f.went_back]
+        if returns:
+            print(
+                f"where the returns went, median s after the script started again (returns): {medians(returns)}",
+                flush=True,
+            )
         for line in sorted(set(r["trained"])):
             print(f"who trained when: {line}", flush=True)
 
