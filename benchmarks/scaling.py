@@ -266,12 +266,20 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
                 timeout=120,
                 cwd=REPO,
             )
+            # One script a machine, named after its tasks ("ps-0_master-0.sh"), as a user gets them.
+            scripts = {
+                frozenset(name[: -len(".sh")].split("_")): name
+                for name in os.listdir(out)
+                if name.endswith(".sh")
+            }
             counters: dict[str, int] = {}
             for i, tasks in sorted(layout.items()):
+                names = []
                 for t in tasks:
-                    index = counters.get(t, 0)
-                    counters[t] = index + 1
-                    commands[f"{t}:{index}"] = (i, ["bash", os.path.join(out, f"{t}-{index}.sh")])
+                    names.append(f"{t}-{counters.get(t, 0)}")
+                    counters[t] = counters.get(t, 0) + 1
+                name = "master:0" if "master-0" in names else names[0].replace("-", ":")
+                commands[name] = (i, ["bash", os.path.join(out, scripts[frozenset(names)])])
         lead = "single" if case.kind == "one" else "master:0"
         logs = {name: os.path.join(cdir, name.replace(":", "-") + ".log") for name in commands}
         monitor = Monitor(logs[lead], net, caps)

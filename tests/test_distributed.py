@@ -155,6 +155,24 @@ def test_parameter_server_job_then_eval(ps_job):
     assert "Average Precision" in open(os.path.join(model_dir, "logs", "eval.log")).read()
 
 
+def test_the_master_says_how_busy_its_workers_were_from_tensorflows_coordinator_metrics(ps_job):
+    """The loops after the first (steps 2-5 and 6-10) ran as one closure on each of the 2 workers;
+    TensorFlow's coordinator timed them, and the master read the figures: time on the workers, at
+    most the loops' wall time on each, and both closures pending when it began to wait."""
+    out = ps_job.launched.stdout
+    m = re.search(
+        r"\[master:0\] od-dist train \| parameter_server, the 2 loop\(s\) after the first: 9 steps in (\d+) "
+        r"closures on 2 workers, ([\d.]+) s a step on a worker, the workers busy (\d+)% of the loops' ([\d.]+) s "
+        r".* at each join at least (\d+) closure\(s\) in flight or queued$",
+        out,
+        re.M,
+    )
+    assert m, out[-3000:]
+    closures, per_step, busy, wall, pending = int(m[1]), float(m[2]), int(m[3]), float(m[4]), int(m[5])
+    assert closures == 4 and pending == 2, m[0]
+    assert 0 < per_step * 9 <= 2 * wall and 0 < busy <= 100, m[0]
+
+
 def test_each_launched_task_reports_the_threads_tensorflow_applied(ps_job):
     """Every child of the launch prints its budget as TensorFlow reports it after applying; a flag
     given to launch (--data_threads 3) reaches every child."""
@@ -308,6 +326,84 @@ def test_every_role_applies_the_device_policy(ps_job, tmp_path, data_dir):
     r = run("eval", f"--pipeline={PIPELINE}", f"--model_dir={model_dir}", tiny(data_dir), cwd=str(tmp_path))
     assert r.returncode == 1 and "no checkpoint" in r.stderr, r.stdout + r.stderr
     assert "od-dist device policy: no GPU visible" in (model_dir / "logs" / "eval.log").read_text()
+
+
+# The same gradients applied by two legacy Keras SGD-momentum optimizers (Model Garden's default)
+# on two copies of three variables on a ps: one sends each step's gradients whole
+# (strategy.gradients_to_ps_whole), one per variable. Servers in this process, free loopback ports.
+PACKED = """
+import sys
+import numpy as np
+import tensorflow as tf
+import tf_keras
+from od_dist import patches
+from od_dist.task import strategy
+chief, worker, ps = (f"127.0.0.1:{port}" for port in sys.argv[1:4])
+spec = tf.train.ClusterSpec({"chief": [chief], "worker": [worker], "ps": [ps]})
+for job in ("worker", "ps"):
+    tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", start=True)
+dist = tf.distribute.experimental.ParameterServerStrategy(
+    tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0, rpc_layer="grpc")
+)
+coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(dist)
+shapes = [(3, 3, 2, 4), (4,), (5, 7)]
+runs = {}
+for whole in (True, False):
+    with dist.scope():
+        variables = [tf.Variable(np.linspace(-1, 1, int(np.prod(s)), dtype=np.float32).reshape(s)) for s in shapes]
+        optimizer = tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9)
+        patches.tf_keras.create_optimizer_slots(optimizer, variables)
+    print("packs", whole, strategy.gradients_to_ps_whole(dist, optimizer) if whole else 0)
+
+    @tf.function
+    def step():
+        def replica():
+            with tf.GradientTape() as tape:
+                loss = tf.add_n([tf.reduce_sum(tf.sin(3.0 * v) * v) for v in variables])
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        dist.run(replica)
+
+    for _ in range(3):
+        coordinator.schedule(step)
+    coordinator.join()
+    graph = step.get_concrete_function().graph
+    cuts = [op for op in graph.get_operations() if op.type == "SplitV"]
+    print("cut on the ps", whole, len(cuts), all("/job:ps" in op.device for op in cuts))
+    pieces = [c for op in cuts for out in op.outputs for c in out.consumers()]
+    users = [u for p in pieces for out in p.outputs for u in out.consumers()]
+    print("used on the ps", whole, [u.type for u in users], all("/job:ps" in u.device for u in users))
+    runs[whole] = [v.numpy() for v in variables]
+print("same values", all(np.array_equal(a, b) for a, b in zip(runs[True], runs[False])))
+print("moved", not np.array_equal(runs[True][0], np.linspace(-1, 1, 72, dtype=np.float32).reshape(shapes[0])))
+sys.stdout.flush()
+import os
+os._exit(0)
+"""
+
+
+def test_gradients_sent_to_the_ps_whole_apply_the_same_values_as_one_per_variable():
+    r = subprocess.run(
+        [sys.executable, "-c", PACKED, *map(str, free_ports(3))],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    said = r.stdout.splitlines()
+    assert said == [
+        "packs True 1",
+        "cut on the ps True 1 True",  # one tensor a step, cut into the three gradients on the ps
+        # and each piece goes to its update there, not back to the worker
+        "used on the ps True ['ResourceApplyKerasMomentum', 'ResourceApplyKerasMomentum', "
+        "'ResourceApplyKerasMomentum'] True",
+        "packs False 0",
+        "cut on the ps False 0 True",
+        "used on the ps False [] True",
+        "same values True",  # bit for bit, after three steps of momentum
+        "moved True",
+    ], r.stdout + r.stderr[-3000:]
 
 
 STOP_FROM_MASTER = """

@@ -377,3 +377,54 @@ def test_an_input_that_keeps_ending_or_another_out_of_range_still_fails(monkeypa
     with pytest.raises(tf.errors.OutOfRangeError, match="Read less bytes"):
         t.train(tf.constant(5, tf.int32))
     assert raised == [5]
+
+
+def _metrics(ran=0.0, closures=0, fetched=0.0, inflight=0, queued=0):
+    return {
+        "closure_execution": (ran, closures),
+        "remote_value_fetch": (fetched, closures),
+        "inflight_closures": inflight,
+        "queued_closures": queued,
+    }
+
+
+def test_the_workers_occupancy_is_read_from_the_coordinators_figures_after_the_first_loop(monkeypatch):
+    clock = iter([0.0, 10.0, 10.0, 12.0, 12.0, 14.0])
+    monkeypatch.setattr(trainer.time, "monotonic", lambda: next(clock))
+    occupancy = trainer.Occupancy(2)
+    assert occupancy.report() is None  # no loop yet
+    for steps, before, at_join, after in (
+        (1, _metrics(), _metrics(inflight=1), _metrics(9.0, 1, 0.5)),  # the first loop: tracing
+        (4, _metrics(9.0, 1, 0.5), _metrics(9.0, 1, 0.5, 2), _metrics(12.0, 3, 0.7)),
+        (4, _metrics(12.0, 3, 0.7), _metrics(12.0, 3, 0.7, 1, 1), _metrics(15.0, 5, 0.9)),
+    ):
+        occupancy.scheduling(steps, before)
+        occupancy.joining(at_join)
+        occupancy.joined(after)
+    said = occupancy.report()
+    # The two loops after the first: 8 steps, 4 closures, 6 s of closures over 2 x 4 s of wall.
+    assert said.startswith(
+        "parameter_server, the 2 loop(s) after the first: 8 steps in 4 closures on 2 workers, "
+    ), said
+    assert "0.750 s a step on a worker, the workers busy 75% of the loops' 4.0 s" in said, said
+    assert (
+        "results fetched in 0.100 s a closure; at each join at least 2 closure(s) in flight or queued" in said
+    )
+    assert said.endswith("queued"), said
+
+
+def test_a_loop_of_fewer_steps_than_workers_is_said_to_leave_a_worker_idle(monkeypatch):
+    clock = iter([0.0, 1.0, 1.0, 2.0])
+    monkeypatch.setattr(trainer.time, "monotonic", lambda: next(clock))
+    occupancy = trainer.Occupancy(3)
+    for ran in (0.0, 0.5):
+        occupancy.scheduling(1, _metrics(ran, int(ran * 2)))
+        occupancy.joining(_metrics(ran, int(ran * 2), inflight=1))
+        occupancy.joined(_metrics(ran + 0.5, int(ran * 2) + 1))
+    said = occupancy.report()
+    assert (
+        "at each join at least 1 closure(s) in flight or queued; 1 closure(s) at a join for 3 workers: "
+        in said
+    )
+    assert said.endswith("raise trainer.steps_per_loop to at least 3 so that every worker trains"), said
+    assert "the workers busy 17%" in said, said  # 0.5 s of closures over 3 workers x 1 s

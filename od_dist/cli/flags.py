@@ -142,6 +142,14 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         lower_bound=1,
         flag_values=fv,
     )
+    flags.DEFINE_boolean(
+        "ps_pack_gradients",
+        True,
+        "parameter_server: send each step's gradients to each ps as one tensor, cut back into each "
+        "variable's there (the same values), rather than one transfer per variable as TensorFlow "
+        "does; --nops_pack_gradients for TensorFlow's way.",
+        flag_values=fv,
+    )
     flags.DEFINE_enum(
         "all_reduce_dtype",
         "float32",
@@ -290,6 +298,7 @@ def train_config_of(fv: flags.FlagValues, selected, files_here: bool = True):
         lost_peer_timeout=fv.lost_peer_timeout,
         files_here=files_here,
         all_reduce_dtype=fv.all_reduce_dtype,
+        ps_pack_gradients=fv.ps_pack_gradients,
     )
 
 

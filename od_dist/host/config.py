@@ -244,6 +244,7 @@ class TrainConfig:
     replicas: int = 1  # replicas in sync in the whole job (replicas_in_job)
     lost_peer_timeout: int = LOST_PEER_TIMEOUT_S  # --lost_peer_timeout (multi_worker_mirrored)
     all_reduce_dtype: str = "float32"  # --all_reduce_dtype (multi_worker_mirrored)
+    ps_pack_gradients: bool = True  # --ps_pack_gradients (parameter_server)
 
     @property
     def role(self) -> str:
@@ -300,6 +301,7 @@ def train_config(
     lost_peer_timeout: int = LOST_PEER_TIMEOUT_S,
     files_here: bool = True,
     all_reduce_dtype: str = "float32",
+    ps_pack_gradients: bool = True,
 ) -> TrainConfig:
     """The task's configuration, every flag checked (InvalidCluster). `files_here`: the pipeline
     file and model_dir are checked on this machine (not by `scripts`/`k8s`, whose tasks run
@@ -324,6 +326,7 @@ def train_config(
         replicas,
         lost_peer_timeout,
         all_reduce_dtype,
+        ps_pack_gradients,
     )
     problems = []
     if fixed_replica_batch and strategy == validate.PARAMETER_SERVER:

@@ -92,6 +92,15 @@ PATCHES = (
         "runs remote ops under a new eager executor (own_executor)",
         "a failed remote op poisons the executor it ran in: each server's stop marker gets its own",
     ),
+    Patch(
+        "coordinator-metrics",
+        TENSORFLOW,
+        ("tensorflow.python.distribute.coordinator.metric_utils:get_metric_summary",),
+        "reads ParameterServerStrategy's coordinator metrics (coordinator_metrics)",
+        "how busy the parameter_server workers were, said at the end of training: TensorFlow keeps "
+        "the figures (closure execution, result fetches, closures in flight and queued) but no public "
+        "call reads them",
+    ),
 )
 
 
@@ -222,3 +231,22 @@ def own_executor():
 
     with context.executor_scope(executor_lib.new_executor(enable_async=False)):
         yield
+
+
+def coordinator_metrics() -> dict:
+    """coordinator-metrics: TensorFlow's ParameterServerStrategy coordinator figures so far, in
+    this process: {"closure_execution": (seconds, count), "remote_value_fetch": (seconds, count),
+    "inflight_closures": n, "queued_closures": n}; zeros for a figure not yet recorded."""
+    from tensorflow.python.distribute.coordinator import metric_utils
+
+    def read(name, empty):
+        try:
+            return metric_utils.get_metric_summary(name)
+        except KeyError:  # the coordinator has not recorded it yet
+            return empty
+
+    timed = {name: read(name, {"sum": 0.0, "num": 0}) for name in ("closure_execution", "remote_value_fetch")}
+    return {
+        **{name: (float(h["sum"]), int(h["num"])) for name, h in timed.items()},
+        **{name: int(read(name, 0)) for name in ("inflight_closures", "queued_closures")},
+    }

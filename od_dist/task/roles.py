@@ -271,6 +271,7 @@ def _model_built(config: TrainConfig, dist, who: str):
         weights, gradients = trainer.variable_bytes(model, wire)
         sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""
         packs = strategy.pack_gradients(dist, gradients, config.all_reduce_packs)
+        whole = strategy.gradients_to_ps_whole(dist, optimizer) if config.ps_pack_gradients else 0
         if config.role == "master":
             smallest, largest = (f"{min(packs) / 1e6:.2f}", f"{max(packs) / 1e6:.2f}") if packs else ("", "")
             sizes = smallest if smallest == largest else f"{smallest} to {largest}"
@@ -279,6 +280,8 @@ def _model_built(config: TrainConfig, dist, who: str):
                 if packs
                 else sent_in and f"; all-reduced{sent_in}"
             )
+            if whole:
+                how = f"; the gradients go to the {whole} ps task(s) as one tensor each a step, not one per variable"
             line = traffic.describe(config.selected.cluster, weights, sum(gradients))
             print(f"{who}: {line}{how}", flush=True)
 

@@ -60,6 +60,56 @@ def _ended_iterator(e) -> bool:
     return "End of sequence" in text and "IteratorGetNext" in text
 
 
+class Occupancy:
+    """How busy a parameter_server job's workers were kept, loop by loop, from TensorFlow's own
+    coordinator metrics (patches.tensorflow.coordinator_metrics): the seconds the workers spent in
+    the loop's closures against the loop's wall time (its scheduling to the end of its join), and
+    how many closures were in flight or queued as the master began to wait (at fewer than one per
+    worker, a worker had nothing to run). The first loop, with its tracing, is left out."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.loops = []  # (steps, wall s, closure s, closures, fetch s, closures pending at the join)
+        self._start = None
+        self._pending = 0
+
+    def scheduling(self, steps: int, metrics: dict) -> None:
+        self._start = (time.monotonic(), steps, metrics)
+
+    def joining(self, metrics: dict) -> None:
+        self._pending = metrics["inflight_closures"] + metrics["queued_closures"]
+
+    def joined(self, metrics: dict) -> None:
+        if self._start is None:
+            return
+        began, steps, before = self._start
+        self._start = None
+        ran, closures = (a - b for a, b in zip(metrics["closure_execution"], before["closure_execution"]))
+        fetched = metrics["remote_value_fetch"][0] - before["remote_value_fetch"][0]
+        self.loops.append((steps, time.monotonic() - began, ran, closures, fetched, self._pending))
+
+    def report(self) -> str | None:
+        steady = self.loops[1:]
+        if not steady:
+            return None
+        steps, wall, ran, closures, fetched = (sum(loop[i] for loop in steady) for i in range(5))
+        pending = min(loop[5] for loop in steady)
+        short = (
+            f"; {pending} closure(s) at a join for {self.workers} workers: raise trainer.steps_per_loop to at "
+            f"least {self.workers} so that every worker trains"
+            if pending < self.workers
+            else ""
+        )
+        return (
+            f"parameter_server, the {len(steady)} loop(s) after the first: {steps} steps in {closures} closures "
+            f"on {self.workers} workers, {ran / max(steps, 1):.3f} s a step on a worker, the workers busy "
+            f"{ran / max(wall * self.workers, 1e-9):.0%} of the loops' {wall:.1f} s (the rest waiting for the "
+            f"slowest worker's closure and for the master between loops), results fetched in "
+            f"{fetched / max(closures, 1):.3f} s a closure; at each join at least {pending} closure(s) in "
+            f"flight or queued{short}"
+        )
+
+
 def _spread_trainer_cls():
     """Model Garden's Trainer, scheduling each loop on every parameter-server worker.
 
@@ -86,9 +136,11 @@ def _spread_trainer_cls():
             loop_fn = orbit.StandardTrainer.create_train_loop_fn(self)
             workers = max(1, _num_ps_workers(self.strategy))
             coordinator = self.coordinator_for_async()
+            self.occupancy = Occupancy(workers)
 
             def spread_loop_fn(iterator, num_steps):
                 total = int(num_steps.numpy() if hasattr(num_steps, "numpy") else num_steps)
+                self.occupancy.scheduling(total, patches.tensorflow.coordinator_metrics())
                 base, extra = divmod(total, workers)
                 for i in range(workers):
                     n = base + (1 if i < extra else 0)
@@ -96,6 +148,15 @@ def _spread_trainer_cls():
                         coordinator.schedule(loop_fn, args=(iterator, tf.constant(n, tf.int32)))
 
             return spread_loop_fn
+
+        def train_loop_end(self):
+            occupancy = getattr(self, "occupancy", None)
+            if occupancy is None:
+                return super().train_loop_end()
+            occupancy.joining(patches.tensorflow.coordinator_metrics())
+            logs = super().train_loop_end()  # joins the loop's closures
+            occupancy.joined(patches.tensorflow.coordinator_metrics())
+            return logs
 
         def train(self, num_steps):
             if not patches.model_garden.is_async(self):
@@ -353,6 +414,10 @@ def train(
             local_init=in_sync,
         )
         step = int(controller.global_step.numpy())
+        occupancy = getattr(controller.trainer, "occupancy", None)
+        said = occupancy.report() if occupancy is not None else None
+        if said:
+            print(f"{_PREFIX} train | {said}", flush=True)
         if in_sync:
             _all_saved(controller, step)
             if on_last_loop is not None:
