@@ -204,6 +204,15 @@ def packed(sizes: list[int], bytes_per_pack: int) -> list[int]:
     return packs
 
 
+def _innermost(optimizer):
+    """The optimizer that applies the gradients, inside any wrappers."""
+    while getattr(optimizer, "inner_optimizer", None) is not None:  # a LossScaleOptimizer
+        optimizer = optimizer.inner_optimizer
+    while patches.model_garden.inner_optimizer(optimizer) is not None:  # Model Garden's moving average
+        optimizer = patches.model_garden.inner_optimizer(optimizer)
+    return optimizer
+
+
 def reduce_gradients_in(dist, optimizer, dtype_name: str):
     """multi_worker_mirrored: the optimizer sums the float32 gradients across trainers in
     `dtype_name`, then casts the sums back; returns that dtype when set, else None. Still one
@@ -216,10 +225,7 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str):
     if dtype_name == "float32" or not isinstance(dist, tf.distribute.MultiWorkerMirroredStrategy):
         return None
     wire = tf.as_dtype(dtype_name)
-    while getattr(optimizer, "inner_optimizer", None) is not None:  # a LossScaleOptimizer
-        optimizer = optimizer.inner_optimizer
-    while patches.model_garden.inner_optimizer(optimizer) is not None:  # Model Garden's moving average
-        optimizer = patches.model_garden.inner_optimizer(optimizer)
+    optimizer = _innermost(optimizer)
     if not hasattr(optimizer, "gradient_aggregator"):
         raise PipelineError(
             f"--all_reduce_dtype {dtype_name}: the pipeline's optimizer {type(optimizer).__name__} "
@@ -245,7 +251,7 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str):
 def gradients_to_ps_whole(dist, optimizer) -> int:
     """parameter_server: each step's gradients go to each ps as one tensor per dtype, cut back
     into each variable's gradient there, rather than one transfer per variable; returns the number
-    of those tensors per step (0: not done). The values the optimizer applies are the same (concat
+    of ps tasks they go to (0: not done). The values the optimizer applies are the same (concat
     and split only copy). Why: TensorFlow moves every tensor between tasks as its own transfer, at
     about 75-80 us of CPU on each end on a 2-core box, whatever its size (benchmarks/ps_transfers.py:
     400 variables of 1.9 MB in all, 67 ms a step; 40 of the same bytes, 10 ms; the gradients sent
@@ -259,10 +265,7 @@ def gradients_to_ps_whole(dist, optimizer) -> int:
         or dist.num_replicas_in_sync != 1
     ):
         return 0
-    while getattr(optimizer, "inner_optimizer", None) is not None:  # a LossScaleOptimizer
-        optimizer = optimizer.inner_optimizer
-    while patches.model_garden.inner_optimizer(optimizer) is not None:  # Model Garden's moving average
-        optimizer = patches.model_garden.inner_optimizer(optimizer)
+    optimizer = _innermost(optimizer)
     clipped = any(
         getattr(optimizer, name, None) is not None for name in ("clipvalue", "clipnorm", "global_clipnorm")
     )
