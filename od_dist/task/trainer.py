@@ -93,11 +93,14 @@ class Occupancy:
         if not steady:
             return None
         steps, wall, ran, closures, fetched = (sum(loop[i] for loop in steady) for i in range(5))
-        pending = min(loop[5] for loop in steady)
+        # A loop of fewer steps than workers (the last, when train_steps ends it early) cannot
+        # give each worker a closure: the others say whether each had one.
+        full = [loop for loop in steady if loop[0] >= self.workers]
+        pending = min(loop[5] for loop in full or steady)
         short = (
-            f"; {pending} closure(s) at a join for {self.workers} workers: raise trainer.steps_per_loop to at "
+            f"; every loop had fewer steps than the {self.workers} workers: raise trainer.steps_per_loop to at "
             f"least {self.workers} so that every worker trains"
-            if pending < self.workers
+            if not full
             else ""
         )
         return (
