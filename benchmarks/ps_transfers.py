@@ -6,7 +6,8 @@ does: one transfer of each variable to the worker, one of each gradient back).
     .venv/bin/python benchmarks/ps_transfers.py [--cases 40x12000,400x1200,800x600,400x2400]
         [--steps 200] [--steps_per_closure 10]
 
-A case NxS: N float32 variables of S values each. The cases keep the bytes a step moves alike
+A case NxS: N float32 variables of S values each; NxSp: the same, each step's gradients sent to the
+ps as one tensor and cut back there (what --ps_pack_gradients does). The cases keep the bytes a step moves alike
 (40x12000, 400x1200 and 800x600: 1.9 MB each way, the demo's RetinaNet model's size) while the
 number of variables changes, and one doubles the bytes: whichever of the two the CPU follows is
 what a parameter_server step pays for. Per case: the wall time of a step, and the CPU the ps and
@@ -21,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 
 import psutil
 
@@ -81,7 +83,7 @@ def run_case(strategy, coordinator, case: str, steps: int, per_closure: int, pro
     return out
 
 
-def main() -> int:
+def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -99,6 +101,7 @@ def main() -> int:
         )
         for job in ("ps", "worker")
     }
+    done = False
     try:
         import tensorflow as tf
 
@@ -116,12 +119,16 @@ def main() -> int:
             for c in args.cases.split(",")
         ]
         report(rows)
+        done = True
+    except Exception:
+        traceback.print_exc()
     finally:
         sys.stdout.flush()
+        sys.stderr.flush()
         for p in servers.values():
             p.kill()
         # Without TensorFlow's teardown, whose remote calls to the servers just stopped fail loudly.
-        os._exit(0 if "rows" in locals() else 1)
+        os._exit(0 if done else 1)
 
 
 def report(rows) -> None:
@@ -140,4 +147,4 @@ def report(rows) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
