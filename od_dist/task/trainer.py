@@ -24,6 +24,7 @@ import functools
 import math
 import re
 import time
+import typing
 
 from od_dist import patches
 from od_dist.model import metrics
@@ -60,16 +61,25 @@ def _ended_iterator(e) -> bool:
     return "End of sequence" in text and "IteratorGetNext" in text
 
 
+class _Loop(typing.NamedTuple):
+    steps: int
+    wall: float  # s, from its scheduling to the end of its join
+    ran: float  # s the workers spent in its closures
+    closures: int
+    fetched: float  # s fetching their results
+    pending: int  # closures in flight or queued as the master began to wait
+
+
 class Occupancy:
     """How busy a parameter_server job's workers were kept, loop by loop, from TensorFlow's own
     coordinator metrics (patches.tensorflow.coordinator_metrics): the seconds the workers spent in
-    the loop's closures against the loop's wall time (its scheduling to the end of its join), and
-    how many closures were in flight or queued as the master began to wait (at fewer than one per
-    worker, a worker had nothing to run). The first loop, with its tracing, is left out."""
+    the loop's closures against the loop's wall time, and how many closures were in flight or
+    queued as the master began to wait (at fewer than one per worker, a worker had nothing to
+    run). The first loop, with its tracing, is left out."""
 
     def __init__(self, workers: int):
         self.workers = workers
-        self.loops = []  # (steps, wall s, closure s, closures, fetch s, closures pending at the join)
+        self.loops: list[_Loop] = []
         self._start = None
         self._pending = 0
 
@@ -86,17 +96,17 @@ class Occupancy:
         self._start = None
         ran, closures = (a - b for a, b in zip(metrics["closure_execution"], before["closure_execution"]))
         fetched = metrics["remote_value_fetch"][0] - before["remote_value_fetch"][0]
-        self.loops.append((steps, time.monotonic() - began, ran, closures, fetched, self._pending))
+        self.loops.append(_Loop(steps, time.monotonic() - began, ran, closures, fetched, self._pending))
 
     def report(self) -> str | None:
         steady = self.loops[1:]
         if not steady:
             return None
-        steps, wall, ran, closures, fetched = (sum(loop[i] for loop in steady) for i in range(5))
+        steps, wall, ran, closures, fetched, _ = (sum(column) for column in zip(*steady))
         # A loop of fewer steps than workers (the last, when train_steps ends it early) cannot
         # give each worker a closure: the others say whether each had one.
-        full = [loop for loop in steady if loop[0] >= self.workers]
-        pending = min(loop[5] for loop in full or steady)
+        full = [loop for loop in steady if loop.steps >= self.workers]
+        pending = min(loop.pending for loop in full or steady)
         short = (
             f"; every loop had fewer steps than the {self.workers} workers: raise trainer.steps_per_loop to at "
             f"least {self.workers} so that every worker trains"
