@@ -94,6 +94,10 @@ class Cluster:
     checkpoint_port: int | None = None  # the lead serves its newest checkpoint there
     min_trainers: int | None = None  # a group this large goes on without lost trainers (host/elastic.py)
     membership_port: int | None = None  # where each trainer machine's od-dist agrees the group
+    # multi_worker_mirrored trainers that step alone and meet every this many steps (task/local_sgd.py)
+    sync_every: int | None = None
+    outer_learning_rate: float = validate.OUTER_LEARNING_RATE
+    outer_momentum: float = validate.OUTER_MOMENTUM
     # A group of an elastic job (group()): the whole job's id, which its stop markers and checkpoint
     # feed keep whatever trainers train now, and its tasks' names in the file, by address.
     of_job: str | None = None
@@ -314,6 +318,9 @@ def from_document(doc, source: str = "") -> Cluster:
         checkpoint_port=doc.get("checkpoint_port"),
         min_trainers=doc.get("min_trainers"),
         membership_port=doc.get("membership_port"),
+        sync_every=doc.get("sync_every"),
+        outer_learning_rate=float(doc.get("outer_learning_rate", validate.OUTER_LEARNING_RATE)),
+        outer_momentum=float(doc.get("outer_momentum", validate.OUTER_MOMENTUM)),
     )
     problems = validate.check_equal_clones(cluster)
     if problems:

@@ -27,6 +27,9 @@ TOP_KEYS = (
     "checkpoint_port",
     "min_trainers",
     "membership_port",
+    "sync_every",
+    "outer_learning_rate",
+    "outer_momentum",
     "hosts",
 )
 HOST_KEYS = ("os", "python", "venv", "workdir", "num_clones", "user")
@@ -34,6 +37,12 @@ HOST_OSES = ("linux", "windows")
 ROLES = ("master", "worker", "ps", "evaluator")
 ROLE_ALIASES = {"chief": "master"}
 MAX_CLONES = 256  # replicas per process: GPUs of one machine, or logical CPU devices
+# The outer step of `sync_every` (task/local_sgd.py): DiLoCo's (arXiv 2311.08105) Nesterov momentum,
+# learning rate 0.7 and momentum 0.9, the paper's. 1.0 and 0 make the outer step a plain average
+# of the trainers' weights (local SGD).
+OUTER_LEARNING_RATE = 0.7
+OUTER_MOMENTUM = 0.9
+OUTER_KEYS = ("outer_learning_rate", "outer_momentum")
 
 
 # ----- rules on the parsed document -----------------------------------------------------------
@@ -506,8 +515,66 @@ def check_document(doc) -> list[str]:
         + check_num_clones(doc)
         + check_checkpoint_port(doc)
         + check_elastic(doc)
+        + check_sync_every(doc)
         + check_hosts(doc)
     )
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_sync_every(doc: dict) -> list[str]:
+    """`sync_every: H` (multi_worker_mirrored): each trainer steps alone on its own batches, and every
+    H steps the trainers average their weights in one all-reduce, then take the outer step
+    (`outer_learning_rate`, `outer_momentum`). For links too slow for an all-reduce every step."""
+    out = []
+    if "sync_every" not in doc:
+        return [
+            problem(key, doc[key], "used only with sync_every", "add e.g. 'sync_every: 25', or remove it")
+            for key in OUTER_KEYS
+            if key in doc
+        ]
+    every = doc["sync_every"]
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        out.append(
+            problem(
+                "sync_every",
+                every,
+                "not a number of steps (1 or more)",
+                "write e.g. 'sync_every: 25' (the trainers meet every 25 steps)",
+            )
+        )
+    if infer_strategy(doc) != MULTI_WORKER_MIRRORED:
+        out.append(
+            problem(
+                "sync_every",
+                every,
+                "applies to multi_worker_mirrored trainers (parameter_server has no replicas to average)",
+                "remove sync_every, or the ps entries for 'strategy: multi_worker_mirrored'",
+            )
+        )
+    rate = doc.get("outer_learning_rate", OUTER_LEARNING_RATE)
+    if not _number(rate) or not 0 < rate <= 10:
+        out.append(
+            problem(
+                "outer_learning_rate",
+                rate,
+                "not a learning rate above 0 (at most 10)",
+                f"write e.g. 'outer_learning_rate: {OUTER_LEARNING_RATE}' (1.0 with outer_momentum 0: a plain average)",
+            )
+        )
+    momentum = doc.get("outer_momentum", OUTER_MOMENTUM)
+    if not _number(momentum) or not 0 <= momentum < 1:
+        out.append(
+            problem(
+                "outer_momentum",
+                momentum,
+                "not a momentum from 0 to below 1",
+                f"write e.g. 'outer_momentum: {OUTER_MOMENTUM}' (0: no momentum)",
+            )
+        )
+    return out
 
 
 # ----- rules on a built cluster ---------------------------------------------------------------

@@ -92,6 +92,7 @@ def _controller_cls():
             self.last_eval: dict | None = None
             self._od_max_to_keep = od_max_to_keep
             self._od_own_copy = False
+            self._od_after_loop = None  # what od_on_model returned: run at each loop's end, before a save
             if kwargs.get("trainer") is not None:
                 strategy = kwargs.get("strategy") or tf.distribute.get_strategy()
                 _create_optimizer_slots(kwargs["trainer"], strategy)
@@ -119,7 +120,7 @@ def _controller_cls():
             if self.trainer is not None:
                 self.train_actions = tuple(self.train_actions) + (self._od_capture,)
                 if od_on_model is not None:
-                    od_on_model(self.trainer.model, self.trainer.optimizer)
+                    self._od_after_loop = od_on_model(self.trainer.model, self.trainer.optimizer)
 
         def _od_own_manager(self, strategy, trainer, manager):
             """A multi_worker_mirrored worker's CheckpointManager. Model Garden points it at a
@@ -351,6 +352,8 @@ def _controller_cls():
                 self._od_on_loop_start()
             t0 = time.time()
             super()._train_n_steps(num_steps)
+            if self._od_after_loop is not None:
+                self._od_after_loop()
             self._od_print_progress(step0, t0)
             notes.leave_step_reached(int(self.global_step.numpy()))
             self._od_stop_if_asked()

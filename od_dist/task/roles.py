@@ -20,6 +20,7 @@ from od_dist.cluster import topology
 from od_dist.cluster.spec import PARAMETER_SERVER
 from od_dist.host.config import TrainConfig
 from od_dist.protocol import checkpoint_feed, exit_codes, lineage, membership, notes, peers
+from od_dist.task import local_sgd
 
 EVAL_POLL_S = 30
 
@@ -41,6 +42,9 @@ def _params(config: TrainConfig):
     from od_dist.model import pipeline
 
     params = load_params(config.pipeline, config.params_override, config.strategy_name)
+    meeting = local_sgd.of_cluster(config.selected.cluster)
+    if config.in_sync and meeting:
+        print(f"sync_every: {local_sgd.loop_every(params, meeting)}", flush=True)
     if config.in_sync and config.fixed_replica_batch:
         print(f"--fixed_replica_batch: {pipeline.scale_for_replicas(params, config.replicas)}", flush=True)
     elif config.in_sync and config.replicas > 1:
@@ -261,12 +265,17 @@ def _model_built(config: TrainConfig, dist, who: str):
     """What is done once the model exists, before the first step: the all-reduce's type (set on
     the optimizer) and packs (whose size follows the model's), and on the master a line with the
     bytes each step moves for this model and layout, so a user can hold it against the network
-    before waiting an hour."""
+    before waiting an hour. With the cluster file's sync_every, the trainers step alone and meet
+    after every loop instead: returns what each loop's end runs (the meeting)."""
+    meeting = local_sgd.of_cluster(config.selected.cluster) if config.in_sync else None
 
-    def built(model, optimizer) -> None:
+    def built(model, optimizer):
         from od_dist.cluster import traffic
         from od_dist.task import strategy, trainer
+        from od_dist.task.controller import several_trainers
 
+        if meeting is not None and several_trainers(dist):
+            return _meetings(model, optimizer)
         wire = strategy.reduce_gradients_in(dist, optimizer, config.all_reduce_dtype)
         weights, gradients = trainer.variable_bytes(model, wire)
         sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""
@@ -284,6 +293,24 @@ def _model_built(config: TrainConfig, dist, who: str):
                 how = f"; the gradients go to the {whole} ps task(s) as one tensor each a step, not one per variable"
             line = traffic.describe(config.selected.cluster, weights, sum(gradients))
             print(f"{who}: {line}{how}", flush=True)
+        return None
+
+    def _meetings(model, optimizer):
+        import tensorflow as tf
+
+        local_sgd.step_locally(dist, optimizer)
+        wire = None if config.all_reduce_dtype == "float32" else tf.as_dtype(config.all_reduce_dtype)
+        meetings = local_sgd.Meetings(dist, model, meeting, wire)
+        meetings.anchor()
+        if config.role == "master":
+            sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""
+            print(
+                f"{who}: sync_every {meeting.every}: {local_sgd.describe(meeting)}; each meeting all-reduces "
+                f"{meetings.bytes / 1e6:.2f} MB{sent_in} (the change of every weight and batch-norm statistic), "
+                "no step does",
+                flush=True,
+            )
+        return meetings.meet
 
     return built
 

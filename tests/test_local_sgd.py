@@ -1,0 +1,105 @@
+"""sync_every's meeting (task/local_sgd.py) on two replicas of one process (MirroredStrategy over
+two logical CPUs: the same replica functions and all-reduce calls as multi_worker_mirrored's
+trainers), checked against the outer step computed by hand."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Two replicas whose weights differ (each moved its own way since the anchor), two meetings, then
+# each replica's copy of every variable. Run in its own process: logical devices must be set
+# before TensorFlow starts.
+SCRIPT = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_keras
+from od_dist.task import local_sgd
+
+lr, mu, wire = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+dist = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with dist.scope():
+    model = tf_keras.Sequential([tf_keras.layers.Dense(3, input_shape=(2,)), tf_keras.layers.BatchNormalization()])
+    model(tf.zeros([1, 2]))
+meetings = local_sgd.Meetings(dist, model, local_sgd.Meeting(5, lr, mu), None if wire == "float32" else tf.as_dtype(wire))
+names = [v.name for v in meetings.trained + meetings.stats]
+out = {"trained": [v.name for v in meetings.trained], "names": names, "rounds": []}
+rng = np.random.default_rng(0)
+meetings.anchor()
+out["initial"] = {v.name: v.values[0].numpy().tolist() for v in meetings.trained + meetings.stats}
+for _ in range(2):
+    before = {}
+    for v in meetings.trained + meetings.stats:
+        copies = []
+        for c in v.values:
+            c.assign(c.numpy() + rng.normal(size=c.shape).astype(np.float32))
+            copies.append(c.numpy().tolist())
+        before[v.name] = copies
+    meetings.meet()
+    after = {v.name: [c.numpy().tolist() for c in v.values] for v in meetings.trained + meetings.stats}
+    out["rounds"].append({"before": before, "after": after})
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _run(lr: float, mu: float, wire: str = "float32") -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(lr), str(mu), wire],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+@pytest.mark.parametrize(("lr", "mu"), [(0.7, 0.9), (1.0, 0.0)])
+def test_meeting_equals_the_outer_step_by_hand_and_leaves_every_replica_the_same(lr, mu):
+    """The outer gradient is the anchor (the weights at the last meeting) minus the average of
+    the replicas' weights; velocity = mu * velocity + gradient; anchor -= lr * (gradient + mu *
+    velocity) (Nesterov, as DiLoCo's outer SGD); batch-norm statistics take the plain average."""
+    out = _run(lr, mu)
+    trained = set(out["trained"])
+    assert trained and set(out["names"]) - trained, "the model has weights and batch-norm statistics"
+    anchor = {name: np.array(value, np.float64) for name, value in out["initial"].items()}
+    velocity = dict.fromkeys(anchor, 0.0)
+    for i, r in enumerate(out["rounds"]):
+        for name in out["names"]:
+            before = np.array(r["before"][name], np.float64)
+            after = np.array(r["after"][name], np.float32)
+            assert not np.array_equal(before[0], before[1]), f"{name}: the replicas should differ before"
+            assert np.array_equal(after[0], after[1]), f"{name}: the replicas differ after meeting {i + 1}"
+            mean = before.mean(axis=0)
+            if name in trained:
+                g = anchor[name] - mean
+                velocity[name] = mu * velocity[name] + g
+                anchor[name] = anchor[name] - lr * (g + mu * velocity[name])
+            else:
+                anchor[name] = mean
+            np.testing.assert_allclose(after[0], anchor[name], rtol=1e-5, atol=1e-5, err_msg=name)
+            anchor[name] = after[0].astype(np.float64)
+
+
+def test_bfloat16_on_the_wire_rounds_the_change_not_the_weights():
+    """The change since the meeting goes in bfloat16: the replicas still end bit for bit equal, and
+    the weights are the average to within bfloat16's rounding of the change (8 bits), not of the
+    weights themselves."""
+    out = _run(1.0, 0.0, "bfloat16")
+    for name in out["names"]:
+        r = out["rounds"][0]
+        before = np.array(r["before"][name], np.float64)
+        after = np.array(r["after"][name], np.float32)
+        assert np.array_equal(after[0], after[1]), name
+        change = np.abs(before - np.array(out["initial"][name])).max()
+        np.testing.assert_allclose(after[0], before.mean(axis=0), atol=change / 64, err_msg=name)
