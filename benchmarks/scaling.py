@@ -15,7 +15,8 @@ start it; the one-machine baseline is `od-dist train` without a cluster. Demo pi
 
 Cases (`--cases`, comma-separated; a case may carry, in brackets, a params override, train flags
 or a setting of its machines: `mwm2[runtime.all_reduce_alg=ring]`, `mwm2[--intra_op_threads=1]`,
-`mwm2[@period_ms=10]`):
+`mwm2[@period_ms=10]`, or of the cluster file: `mwm3[@sync_every=25]`, with `@outer_learning_rate=1` and
+`@outer_momentum=0` for the plain average):
 
   one         one machine, no cluster: the baseline
   mwmN        multi_worker_mirrored, master + N-1 workers, one per machine; the per-machine batch
@@ -59,6 +60,7 @@ caps then hold against niced background load. Figures are noisy; compare only wi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -85,6 +87,7 @@ PER_MACHINE_BATCH = 8
 DEFAULT_CASES = "one,mwm2,mwm3,ps2"
 DEFAULT_LINKS = "unshaped,100mbit"
 ACCURACY_CASES = "one,mwm2,mwm3"
+CLUSTER_KEYS = ("sync_every", "outer_learning_rate", "outer_momentum")  # @key=value of an mwm case
 PROGRESS = re.compile(r"od-dist train \| step (\d+)/\d+ .*?\| ([\d.]+) steps/s \| ([\d.]+) examples/s")
 
 
@@ -116,8 +119,12 @@ def parse_case(text: str) -> Case:
     inside = [p for p in (m.group(4) or "").split(",") if p]
     flags = [p for p in inside if p.startswith("--")]
     harness = {k[1:]: float(v) for k, v in (p.split("=", 1) for p in inside if p.startswith("@"))}
-    if set(harness) - {"period_ms"}:
-        raise SystemExit(f"--cases: {text!r}: the only harness setting is @period_ms=N")
+    if set(harness) - {"period_ms", *CLUSTER_KEYS}:
+        raise SystemExit(
+            f"--cases: {text!r}: the settings are @period_ms=N and the cluster file's @{', @'.join(CLUSTER_KEYS)}"
+        )
+    if m.group(1) != "mwm" and set(harness) & set(CLUSTER_KEYS):
+        raise SystemExit(f"--cases: {text!r}: sync_every applies to mwmN cases")
     override = ",".join(p for p in inside if not p.startswith(("--", "@")))
     return Case(text.strip(), kind, int(m.group(2) or 1), override, flags, harness)
 
@@ -140,6 +147,10 @@ def cluster_text(case: Case, net, work: str) -> str:
         for t in tasks:
             by_role[t].append(f"{net[i].ip}:{PORT + (1 if t == 'ps' else 0)}")
     lines = [f"master: {by_role['master'][0]}", f"worker: [{', '.join(by_role['worker'])}]"]
+    for key in CLUSTER_KEYS:
+        if key in case.harness:
+            value = case.harness[key]
+            lines.append(f"{key}: {int(value) if key == 'sync_every' else value}")
     if by_role["ps"]:
         lines.append(f"ps: [{', '.join(by_role['ps'])}]")
     lines.append("hosts:")
@@ -244,7 +255,7 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
                 capped.shape(m, link)
         override = params_override(case, args, data_dir)
         if args.accuracy and args.recipe == "examples" and case.kind != "one":
-            case = Case(case.name, case.kind, case.n, case.override, case.flags + ["--fixed_replica_batch"])
+            case = dataclasses.replace(case, flags=case.flags + ["--fixed_replica_batch"])
         commands: dict[str, tuple] = {}
         if case.kind == "one":
             commands["single"] = (
