@@ -103,3 +103,85 @@ def test_bfloat16_on_the_wire_rounds_the_change_not_the_weights():
         assert np.array_equal(after[0], after[1]), name
         change = np.abs(before - np.array(out["initial"][name])).max()
         np.testing.assert_allclose(after[0], before.mean(axis=0), atol=change / 64, err_msg=name)
+
+
+def test_two_trainers_on_loopback_meet_with_the_same_weights_bit_for_bit(tmp_path, data_dir):
+    """A real job: master and worker (multi_worker_mirrored on loopback, sync_every 5, 12 steps).
+    Each trainer logs a digest of the weights after every meeting: the same digests on both, a
+    meeting at every loop end (the one-step first loop, then steps 5, 10 and the last, 12), and
+    the job's checkpoints are written at meeting steps only."""
+    import re
+
+    from loopback import PIPELINE, checkpoint_step, od_dist, tiny, write_cluster
+
+    from od_dist.task import local_sgd
+
+    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored")
+    with open(cluster, "a") as f:
+        f.write("sync_every: 5\n")
+    model_dir = tmp_path / "run"
+    done = od_dist(
+        "launch",
+        f"--cluster={cluster}",
+        f"--pipeline={PIPELINE}",
+        f"--model_dir={model_dir}",
+        tiny(data_dir, steps=12),
+        "--max_restarts=0",
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "sync_every 5: the trainers step alone" in done.stdout, done.stdout[-3000:]
+    met = re.compile(re.escape(local_sgd.MET) + r" (\d+): weights ([0-9a-f]{16})")
+    logs = {name: (model_dir / "logs" / f"{name}.log").read_text() for name in ("master-0", "worker-0")}
+    seen = {name: met.findall(text) for name, text in logs.items()}
+    assert len(seen["master-0"]) == 4, logs["master-0"][-3000:]
+    assert seen["master-0"] == seen["worker-0"], seen
+    assert len({digest for _, digest in seen["master-0"]}) == 4, "each meeting moves the weights"
+    assert checkpoint_step(str(model_dir)) == 12
+    steps = sorted(int(p.name.split("-")[1].split(".")[0]) for p in model_dir.glob("ckpt-*.index"))
+    assert steps and set(steps) <= {1, 5, 10, 12}, steps
+
+
+STEP_SCRIPT = r"""
+import json
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_keras
+from od_dist.task import local_sgd
+
+dist = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with dist.scope():
+    w = tf.Variable([1.0, 2.0])
+    optimizer = tf_keras.optimizers.legacy.SGD(0.1)
+local_sgd.step_locally(dist, optimizer)
+
+@tf.function
+def step(x):
+    def fn(x):
+        with tf.GradientTape() as tape:
+            # As Model Garden's tasks: the loss divided by the replicas in sync.
+            loss = tf.reduce_sum(w * x) / dist.num_replicas_in_sync
+        optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+    dist.run(fn, args=(x,))
+
+inputs = dist.experimental_distribute_values_from_function(
+    lambda ctx: tf.constant([1.0, 0.0]) if ctx.replica_id_in_sync_group == 0 else tf.constant([0.0, 3.0])
+)
+step(inputs)
+print("RESULT " + json.dumps([c.numpy().tolist() for c in w.values]))
+"""
+
+
+def test_a_step_applies_each_replicas_own_gradient_unscaled():
+    """step_locally: no all-reduce in a step; each replica's weights move by the learning rate
+    times its own gradient (Model Garden's division of the loss by the replicas undone)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", STEP_SCRIPT], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    copies = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    np.testing.assert_allclose(copies[0], [1.0 - 0.1 * 1.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(copies[1], [1.0, 2.0 - 0.1 * 3.0], rtol=1e-6)

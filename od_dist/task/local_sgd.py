@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import typing
 
+MET = "od-dist: the trainers met, meeting"  # in the task's log, with its number and the weights' digest
+
 
 class Meeting(typing.NamedTuple):
     every: int  # steps between meetings
@@ -159,6 +161,13 @@ class Meetings:
         self._anchor()
 
     def meet(self) -> None:
-        """Collective: every trainer calls it at the same loop boundary."""
+        """Collective: every trainer calls it at the same loop boundary. The task's log gets a
+        digest of the weights met on: every trainer's line for a meeting is the same."""
+        import hashlib
+
+        from absl import logging
+
         self._meet()
         self.count += 1
+        digest = hashlib.sha256(self.anchor_values.numpy().tobytes()).hexdigest()[:16]
+        logging.info("%s %d: weights %s", MET, self.count, digest)
