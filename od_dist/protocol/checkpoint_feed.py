@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import ipaddress
 import json
 import os
 import re
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 
 from od_dist.protocol import lineage, serving
@@ -59,13 +59,7 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """An address as a peer's connection shows it (an IPv4 peer of an IPv6 socket: ::ffff:a.b.c.d)."""
-    try:
-        address = ipaddress.ip_address(text.partition("%")[0])
-    except ValueError:
-        return None
-    return getattr(address, "ipv4_mapped", None) or address
+_address = serving.address  # an address as a peer's connection shows it
 
 
 def _addresses(host: str) -> set:
@@ -79,20 +73,37 @@ def _addresses(host: str) -> set:
 class Feed:
     """Serves the newest checkpoint of `model_dir` on (host, port), in a thread of this process.
     `job`: the job's id (cluster.job_id()): a fetcher of another job refuses what it reads.
-    `fetchers`: (name, host) of each task that fetches (topology.feed_readers): what a fetcher says
-    it holds or took is believed from its host's address only, and of no other name, so that no
-    one else on the LAN ends the lead's wait for the evaluator, nor grows the tables."""
+    `fetchers`: (name, host) of each task that fetches (topology.feed_readers): their addresses have
+    slots of their own (serving.Server's `named`: a stranger's connections cannot lock them out);
+    what a fetcher says it holds or took is believed from its host's address only, and of no other
+    name, so that no one else on the LAN ends the lead's wait for the evaluator, nor grows the
+    tables. Except behind a proxy (`proxied`), where no claim comes from a fetcher's own address:
+    there every file of a step sent whole to requests naming the fetcher stands for its claim.
+    `say`: the line saying so when the lead waits on that rule."""
 
-    def __init__(self, model_dir: str, host: str, port: int, job: str, fetchers=(), limits=serving.Limits()):
-        self.model_dir, self.job = model_dir, job
+    def __init__(
+        self,
+        model_dir: str,
+        host: str,
+        port: int,
+        job: str,
+        fetchers=(),
+        limits=serving.Limits(),
+        say=lambda line: print(line, flush=True),
+    ):
+        self.model_dir, self.job, self.say = model_dir, job, say
         self._sums: dict[tuple[str, int, int], str] = {}  # (name, size, mtime) -> SHA-256
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the sums
+        self._changed = threading.Condition()  # the tables below, notified on each change
         self._from: dict[str, set] = {}  # fetcher -> the addresses its claims are believed from
         for name, at in fetchers:
             self._from.setdefault(name, set()).update(_addresses(at))
         self._sent: dict[str, tuple[int, set[str]]] = {}  # fetcher -> (step, the files of it taken)
         self._have: dict[str, int] = {}  # fetcher -> the newest step of this run it said it holds
-        self._server = serving.Server(host, port, self._answer, "checkpoint-feed", limits)
+        self._served: dict[str, tuple[int, set[str]]] = {}  # as _sent, from any address
+        self._direct = False  # a request naming a fetcher came from its own address once
+        named = set().union(*self._from.values())
+        self._server = serving.Server(host, port, self._answer, "checkpoint-feed", limits, named)
         self.everywhere = self._server.everywhere
 
     def __enter__(self):
@@ -101,6 +112,13 @@ class Feed:
 
     def __exit__(self, *exc):
         self._server.__exit__(*exc)
+
+    @property
+    def proxied(self) -> bool:
+        """Whether the fetchers' claims are judged by what was served: the feed listens on every
+        interface (behind a port proxy, as WSL2's), or no request naming a fetcher ever came from
+        its own address (a NAT or proxy between them shows its own)."""
+        return self.everywhere or not self._direct
 
     def listing(self) -> dict:
         """What `GET /` answers: the job, the run, the newest checkpoint's step and its files."""
@@ -121,48 +139,78 @@ class Feed:
                     files.append({"name": name, "size": stat.st_size, "sha256": self._sums[key]})
         return {"job": self.job, "run": run, "step": step, "files": files}
 
-    def _answer(self, request) -> None:
+    def _answer(self, request: serving.Request) -> serving.Answer:
         path, _, query = request.path.partition("?")
         name = path.lstrip("/")
         said = dict(re.findall(r"(have|by|run)=([\w:.-]{1,64})", query))
         by = said.get("by", EVALUATOR)
         believed = _address(request.client_address[0]) in self._from.get(by, ())
+        if believed and not self._direct:
+            with self._changed:
+                self._direct = True
+                self._changed.notify_all()
         if not name:
             listing = self.listing()
             # The fetcher's newest step, a number, of this run (a copy of an earlier run's is none).
             if believed and said.get("have", "").isdigit() and said.get("run") == listing["run"]:
-                with self._lock:
+                with self._changed:
                     self._have[by] = max(self._have.get(by, 0), int(said["have"]))
-            serving.send_json(request, listing)
-            return
+                    self._changed.notify_all()
+            return serving.json_answer(listing)
         m = _FILE.match(name)
         path = os.path.join(self.model_dir, name)
         if not m or not os.path.isfile(path):  # only checkpoint files, of this folder, by their name
-            request.send_error(404)
-            return
-        with open(path, "rb") as f:
-            serving.send_file(request, f, _CHUNK)
-        if believed:
-            step = int(m.group(1))
-            with self._lock:  # a fetcher takes the newest checkpoint's files: a newer starts anew
-                if self._sent.get(by, (None,))[0] != step:
-                    self._sent[by] = (step, set())
-                self._sent[by][1].add(name)
+            return serving.error(404)
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:  # rotated away since
+            return serving.error(404)
+        # A fetcher's files, counted once each is sent whole; of no fetcher's name, nothing kept.
+        table = self._sent if believed else self._served if by in self._from else None
+        if table is None:
+            return serving.file_answer(f)
+        step = int(m.group(1))
+
+        def sent():
+            with self._changed:  # a fetcher takes the newest checkpoint's files: a newer starts anew
+                if table.get(by, (None,))[0] != step:
+                    table[by] = (step, set())
+                table[by][1].add(name)
+                self._changed.notify_all()
+
+        return serving.file_answer(f, sent)
 
     def fetched(self, step: int, by: str = EVALUATOR) -> bool:
-        """Whether the fetcher `by` holds checkpoint `step`: it said so, or took its every file."""
+        """Whether the fetcher `by` holds checkpoint `step`: it said so, or took its every file (or,
+        `proxied`, every file was sent whole to requests naming it)."""
         listed = {f["name"] for f in self.listing()["files"]}
-        with self._lock:
-            taken, names = self._sent.get(by, (None, set()))
-            return self._have.get(by, 0) >= step or (bool(listed) and taken == step and listed <= names)
+        with self._changed:
+            tables = [self._sent, self._served] if self.proxied else [self._sent]
+            took = any(t.get(by, (None,))[0] == step and listed <= t[by][1] for t in tables)
+            return self._have.get(by, 0) >= step or (bool(listed) and took)
 
     def wait_fetched(self, step: int, timeout_s: float, by: str = EVALUATOR) -> bool:
-        """Waits up to `timeout_s` for the fetcher `by` to hold checkpoint `step`."""
+        """Waits up to `timeout_s` for the fetcher `by` to hold checkpoint `step`; says first, when
+        `proxied`, why what was served stands for its word."""
         deadline = time.monotonic() + timeout_s
+        if self.proxied and not self.fetched(step, by):
+            why = (
+                "it listens on every interface (its address is none of this machine's: behind a port "
+                "proxy, as WSL2's, every fetcher shows the proxy's address)"
+                if self.everywhere
+                else "no request naming a fetcher has come from that fetcher's own address (a NAT or a "
+                "port proxy between them shows its own)"
+            )
+            self.say(
+                f"checkpoint feed: {why}, so the lead cannot tell {by}'s word from a stranger's: it waits "
+                f"until every file of ckpt-{step} was sent whole to a request naming {by}"
+            )
         while not self.fetched(step, by):
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return False
-            time.sleep(0.5)
+            with self._changed:  # woken by each claim or file taken; the folder re-read each second
+                self._changed.wait(min(left, 1.0))
         return True
 
 
@@ -170,11 +218,30 @@ class FeedError(Exception):
     """A fetch that failed: said in one line; the next poll tries again."""
 
 
+class Busy(FeedError):
+    """The feed refused the connection: it serves as many as it takes (serving.BUSY)."""
+
+
+BUSY = (
+    "busy: it serves as many connections as it takes, its fetchers' own slots aside (other hosts' "
+    "requests, or stalled transfers)"
+)
+
+
 def _why(e: Exception) -> str:
     """What went wrong with one request, in one line."""
+    if isinstance(e, urllib.error.HTTPError) and e.code == 503:
+        return BUSY
     if isinstance(e, http.client.HTTPException):  # something else listens on the port
         return f"not an od-dist checkpoint feed ({type(e).__name__} {' '.join(str(e).split())[:80]!r})"
     return " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
+
+
+def _error(e: Exception, what: str = "") -> FeedError:
+    """FeedError for `e`, of `what` (a file's name); Busy for a refusal, whatever was asked."""
+    if isinstance(e, urllib.error.HTTPError) and e.code == 503:
+        return Busy(BUSY)
+    return FeedError(what + _why(e))
 
 
 def read_listing(
@@ -192,7 +259,7 @@ def read_listing(
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             listing = json.loads(answer.read(1 << 20))
     except (OSError, ValueError, http.client.HTTPException) as e:
-        raise FeedError(_why(e)) from None
+        raise _error(e) from None
     if (
         not isinstance(listing, dict)
         or not isinstance(listing.get("files"), list)
@@ -296,7 +363,7 @@ def _fetch_file(
                 on_data()
     except (OSError, http.client.HTTPException) as e:
         _remove(part)
-        raise FeedError(f"{name}: {_why(e)}") from None
+        raise _error(e, f"{name}: ") from None
     if got != size or digest.hexdigest() != want:
         _remove(part)
         raise FeedError(
@@ -377,6 +444,7 @@ class Follower:
         self.feeds, self.job, self.model_dir, self.say, self.by = list(feeds), job, model_dir, say, by
         self.every_s, self._clock = every_s, clock
         self._up: bool | None = None  # what the last poll found: each change is said
+        self._busy = False  # the last poll was refused as busy (said once)
         self._ok_at = 0.0  # when a poll last succeeded, or a fetch last received data
         self.answered = threading.Event()  # a poll succeeded once: the folder's run is known
         self._at = 0  # the feed asked now: the last that answered
@@ -413,7 +481,14 @@ class Follower:
         host, port = self.feeds[at]
         try:
             step = fetch(host, port, self.job, self.model_dir, by=self.by, say=self.say, on_data=self._alive)
+        except Busy as e:  # the lead answered: it is up, and stays the feed asked
+            if not self._busy:
+                self.say(f"{self._where(at)} is {e}; trying again every {self.every_s:.0f} s")
+            self._busy, self._up = True, True
+            self._alive()
+            return None
         except Exception as e:  # noqa: BLE001 - a file held by another program, a full disk, no HTTP
+            self._busy = False
             e = e if isinstance(e, FeedError) else f"{type(e).__name__}: {_why(e)}"
             others = (
                 f" (or {', '.join(f'{h}:{p}' for h, p in self.feeds[:at] + self.feeds[at + 1 :])}, "
@@ -430,7 +505,9 @@ class Follower:
             return None
         if not self._up:
             self.say(f"{self._where(at)} is up")
-        self._up = True
+        elif self._busy:
+            self.say(f"{self._where(at)} serves again")
+        self._up, self._busy = True, False
         self._alive()
         self.answered.set()
         if step is not None:

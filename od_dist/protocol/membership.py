@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -46,18 +47,20 @@ def group_from_env() -> Group | None:
 
 
 class StateServer:
-    """Serves `state()` on (host, port) while entered."""
+    """Serves `state()` on (host, port) while entered. `others`: the other trainer machines' hosts,
+    whose addresses have slots of their own (serving.Server's `named`)."""
 
-    def __init__(self, host: str, port: int, state: Callable[[], dict]):
-        self._server = serving.Server(host, port, lambda request: self._answer(request, state), "membership")
+    def __init__(self, host: str, port: int, state: Callable[[], dict], others=()):
+        named = {serving.address(info[4][0]) for other in others for info in _resolved(other)}
+        answer = lambda request: self._answer(request, state)  # noqa: E731
+        self._server = serving.Server(host, port, answer, "membership", named=named)
         self.everywhere = self._server.everywhere
 
     @staticmethod
-    def _answer(request, state) -> None:
+    def _answer(request: serving.Request, state) -> serving.Answer:
         if request.path.partition("?")[0] not in ("", "/"):
-            request.send_error(404)
-            return
-        serving.send_json(request, state())
+            return serving.error(404)
+        return serving.json_answer(state())
 
     def __enter__(self):
         self._server.__enter__()
@@ -65,6 +68,13 @@ class StateServer:
 
     def __exit__(self, *exc):
         self._server.__exit__(*exc)
+
+
+def _resolved(host: str) -> list:
+    try:
+        return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return []
 
 
 def read(host: str, port: int, timeout: float = TIMEOUT_S) -> dict | None:
