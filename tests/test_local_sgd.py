@@ -131,6 +131,10 @@ def test_two_trainers_on_loopback_meet_with_the_same_weights_bit_for_bit(tmp_pat
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "sync_every 5: the trainers step alone" in done.stdout, done.stdout[-3000:]
+    # The lead says how much of the time the meetings took, measured on this job's links.
+    assert re.search(
+        r"od-dist train \| network: \d+% of the time in meetings \([\d.]+ s a meeting", done.stdout
+    )
     met = re.compile(re.escape(local_sgd.MET) + r" (\d+): weights ([0-9a-f]{16})")
     logs = {name: (model_dir / "logs" / f"{name}.log").read_text() for name in ("master-0", "worker-0")}
     seen = {name: met.findall(text) for name, text in logs.items()}
@@ -185,3 +189,22 @@ def test_a_step_applies_each_replicas_own_gradient_unscaled():
     copies = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[7:])
     np.testing.assert_allclose(copies[0], [1.0 - 0.1 * 1.0, 2.0], rtol=1e-6)
     np.testing.assert_allclose(copies[1], [1.0, 2.0 - 0.1 * 3.0], rtol=1e-6)
+
+
+def test_the_network_share_and_the_advised_sync_every_by_hand():
+    """A step of 0.75 s of which 0.5 s is the all-reduce of 2 MB, with 4 MB of weights (a meeting:
+    1 s): 67% of a step; the compute is 0.25 s, so a meeting is at most a tenth of the time from
+    H >= 1 x 0.9 / (0.1 x 0.25) = 36 steps."""
+    from od_dist.task import network_share
+
+    assert network_share.every_for(0.25, 1.0) == 36
+    assert 1.0 / (36 * 0.25 + 1.0) <= 0.1 < 1.0 / (35 * 0.25 + 1.0)
+    line = network_share.every_step_line(0.75, 0.5, 2_000_000, 4_000_000)
+    assert line.startswith("od-dist train | network: 67% of a step (0.500 s to all-reduce 2.00 MB"), line
+    assert "'sync_every: 36'" in line, line
+    quiet = network_share.every_step_line(1.0, 0.2, 2_000_000, 4_000_000)
+    assert "20% of a step" in quiet and "sync_every" not in quiet
+    # Meetings of 3 s after loops of 25 steps of 2 s (0.08 s a step): 60%, advise 25 x ... by hand:
+    # 3 x 0.9 / (0.1 x 0.08) = 337.5 -> 338.
+    line = network_share.meeting_line(25, 2.0, 3.0)
+    assert "60% of the time in meetings" in line and "raise sync_every to about 338" in line, line

@@ -92,7 +92,9 @@ def _controller_cls():
             self.last_eval: dict | None = None
             self._od_max_to_keep = od_max_to_keep
             self._od_own_copy = False
-            self._od_after_loop = None  # what od_on_model returned: run at each loop's end, before a save
+            # What od_on_model returned: (steps, seconds) -> None, run by every trainer at each loop's
+            # end, before a save (the meeting of sync_every, the network's share of a step).
+            self._od_after_loop = None
             if kwargs.get("trainer") is not None:
                 strategy = kwargs.get("strategy") or tf.distribute.get_strategy()
                 _create_optimizer_slots(kwargs["trainer"], strategy)
@@ -353,7 +355,7 @@ def _controller_cls():
             t0 = time.time()
             super()._train_n_steps(num_steps)
             if self._od_after_loop is not None:
-                self._od_after_loop()
+                self._od_after_loop(int(self.global_step.numpy()) - step0, time.time() - t0)
             self._od_print_progress(step0, t0)
             notes.leave_step_reached(int(self.global_step.numpy()))
             self._od_stop_if_asked()

@@ -266,22 +266,40 @@ def _model_built(config: TrainConfig, dist, who: str):
     the optimizer) and packs (whose size follows the model's), and on the master a line with the
     bytes each step moves for this model and layout, so a user can hold it against the network
     before waiting an hour. With the cluster file's sync_every, the trainers step alone and meet
-    after every loop instead: returns what each loop's end runs (the meeting)."""
+    after every loop instead. Several multi_worker_mirrored trainers: returns what each loop's end
+    runs (the meeting, and the network's share of a step: network_share.Measure)."""
     meeting = local_sgd.of_cluster(config.selected.cluster) if config.in_sync else None
+    lead = config.role == "master"
 
     def built(model, optimizer):
+        import tensorflow as tf
+
         from od_dist.cluster import traffic
-        from od_dist.task import strategy, trainer
+        from od_dist.task import network_share, strategy, trainer
         from od_dist.task.controller import several_trainers
 
-        if meeting is not None and several_trainers(dist):
-            return _meetings(model, optimizer)
+        several = several_trainers(dist)
+        if meeting is not None and several:
+            local_sgd.step_locally(dist, optimizer)
+            wire = None if config.all_reduce_dtype == "float32" else tf.as_dtype(config.all_reduce_dtype)
+            meetings = local_sgd.Meetings(dist, model, meeting, wire)
+            meetings.anchor()
+            weights, gradients = trainer.variable_bytes(model, wire)
+            if lead:
+                sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""
+                print(
+                    f"{who}: sync_every {meeting.every}: {local_sgd.describe(meeting)}; each meeting all-reduces "
+                    f"{meetings.bytes / 1e6:.2f} MB{sent_in} (the change of every weight and batch-norm "
+                    "statistic), no step does",
+                    flush=True,
+                )
+            return network_share.Measure(dist, lead, sum(gradients), meetings.bytes, wire, meetings)
         wire = strategy.reduce_gradients_in(dist, optimizer, config.all_reduce_dtype)
         weights, gradients = trainer.variable_bytes(model, wire)
         sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""
         packs = strategy.pack_gradients(dist, gradients, config.all_reduce_packs)
         whole = strategy.gradients_to_ps_whole(dist, optimizer) if config.ps_pack_gradients else 0
-        if config.role == "master":
+        if lead:
             smallest, largest = (f"{min(packs) / 1e6:.2f}", f"{max(packs) / 1e6:.2f}") if packs else ("", "")
             sizes = smallest if smallest == largest else f"{smallest} to {largest}"
             how = (
@@ -293,24 +311,12 @@ def _model_built(config: TrainConfig, dist, who: str):
                 how = f"; the gradients go to the {whole} ps task(s) as one tensor each a step, not one per variable"
             line = traffic.describe(config.selected.cluster, weights, sum(gradients))
             print(f"{who}: {line}{how}", flush=True)
-        return None
-
-    def _meetings(model, optimizer):
-        import tensorflow as tf
-
-        local_sgd.step_locally(dist, optimizer)
-        wire = None if config.all_reduce_dtype == "float32" else tf.as_dtype(config.all_reduce_dtype)
-        meetings = local_sgd.Meetings(dist, model, meeting, wire)
-        meetings.anchor()
-        if config.role == "master":
-            sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""
-            print(
-                f"{who}: sync_every {meeting.every}: {local_sgd.describe(meeting)}; each meeting all-reduces "
-                f"{meetings.bytes / 1e6:.2f} MB{sent_in} (the change of every weight and batch-norm statistic), "
-                "no step does",
-                flush=True,
-            )
-        return meetings.meet
+        if not several:
+            return None
+        # A meeting would send every float variable once (batch-norm statistics too).
+        float_bytes = sum(v.shape.num_elements() * 4 for v in model.variables if v.dtype.is_floating)
+        sent = float_bytes * (wire.size if wire is not None else 4) // 4
+        return network_share.Measure(dist, lead, sum(gradients), sent, wire)
 
     return built
 
