@@ -43,7 +43,7 @@ from typing import BinaryIO
 
 ANSWERING = 2  # threads that compute answers (a listing, a state): the only threads besides the loop's
 _HEAD_MAX = 16 << 10  # a request's line and headers (a fetcher's are ~200 bytes)
-_CHUNK = 256 << 10  # a file is read and sent this much at a time
+_CHUNK = 1 << 20  # a file is sent this much at a time
 _REFUSING_S = 1.0  # a refused connection: its request is read (else the close resets the answer)
 
 
@@ -127,6 +127,7 @@ _READING, _COMPUTING, _SENDING = "reading", "computing", "sending"
 class _Connection:
     peer: ipaddress.IPv4Address | ipaddress.IPv6Address | None
     transport: asyncio.BaseTransport
+    task: asyncio.Task
     opened: float
     state: str = _READING
     moved: float = 0.0  # when the last chunk of its answer was taken by the network
@@ -216,7 +217,9 @@ class Server:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peername = writer.get_extra_info("peername") or ("", 0)
         now = time.monotonic()
-        conn = _Connection(address(str(peername[0])), writer.transport, now, moved=now)
+        conn = _Connection(
+            address(str(peername[0])), writer.transport, asyncio.current_task(), now, moved=now
+        )
         answer, whole = None, False
         try:
             if not self._admit(conn):
@@ -235,7 +238,15 @@ class Server:
             writer.write_eof()
             await _within(writer.drain(), self.limits.idle_s)
             whole = True
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+        except (
+            OSError,
+            EOFError,
+            RuntimeError,  # the transport closed under a sendfile: cut
+            TimeoutError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+        ):
             pass  # a client that hung up, stalled or was cut: its own end, nothing said
         finally:
             if answer is not None and answer.file is not None:
@@ -273,7 +284,8 @@ class Server:
             victim = _victim(slots, now, limits.busy_idle_s)
             if victim is not None:
                 victim.pool.remove(victim)
-                victim.transport.abort()  # its reads or writes end at once, and its file is closed
+                victim.transport.abort()
+                victim.task.cancel()  # whatever it waits for ends at once, and its file is closed
                 return self._place(conn, victim.pool)
         return False
 
@@ -334,13 +346,20 @@ class Server:
         size = os.fstat(answer.file.fileno()).st_size
         deadline = time.monotonic() + limits.transfer_s(size)
         writer.write(_head(answer, size))
-        # Reads of a checkpoint just written come from the page cache: fast enough for the loop.
-        for data in iter(lambda: answer.file.read(_CHUNK), b""):
-            writer.write(data)
+        # sendfile(2) where the loop has it (zero-copy from the page cache, where a checkpoint just
+        # written is), else read and written; a slice at a time, each a step of progress.
+        loop, offset = asyncio.get_running_loop(), 0
+        while offset < size:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"not sent within {limits.transfer_s(size):.0f} s")
-            await _within(writer.drain(), min(limits.idle_s, left))
+            count = min(_CHUNK, size - offset)
+            sent = await _within(
+                loop.sendfile(writer.transport, answer.file, offset, count), min(limits.idle_s, left)
+            )
+            if not sent:
+                raise EOFError("the file is shorter than it was")  # the peer is told by a short answer
+            offset += sent
             conn.moved = time.monotonic()
 
 
