@@ -17,7 +17,7 @@ from od_dist.cli.registry import UsageError, command
 from od_dist.protocol import exit_codes
 
 
-def _summary(selected) -> str:
+def _summary(selected, figures=None) -> str:
     from od_dist.cluster import advice
 
     c = selected.cluster
@@ -31,7 +31,7 @@ def _summary(selected) -> str:
             f"elastic: the trainers up go on while at least min_trainers {c.min_trainers} of "
             f"{len(c.members())} are, agreeing each round on membership_port {c.membership_port}"
         )
-    lines.append(f"strategy: {advice.advise(c)[1]}")
+    lines += [f"{what}: {detail}" for what, detail in advice.advise(c, figures or advice.Figures())[1]]
     names = ", ".join(t.name for t in ((selected.task,) if selected.task else selected.here))
     lines.append(f"this machine: {names + ', ' if names else ''}{selected.machine_note}")
     return "\n".join(lines)
@@ -54,8 +54,58 @@ def batch_split(cluster, pipeline_path: str, params_override: str | None = None,
     return said
 
 
+def define_figure_flags(fv: flags.FlagValues) -> None:
+    """What the prediction of each strategy's speed-up is made from (cluster/advice.py)."""
+    flags.DEFINE_float(
+        "step_time",
+        None,
+        "Seconds of one training step on one machine at its batch (e.g. 0.05 for a GPU's step: the "
+        "trainer's steps/s line alone), for the expected speed-up of each strategy.",
+        lower_bound=0.0,
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "model_mb",
+        None,
+        "MB of the model's float variables in float32 (weights and batch-norm statistics; 4 x the "
+        "parameters), for the bytes each strategy moves a step.",
+        lower_bound=0.0,
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "gradient_mb",
+        None,
+        "MB of a step's gradients in float32 (the trainable weights; the master prints it at start); "
+        "default: --model_mb.",
+        lower_bound=0.0,
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "link_mbit",
+        None,
+        "The link's speed between the machines, Mbit/s each way (doctor measures it otherwise).",
+        lower_bound=0.001,
+        flag_values=fv,
+    )
+
+
+def figures_of(fv):
+    """The advice's figures from the flags (cluster/advice.py)."""
+    from od_dist.cluster import advice
+
+    model = fv.model_mb
+    gradients = fv.gradient_mb if fv.gradient_mb is not None else model
+    return advice.Figures(
+        weight_bytes=None if model is None else model * 1e6,
+        grad_bytes=None if gradients is None else gradients * 1e6,
+        step_s=fv.step_time,
+        link_bytes_per_s=None if fv.link_mbit is None else fv.link_mbit * advice.MBIT,
+    )
+
+
 def define_validate_flags(fv: flags.FlagValues) -> None:
     define_task_flags(fv)
+    define_figure_flags(fv)
     define_pipeline(
         fv,
         "Also check that the pipeline's global batch (task.train_data.global_batch_size, as the file "
@@ -76,6 +126,10 @@ file is checked on any machine before it is copied out).
 With --pipeline, also that the trainers in sync can share its global batch evenly (exit 2 naming
 the batches that divide), as every trainer checks at start.
 
+For a file across machines, each strategy's expected speed-up over one machine, N x c / (c +
+bytes / link) (docs/scaling.md, What od-dist predicts), and the one recommended when --step_time,
+--model_mb and --link_mbit give the figures; else the arithmetic and what it lacks.
+
 Example:
   od-dist validate --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml
 """,
@@ -84,7 +138,7 @@ Example:
 def cmd_validate(fv) -> int:
     selected = select_task(fv, require_task=False, several=True)
     said = batch_split(selected.cluster, fv.pipeline, fv.params_override) if fv.pipeline else ""
-    print(_summary(selected) + (f"\npipeline {fv.pipeline}: {said}" if said else ""))
+    print(_summary(selected, figures_of(fv)) + (f"\npipeline {fv.pipeline}: {said}" if said else ""))
     return exit_codes.OK
 
 
@@ -147,6 +201,23 @@ def define_doctor_flags(fv: flags.FlagValues) -> None:
         lower_bound=0.1,
         flag_values=fv,
     )
+    define_figure_flags(fv)
+    flags.DEFINE_float(
+        "link_test",
+        0.5,
+        "Seconds each way of the link test with each peer machine whose od-dist doctor answers (0: none).",
+        lower_bound=0.0,
+        upper_bound=3.0,
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "link_wait",
+        0.0,
+        "Seconds to wait for the doctors of the peer machines, to measure the link to each: run "
+        "doctor with it on every machine within that time.",
+        lower_bound=0.0,
+        flag_values=fv,
+    )
 
 
 @command(
@@ -164,13 +235,16 @@ FIX with the GPU install when it lists none), with --pipeline the records this m
 (paths resolve in the working directory, as in training) and the global batch against the trainers
 in sync, and with --model_dir that they can write it, whether it must be shared, and on which
 machine the newest checkpoint is (the lead's checkpoint feed, when it answers); inside WSL2, NAT networking
-(the machine's address on none of WSL's interfaces: the .wslconfig lines to set). Does not import
+(the machine's address on none of WSL's interfaces: the .wslconfig lines to set); the link to each
+peer machine whose doctor answers (bytes/s each way, over the task ports; --link_wait waits for
+them), and from it, --step_time and --model_mb each strategy's expected speed-up over one machine
+and the one recommended. Does not import
 TensorFlow itself. Exit 0 when nothing needs
 fixing, 1 otherwise, 2 for an invalid cluster file.
 
 Example:
   od-dist doctor --cluster clusters/lan-example.yaml --pipeline pipelines/shapes_retinanet.yaml \\
-      --model_dir runs/lan
+      --model_dir runs/lan --step_time 0.05 --model_mb 10.6 --gradient_mb 10.4 --link_wait 30
 """,
     define_doctor_flags,
 )
@@ -187,6 +261,9 @@ def cmd_doctor(fv) -> int:
         pipeline=fv.pipeline,
         model_dir=fv.model_dir,
         params_override=fv.params_override,
+        figures=figures_of(fv),
+        link_test=fv.link_test,
+        link_wait=fv.link_wait,
     )
     print(f"od-dist doctor: {head}")
     for check in checks:

@@ -12,6 +12,15 @@ TensorFlow: the trainer passes the model's byte counts, the doctor only the layo
   from ps tasks elsewhere. All workers step at once, so per round (one step on every worker) a
   machine's link carries that sum over the workers.
 
+- sync_every H (multi_worker_mirrored trainers that step alone): every H steps one ring all-reduce
+  of the change of every float variable (weights and batch-norm statistics): 2(N-1)/N x the
+  weight bytes per trainer per meeting, 1/H of it per step.
+
+Bytes are in float32; a wire of 2 bytes a value (bfloat16, --all_reduce_dtype) halves them. The
+*_step_bytes functions give what one step puts through the busiest link in one direction (links
+are full duplex: what a trainer sends and what it receives travel at once), which
+cluster/advice.py turns into time.
+
 Measured on simulated machines (benchmarks/scaling.py, BENCHMARKS.md): the mwm figure matched the
 interface counters to 1%; under parameter_server the demo detector read its weights twice a step.
 """
@@ -28,25 +37,58 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+WIRE_FLOAT32 = 4  # bytes a value: the byte counts here are float32's
+
+
+def ring_bytes(n: int, nbytes: float) -> float:
+    """What each of n trainers sends, and as much it receives, in one ring all-reduce of `nbytes`:
+    2(N-1)/N x nbytes (0 alone)."""
+    return 2 * (n - 1) / n * nbytes if n > 1 else 0.0
+
+
+def ps_carried(ps_hosts: Counter, worker_hosts: Counter, per_step: float, hosts=()) -> dict[str, float]:
+    """{host: bytes its link carries per round of steps, both directions together}: each worker
+    step moves `per_step` (its reads and its writes) between its host and the ps hosts, each ps
+    host holding its share of the variables (its ps tasks over all of them)."""
+    num_ps = sum(ps_hosts.values())
+    carried = {}
+    for host in set(hosts) | set(ps_hosts) | set(worker_hosts):
+        share = ps_hosts[host] / num_ps if num_ps else 0.0  # of the variables, served from this host
+        served = sum(n for h, n in worker_hosts.items() if h != host) * share * per_step
+        fetched = worker_hosts[host] * (1 - share) * per_step
+        carried[host] = served + fetched
+    return carried
+
+
+def mwm_step_bytes(n: int, grad_bytes: float, wire: int = WIRE_FLOAT32) -> float:
+    """multi_worker_mirrored, every step: bytes one step puts through each trainer's link, one way."""
+    return ring_bytes(n, grad_bytes * wire / WIRE_FLOAT32)
+
+
+def sync_every_step_bytes(n: int, weight_bytes: float, every: int, wire: int = WIRE_FLOAT32) -> float:
+    """sync_every H: a meeting's ring all-reduce of every float variable's change, over H steps."""
+    return ring_bytes(n, weight_bytes * wire / WIRE_FLOAT32) / every
+
+
+def ps_step_bytes(ps_hosts: Counter, worker_hosts: Counter, weight_bytes: float, grad_bytes: float) -> float:
+    """parameter_server: a round of steps (every worker one) through the busiest link, one way (half
+    of what it carries both ways: the reads go one way, the writes the other)."""
+    carried = ps_carried(ps_hosts, worker_hosts, weight_bytes + grad_bytes)
+    return max(carried.values(), default=0.0) / 2
+
+
 def link_bytes(cluster: Cluster, weight_bytes: float, grad_bytes: float) -> tuple[float, dict[str, float]]:
     """(bytes one trainer/worker sends + receives per step, {host: bytes its link carries per
     round of steps}), in both directions together."""
     hosts = {t.address.host for t in cluster.server_tasks()}
     if cluster.strategy != PARAMETER_SERVER:
         n = len([t for t in cluster.server_tasks() if cluster.runs_replicas(t.role)])
-        per = 2 * 2 * (n - 1) / n * grad_bytes if n > 1 else 0.0
+        per = 2 * ring_bytes(n, grad_bytes)
         return per, dict.fromkeys(hosts, per)
     per_step = weight_bytes + grad_bytes
     ps_hosts = Counter(t.address.host for t in cluster.tasks_of("ps"))
-    num_ps = sum(ps_hosts.values())
     workers = Counter(t.address.host for t in cluster.tasks_of("worker"))
-    carried = {}
-    for host in hosts:
-        share = ps_hosts[host] / num_ps  # of the variables, served from this host
-        served = sum(n for h, n in workers.items() if h != host) * share * per_step
-        fetched = workers[host] * (1 - share) * per_step
-        carried[host] = served + fetched
-    return per_step, carried
+    return per_step, ps_carried(ps_hosts, workers, per_step, hosts)
 
 
 def describe(cluster: Cluster, weight_bytes: float, grad_bytes: float) -> str:

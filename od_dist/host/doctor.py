@@ -17,6 +17,12 @@ A peer's port is probed with a plain TCP connect; the answer tells the cases apa
   no answer (timeout)  a firewall DROPs the packets, or the machine is off      -> FIX
   no route to host     the machine is off or on another network                 -> FIX
 
+The link to each peer machine is measured when a doctor runs there too (bytes per second each way,
+LINK_TEST_S each way per peer, over the peer's task port, free before the job): while it runs, each
+doctor answers the link test on its own tasks' ports (LinkResponder), and one exchange gives both
+ends both directions. With the model's bytes and a step's compute (flags) it predicts each
+strategy's speed-up (cluster/advice.py).
+
 Fast on purpose: no TensorFlow import (seconds); versions come from the installed packages'
 metadata and GPUs from the NVIDIA driver (`nvidia-smi -L`, else /proc/driver/nvidia/gpus). Only
 where the driver shows GPUs does a child process import TensorFlow to list its own
@@ -30,6 +36,8 @@ import errno
 import os
 import socket
 import threading
+import time
+from collections import defaultdict
 
 from od_dist.cluster import advice, duties, hostinfo, hostport, messages, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
@@ -177,6 +185,257 @@ def check_peers(peers, timeout: float) -> list[Check]:
         status, detail = results.get(t, (FIX, "the probe did not return"))
         checks.append(Check(status, f"{t.name} at {t.address}", detail))
     return checks
+
+
+# ----- the link to each peer ----------------------------------------------------------------------
+
+LINK_MAGIC = "OD-DIST-LINK 1"
+LINK_TEST_S = 0.5  # each way, per peer: a second a peer
+LINK_TEST_MAX_S = 3.0  # what a responder grants a peer's doctor, each way
+_LINK_BLOCK = 32 << 10  # sent and read whole; its first byte 1 marks the last
+
+
+class LinkError(Exception):
+    pass
+
+
+def _read_line(sock: socket.socket, limit: int = 256) -> str:
+    out = bytearray()
+    while not out.endswith(b"\n"):
+        got = sock.recv(1)
+        if not got:
+            raise LinkError("closed the connection")
+        out += got
+        if len(out) > limit:
+            raise LinkError("sent something else")
+    return out.decode("ascii", "replace").strip()
+
+
+def _send_blocks(sock: socket.socket, seconds: float) -> None:
+    block = bytearray(_LINK_BLOCK)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sock.sendall(block)
+    block[0] = 1
+    sock.sendall(block)
+
+
+def _receive_blocks(sock: socket.socket) -> float:
+    """Bytes per second, from the first block's arrival to the last's (the start of a transfer,
+    which only waits for the first bytes, left out)."""
+    buf = bytearray(_LINK_BLOCK)
+    view = memoryview(buf)
+    first, blocks = None, 0
+    while True:
+        got = 0
+        while got < _LINK_BLOCK:
+            n = sock.recv_into(view[got:])
+            if not n:
+                raise LinkError("closed the connection during the test")
+            got += n
+        now = time.monotonic()
+        if first is None:
+            first = now
+        else:
+            blocks += 1
+        if buf[0] == 1:
+            break
+    return blocks * _LINK_BLOCK / (now - first) if blocks and now > first else 0.0
+
+
+class Link(dict):
+    """{peer host: (bytes/s from here to it, bytes/s from it to here, seconds each way)}, filled by
+    this doctor's tests and by its responder's (a peer's doctor measuring this machine)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def record(self, host: str, to_it: float, from_it: float, seconds: float) -> None:
+        with self.lock:
+            self[host] = (to_it, from_it, seconds)
+
+
+def measure_link(
+    host: str, port: int, job: str, me: str, seconds: float, timeout: float
+) -> tuple[float, float]:
+    """(bytes/s to host, bytes/s from it) against the doctor answering on host:port. Raises
+    OSError (nothing there) or LinkError (something else there: its task, another program)."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.settimeout(seconds + timeout + 10)
+        s.sendall(f"{LINK_MAGIC} {job} {me} {seconds:g}\n".encode())
+        try:
+            answer = _read_line(s)
+        except (LinkError, OSError) as e:
+            raise LinkError(f"the port answers, but not as an od-dist doctor ({e})") from None
+        if answer != f"{LINK_MAGIC} ok":
+            raise LinkError(
+                f"the port answers, but not as an od-dist doctor of this cluster file ({answer[:80]!r})"
+            )
+        _send_blocks(s, seconds)
+        to_it = float(_read_line(s))
+        from_it = _receive_blocks(s)
+        s.sendall(f"{from_it}\n".encode())
+    return to_it, from_it
+
+
+class LinkResponder:
+    """While entered, answers the link test on `ports` of this machine (its tasks' ports, free before
+    the job: a port that cannot be bound is left out), so that a peer's doctor can measure the link;
+    each test it answers is recorded in `link` under the host the peer names (its cluster address)."""
+
+    def __init__(self, ports, job: str, link: Link, bind_host: str = "127.0.0.1"):
+        self.ports, self.job, self.link, self.bind_host = ports, job, link, bind_host
+        self.sockets: list[socket.socket] = []
+        self.threads: list[threading.Thread] = []
+        self.stop = threading.Event()
+
+    def __enter__(self):
+        for port in self.ports:
+            try:
+                sock = hostinfo.bind_port(self.bind_host, port)
+            except OSError:
+                continue
+            sock.settimeout(0.2)
+            self.sockets.append(sock)
+            thread = threading.Thread(target=self._accept, args=(sock,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(2)
+        for sock in self.sockets:
+            sock.close()
+
+    def _accept(self, sock: socket.socket) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(5)
+                words = _read_line(conn).split()
+                if len(words) != 5 or " ".join(words[:2]) != LINK_MAGIC:
+                    return  # a plain connect (a peer's probe) or a stranger
+                job, host, asked = words[2], words[3], float(words[4])
+                if job != self.job:
+                    conn.sendall(f"{LINK_MAGIC} another cluster file (job {self.job})\n".encode())
+                    return
+                seconds = min(max(asked, 0.05), LINK_TEST_MAX_S)
+                conn.sendall(f"{LINK_MAGIC} ok\n".encode())
+                conn.settimeout(seconds + 15)
+                from_it = _receive_blocks(conn)
+                conn.sendall(f"{from_it}\n".encode())
+                _send_blocks(conn, seconds)
+                to_it = float(_read_line(conn))
+                self.link.record(host, to_it, from_it, seconds)
+            except (OSError, LinkError, ValueError):
+                return
+
+
+def link_peers(cluster: Cluster, mine) -> dict[str, list[Task]]:
+    """{peer host: its server tasks}: the machines whose link to this one a job's steps use (every
+    other machine of the file; on a loopback file with --role, the other tasks, as if on machines
+    of their own). A peer's doctor answers on one of its tasks' ports."""
+    hosts_here = {hostport.machine_of(t.address.host) for t in mine}
+    out: dict[str, list[Task]] = defaultdict(list)
+    for task in cluster.server_tasks():
+        if task in mine or task.address.port is None:
+            continue
+        if hostport.machine_of(task.address.host) in hosts_here and not cluster.loopback_only():
+            continue
+        out[task.address.host].append(task)
+    return dict(out)
+
+
+def check_links(
+    cluster: Cluster,
+    mine,
+    probed: list[Check],
+    timeout: float,
+    seconds: float = LINK_TEST_S,
+    wait: float = 0.0,
+) -> tuple[list[Check], float | None, str]:
+    """(a line per peer host, the slowest rate one way in bytes/s or None, where it came from).
+    Tests each peer whose port accepted connections in `probed` (with `wait`, every peer, again
+    and again for up to `wait` s, until a doctor there answers or tests this machine)."""
+    peers = link_peers(cluster, mine)
+    ports = sorted({t.address.port for t in mine if t.role != "evaluator" and t.address.port is not None})
+    if not peers or not ports or seconds <= 0:
+        return [], None, ""
+    job, me = cluster.job_id(), mine[0].address.host
+    accepted = {c.what for c in probed if c.status == OK}
+    link, why = Link(), {}
+    with LinkResponder(ports, job, link, me):
+        deadline = time.monotonic() + wait
+        while True:
+            for host, tasks in peers.items():
+                if host in link:
+                    continue
+                for task in tasks:
+                    if not wait and f"{task.name} at {task.address}" not in accepted:
+                        why.setdefault(host, "its port accepted no connection when probed")
+                        continue
+                    try:
+                        link.record(
+                            host, *measure_link(host, task.address.port, job, me, seconds, timeout), seconds
+                        )
+                        break
+                    except LinkError as e:
+                        why[host] = str(e)
+                    except OSError as e:
+                        why[host] = f"no od-dist doctor answers ({e.strerror or e})"
+            if all(h in link for h in peers) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        time.sleep(0.2 if wait else 0)  # a test a peer began on this machine's ports ends in it
+    checks = []
+    for host in peers:
+        if host in link:
+            to_it, from_it, spent = link[host]
+            checks.append(
+                Check(
+                    OK,
+                    f"link to {host}",
+                    f"{to_it / 1e6:.2f} MB/s to it, {from_it / 1e6:.2f} MB/s from it "
+                    f"({min(to_it, from_it) * 8 / 1e6:.0f} Mbit/s the slower way; {spent:g} s each way)",
+                )
+            )
+    missing = [h for h in peers if h not in link]
+    if missing:
+        reasons = "; ".join(f"{h}: {why.get(h, 'no answer')}" for h in missing)
+        checks.append(
+            Check(
+                OK,
+                "link",
+                f"not measured to {', '.join(missing)} ({reasons}); it is measured while `od-dist doctor` runs "
+                "on both machines: run it with --link_wait 30 on each within 30 s, or give --link_mbit",
+            )
+        )
+    rates = [min(v[0], v[1]) for h, v in link.items() if h in peers]
+    if not rates:
+        return checks, None, "measured to no peer"
+    said = f"measured, the slowest of {len(rates)} of {len(peers)} peer(s)"
+    return checks, min(rates), said
+
+
+def check_advice(cluster: Cluster, figures, each_task: bool = False) -> list[Check]:
+    """Each strategy's expected speed-up from the figures, and the one recommended (cluster/advice.py).
+    `each_task`: every task as if on a machine of its own (a loopback file checked with --role)."""
+    followed, lines = advice.advise(cluster, figures, each_task)
+    return [
+        Check(WARN if what == "strategy" and not followed else OK, what, detail) for what, detail in lines
+    ]
 
 
 # ----- the pipeline's records ---------------------------------------------------------------------
@@ -341,9 +600,14 @@ def run(
     model_dir: str | None = None,
     kernel: str | None = None,
     params_override: str | None = None,
+    figures=None,
+    link_test: float = LINK_TEST_S,
+    link_wait: float = 0.0,
 ) -> tuple[list[Check], str]:
     """Every check, in order. Raises InvalidCluster for an invalid file or --role/--index (exit 2).
-    `machine` (its interfaces) and `kernel` (the kernel's description) default to this machine's."""
+    `machine` (its interfaces) and `kernel` (the kernel's description) default to this machine's.
+    `figures` (advice.Figures): the model's bytes, a step's compute, and the link's speed when given
+    (else measured: `link_test` s each way per peer, waiting up to `link_wait` s for their doctors)."""
     from od_dist.host import config
 
     unchecked: list[str] = []
@@ -360,15 +624,21 @@ def run(
     name_checks, unresolved = check_names([t for t in cluster.server_tasks() if t not in mine])
     checks += name_checks
     reach = [t for t in peers_to_reach(cluster, mine) if t.address.host not in unresolved]
-    checks += check_peers(reach, connect_timeout)
+    probed = check_peers(reach, connect_timeout)
+    checks += probed
     checks += check_ports_here(cluster, mine)
     checks += check_listening(mine, machine)
     checks += [Check(WARN, "public-address rule", line) for line in unchecked]
     checks += check_versions()
     checks += check_gpus(cluster, mine)
     checks += check_layout(cluster)
-    followed, advised = advice.advise(cluster)
-    checks.append(Check(OK if followed else WARN, "strategy", advised))
+    figures = figures or advice.Figures()
+    if figures.link_bytes_per_s is None:
+        link_checks, rate, said = check_links(cluster, mine, probed, connect_timeout, link_test, link_wait)
+        checks += link_checks
+        if rate is not None:
+            figures = figures._replace(link_bytes_per_s=rate, link_from=said)
+    checks += check_advice(cluster, figures, each_task=cluster.loopback_only() and role is not None)
     if pipeline:
         checks += check_data(cluster, mine, pipeline)
         checks += [
