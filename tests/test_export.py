@@ -216,7 +216,8 @@ def test_eval_of_a_chosen_checkpoint_prints_the_coco_summary_and_ap_per_class(la
 
     assert tuple(metrics.MEANINGS) == controller.COCO_KEYS
     _, written, override, model_dir = labelimg_run
-    names = list(records.read_labels(written.label_map).values())
+    labels = records.read_labels(written.label_map)
+    names = list(labels.values())
     # Refused before TensorFlow is asked for anything.
     code, _, err = run_cli(
         capsys, "eval", f"--pipeline={DEMO}", f"--model_dir={model_dir}", f"--checkpoint={model_dir}/ckpt-4"
@@ -226,7 +227,16 @@ def test_eval_of_a_chosen_checkpoint_prints_the_coco_summary_and_ap_per_class(la
         f"{model_dir}/ckpt-1000 (without .index), or a folder of checkpoints"
     ], err
     # Every score kept: after 3 steps they sit near RetinaNet's 0.01 prior, under the default 0.05.
-    keep_all = override + ",task.model.detection_generator.pre_nms_score_threshold=0.0"
+    # Validation images without a square: a class with no box there is still listed, as such.
+    no_square = without_class(
+        written.pattern("val"),
+        next(i for i, n in labels.items() if n == "square"),
+        str(tmp_path / "val.tfrecord"),
+    )
+    keep_all = (
+        f"{override},task.model.detection_generator.pre_nms_score_threshold=0.0,"
+        f"task.validation_data.input_path={no_square}"
+    )
     code, out, err = run_cli(
         capsys,
         "eval",
@@ -249,8 +259,10 @@ def test_eval_of_a_chosen_checkpoint_prints_the_coco_summary_and_ap_per_class(la
     summary = lines[start + 1 : start + 13]
     assert [s.split()[0] for s in summary] == list(controller.COCO_KEYS), out
     assert summary[0] == f"  AP        {found['AP']:6.3f}  {metrics.MEANINGS['AP']}"
-    classes = sorted(k.split("/", 1)[1] for k in found if k.startswith("AP/"))
-    assert classes and set(classes) <= set(names), found
+    assert {k.split("/", 1)[1] for k in found if k.startswith("AP/")} == set(names), found
+    assert found["AP/square"] == found["AP50/square"] == metrics.NO_GROUND_TRUTH, found
+    classes = sorted(k.split("/", 1)[1] for k in found if k.startswith("AP/") and found[k] >= 0)
+    assert classes and "square" not in classes, found
     assert found["AP"] > 0 and found["AP"] == pytest.approx(
         sum(found[f"AP/{c}"] for c in classes) / len(classes), abs=1e-6
     ), found
@@ -262,6 +274,30 @@ def test_eval_of_a_chosen_checkpoint_prints_the_coco_summary_and_ap_per_class(la
         else f"  {n:<16} no boxes of this class in the validation records"
         for n in names
     ], out
+
+
+def without_class(records: str, label: int, out: str) -> str:
+    """The records of the glob `records` written to `out` without the boxes of class `label` (an image
+    left with none is left out)."""
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(out) as writer:
+        for raw in tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(records))):
+            example = tf.train.Example.FromString(raw.numpy())
+            features = example.features.feature
+            keep = [c != label for c in features["image/object/class/label"].int64_list.value]
+            if not any(keep):
+                continue
+            for key in features:
+                kind = features[key].WhichOneof("kind")
+                if key.startswith("image/object/") and kind:
+                    values = getattr(features[key], kind).value
+                    if len(values) == len(keep):
+                        kept = [v for v, k in zip(values, keep) if k]
+                        del values[:]
+                        values.extend(kept)
+            writer.write(example.SerializeToString())
+    return out
 
 
 def test_tflite_export_refuses_other_families_and_bad_flags_in_one_line(tmp_path):

@@ -6,6 +6,8 @@ instead from what stock pycocotools does hold after ``accumulate()``: ``eval['pr
 [IoU thresholds, recall points, classes, area ranges, max detections], -1 where a class has no
 ground truth. A class's AP is the mean of its entries at area "all" and the largest max-detections
 over every IoU threshold (COCO's AP over all classes is the mean of these), AP50 the same at IoU 0.5.
+Every class of the label map is listed: one with no box in the evaluated images as -1, as COCO marks
+a figure without ground truth.
 """
 
 from __future__ import annotations
@@ -45,19 +47,31 @@ def class_names(params) -> dict[int, str]:
 # eval_metrics.json's keys of one class: "AP/<class name>", "AP50/<class name>".
 PER_CLASS = ("AP", "AP50")
 
+# A class without ground truth in the evaluated images: COCO's own mark for it (pycocotools
+# prints -1 for a figure without ground truth, and eval_metrics.json holds numbers only: orbit
+# writes each value as a TensorBoard scalar, and the controller keeps scalars only).
+NO_GROUND_TRUTH = -1.0
 
-def per_class(coco_eval, names: dict[int, str]) -> dict[str, float]:
-    """{"AP/<name>": ..., "AP50/<name>": ...} of each class that has ground truth in the evaluation
-    (``names``: the label map, id -> name; an id it lacks is named by its number)."""
+
+def per_class(coco_eval, names: dict[int, str], num_classes: int | None = None) -> dict[str, float]:
+    """{"AP/<name>": ..., "AP50/<name>": ...} of every class: the label map's (``names``, id ->
+    name), else ids 1 .. ``num_classes`` - 1, and any other the evaluation holds (named by its
+    number). A class with no box in the evaluated images gets NO_GROUND_TRUTH for both: Model
+    Garden's evaluator knows only the classes of the boxes it was given, and a class left out
+    would look like one never trained."""
     import numpy as np
 
     precision = coco_eval.eval["precision"][:, :, :, 0, -1]  # area "all", the most detections
+    evaluated = {int(class_id): k for k, class_id in enumerate(coco_eval.params.catIds)}
+    every_id = list(names) or list(range(1, num_classes or 0))
     found = {}
-    for k, class_id in enumerate(coco_eval.params.catIds):
-        name = names.get(int(class_id), str(class_id))
-        every_iou = precision[:, :, k]
+    for class_id in [*every_id, *sorted(set(evaluated) - set(every_id))]:
+        name = names.get(class_id, str(class_id))
+        k = evaluated.get(class_id)
+        every_iou = precision[:, :, k] if k is not None else np.full(precision.shape[:2], -1.0)
         if not (every_iou > -1).any():
-            continue  # no ground truth of this class
+            found[f"AP/{name}"] = found[f"AP50/{name}"] = NO_GROUND_TRUTH
+            continue
         found[f"AP/{name}"] = float(np.mean(every_iou[every_iou > -1]))
         at_50 = every_iou[0][every_iou[0] > -1]
         found[f"AP50/{name}"] = float(np.mean(at_50)) if at_50.size else 0.0
@@ -73,7 +87,10 @@ def name_classes(task, names: dict[int, str]) -> None:
         built = build_metrics(training=training)
         evaluator = getattr(task, "coco_metric", None)
         if evaluator is not None:
-            patches.model_garden.per_class_from(evaluator, lambda coco_eval: per_class(coco_eval, names))
+            classes = task.task_config.model.num_classes
+            patches.model_garden.per_class_from(
+                evaluator, lambda coco_eval: per_class(coco_eval, names, classes)
+            )
         return built
 
     task.build_metrics = build
@@ -92,7 +109,7 @@ def class_lines(metrics: dict, names: dict[int, str]) -> list[str]:
         if name in shown:
             continue
         shown.add(name)
-        if f"AP/{name}" in metrics:
+        if metrics.get(f"AP/{name}", NO_GROUND_TRUTH) >= 0:
             lines.append(f"  {name:<16} AP {metrics[f'AP/{name}']:.3f} | AP50 {metrics[f'AP50/{name}']:.3f}")
         else:
             lines.append(f"  {name:<16} no boxes of this class in the validation records")
