@@ -83,6 +83,7 @@ from loopback import COCO_LINE, PIPELINE, checkpoint_step  # noqa: E402
 from outage import STEP, set_port, simulated_work  # noqa: E402 (benchmarks/: this folder)
 
 from od_dist.protocol import spare  # noqa: E402 (a parked spare's process name)
+from od_dist.task.phases import SHOW_ENV  # noqa: E402 (the tasks print their phase lines)
 
 PY = sys.executable
 LAYOUTS = {  # machine index -> role
@@ -223,6 +224,7 @@ class ChaosJob(Job):
         tmp.mkdir()
         env = netns.machine_env()
         env["TMPDIR"] = str(tmp)  # every task's temporary files, to find those left over
+        env[SHOW_ENV] = "1"  # the start-up's phase lines on the console (breakdown.py reads them)
         self.logs[key] = self.cdir / f"{key.replace(':', '-')}.log"
         with open(self.logs[key], "w") as log:
             self.procs[key] = self.net[self.machine_of[name]].popen(

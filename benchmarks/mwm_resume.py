@@ -25,7 +25,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from loopback import PIPELINE, free_ports, shapes_data  # noqa: E402
 
-from od_dist.task.phases import LINE  # noqa: E402 (the phase lines, as the tasks print them)
+from od_dist.task.phases import LINE, SHOW_ENV  # noqa: E402 (the phase lines, as the tasks print them)
 
 
 def pair(code_dir: str, work: str, name: str, data: str) -> list[dict]:
@@ -45,6 +45,7 @@ def pair(code_dir: str, work: str, name: str, data: str) -> list[dict]:
     )
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYTHONPATH")}
     env["PYTHONPATH"] = code_dir
+    env[SHOW_ENV] = "1"  # the phase lines on the console, read below
     procs = []
     for role in ("master", "worker"):
         argv = [

@@ -42,7 +42,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from loopback import PIPELINE, free_ports, shapes_data  # noqa: E402 (the tests' demo pipeline, free ports, data)
 
-from od_dist.task.phases import LINE  # noqa: E402 (the phase lines, as the tasks print them)
+from od_dist.task.phases import LINE, SHOW_ENV  # noqa: E402 (the phase lines, as the tasks print them)
 
 PY = sys.executable
 READY = {"train": "od-dist train | step 1/", "ps": "serving on", "end": "od-dist train | done at step"}
@@ -109,6 +109,7 @@ def run_case(case: str, work: str, run_id: str, data: str, code_dir: str, timeou
     plain = case.split("@")[0]
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYTHONPATH")}
     env["PYTHONPATH"] = code_dir
+    env[SHOW_ENV] = "1"  # the phase lines on the console, read below
     log_path = os.path.join(work, f"{run_id}.log")
     ready = threading.Event()
     result: dict = {"phases": {}}

@@ -41,8 +41,8 @@ CPU_LINE = (
 
 @pytest.mark.slow  # trains a step
 def test_a_trainer_on_the_cpu_says_so_on_its_console(tmp_path, data_dir):
-    """The console (od-dist's own lines, the rest in the log file) shows it, before training, and
-    the pools that TensorFlow's own variables sized (tf.config.threading reports 0 for them)."""
+    """The console (od-dist's own lines, the rest in the log file) shows it, before training; the
+    log has the pools that TensorFlow's own variables sized (tf.config.threading reports 0 for them)."""
     r = od_dist(
         "train",
         f"--pipeline={PIPELINE}",
@@ -53,9 +53,13 @@ def test_a_trainer_on_the_cpu_says_so_on_its_console(tmp_path, data_dir):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert CPU_LINE in lines, r.stdout
+    # The threads line, a measurement, in the task's log only.
+    assert not any(": threads " in line for line in lines), r.stdout
+    with open(tmp_path / "model" / "logs" / "train.log") as f:
+        logged = f.read().splitlines()
     assert any(
-        line.startswith("single: threads intra-op 1, inter-op 3, tf.data default (") for line in lines
-    ), r.stdout
+        line.startswith("single: threads intra-op 1, inter-op 3, tf.data default (") for line in logged
+    ), logged
     started = next(i for i, line in enumerate(lines) if "training with" in line)
     assert lines.index(CPU_LINE) < started, r.stdout
 

@@ -18,6 +18,7 @@ import pytest
 from loopback import PIPELINE, SMALL, checkpoint_step, clean_env, site_hook, write_cluster
 
 from od_dist.protocol import lineage, spare
+from od_dist.task import phases
 
 OVERRIDE = (
     "trainer.train_steps={steps},trainer.steps_per_loop=5,trainer.summary_interval=5,"
@@ -196,6 +197,7 @@ def test_single_machine_killed_during_a_save_is_restarted_and_resumes_then_sigte
     env = {
         "PYTHONPATH": site_hook(tmp_path, KILL_DURING_SAVE),
         "OD_DIST_TEST_KILLED": str(tmp_path / "killed"),
+        phases.SHOW_ENV: "1",  # the spare's phase lines on the console, where this test reads them
     }
     args = train_args(None, None, None, model_dir, data_dir, interval=5)
     run = Proc(tmp_path, "train", [*args, "--num_clones=2", "--clone_on_cpu", "--max_restarts=2"], env=env)

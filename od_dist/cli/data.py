@@ -276,14 +276,18 @@ _USERS_TF_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
 def quiet_tensorflow_errors():
     """For a command whose TensorFlow runs nothing on a device (`data check`): TensorFlow's C++ ERROR
     lines too, such as the `failed call to cuInit` of a machine without a GPU, which say nothing
-    about its work. Around TensorFlow's import and the command's work; a user's own level wins. The
-    environment is as it was after: a program that runs the command in its own process (cli.main)
-    keeps its level for what it starts next."""
+    about its work. Around TensorFlow's import and the command's work; a user's own level wins,
+    but for the device probe's line, which no level short of 3 hides and which is no error of the
+    command's (console.DEVICE_PROBE). The environment is as it was after: a program that runs the
+    command in its own process (cli.main) keeps its level for what it starts next."""
+    from od_dist.host import console
+
     before = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
     if _USERS_TF_LOG_LEVEL is None:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     try:
-        yield
+        with console.without_lines(console.DEVICE_PROBE):
+            yield
     finally:
         if before is None:
             os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)

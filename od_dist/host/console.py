@@ -2,8 +2,9 @@
 
 The console shows od-dist's own lines (ready, progress, results, errors) and real warnings, each
 warning once. Everything else goes to the task's log file: TensorFlow's C++ log lines, library log
-records, Python warnings and what libraries print (pycocotools' tables, Model Garden's metric
-dicts). `--verbose` leaves every stream as it is.
+records, Python warnings, what libraries print (pycocotools' tables, Model Garden's metric
+dicts) and od-dist's own start-up measurements (task/phases.py). `--verbose` leaves every stream
+as it is.
 
 How, without touching TensorFlow: file descriptor 2, where TensorFlow's C++ logging writes, is
 pointed at the log file; `sys.stderr` stays on the console (od-dist's error lines, tracebacks,
@@ -15,19 +16,31 @@ own handler when the root logger has none)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
 import sys
+import threading
 
-# Warnings every run prints that say nothing about the user's job: the log keeps them.
+# Warnings (and an error) of libraries that say nothing about the user's job: the log keeps them.
 HARMLESS = (
     "Gradients do not exist for variables",  # heads a detection loss leaves unused in a step
     "Input dict contained keys",  # tf_keras: the detector's input dict carries extra keys
     # A checkpoint saved from several tasks (parameter_server): TensorFlow retraces its save
     # function on purpose at every save, and warns of it from the fifth save on.
     "MultiDeviceSaver.save.<locals>.tf_function_save",
+    # An ERROR of TensorFlow's latest_checkpoint: the `checkpoint` file names a checkpoint whose
+    # files are gone (set aside by --new_run or a follower's fetch, pruned by max_to_keep while an
+    # evaluator looked). It then finds none and the caller goes on: to wait for the next (an
+    # evaluator), or to od-dist's own line of what is missing.
+    "Couldn't match files for checkpoint",
 )
+
+# TensorFlow's C++ lines that a command running nothing on a device keeps off its console even at
+# a TF_CPP_MIN_LOG_LEVEL that shows errors (2, od-dist's default and a common setting of users'):
+# its device probe on a machine without a GPU, an ERROR that says nothing of the command's work.
+DEVICE_PROBE = ("failed call to cuInit",)
 
 # Whose prints the console shows: od-dist's, and orbit's short lines (checkpoint restored, saved,
 # "training until step N"; its metric dicts go to the log: trainer.py).
@@ -60,6 +73,10 @@ class _ByOrigin(io.TextIOBase):
         self._console.flush()
         self._log.flush()
 
+    def to_log(self, text: str) -> None:
+        self._log.write(text)
+        self._log.flush()
+
 
 class _ConsoleWarnings(logging.Filter):
     """WARNING and above, each message once, without the harmless ones."""
@@ -77,6 +94,46 @@ class _ConsoleWarnings(logging.Filter):
             return False
         self._seen.add(key)
         return True
+
+
+def to_log(line: str) -> None:
+    """`line` in the task's log only (measurements: task/phases.py). Without a log of its own
+    (--verbose, no log path, a library's caller) it is printed, as every other line is then."""
+    if isinstance(sys.stdout, _ByOrigin):
+        sys.stdout.to_log(line + "\n")
+    else:
+        print(line, flush=True)
+
+
+@contextlib.contextmanager
+def without_lines(dropped=DEVICE_PROBE):
+    """Within it, file descriptor 2 (where TensorFlow's C++ log writes, and sys.stderr) passes
+    through a filter: a line holding any of `dropped` is left out, every other goes on to the
+    console as it was written. For a command without a log file of its own (`data check`)."""
+    sys.stderr.flush()
+    console = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    marks = [d.encode() for d in dropped]
+
+    def pump():
+        with open(read_end, "rb") as lines:
+            for line in lines:
+                if not any(m in line for m in marks):
+                    view = memoryview(line)
+                    while view:
+                        view = view[os.write(console, view) :]
+
+    reader = threading.Thread(target=pump, name="od-dist stderr filter", daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(console, 2)  # the pipe's last write end closed: the reader passes on the rest and ends
+        reader.join(timeout=5)  # a child still holding the pipe would keep it open
+        os.close(console)
 
 
 def task_log_path(model_dir: str | None, name: str) -> str | None:

@@ -6,7 +6,10 @@ The phases, in order as a task passes them (a server: the first two and `serving
 imported, Model Garden imported, pipeline loaded, group formed (its strategy made: every peer up,
 a multi_worker_mirrored group joined), model built, resumed (restored, broadcast or initialised),
 first loop (its first training loop done). benchmarks/startup.py and benchmarks/chaos.py read them
-(LINE), the `at` to place a restarted task's phases on the clock of a fault."""
+(LINE), the `at` to place a restarted task's phases on the clock of a fault.
+
+They are measurements, not news for the person at the console: they go to the task's log only
+(host/console.py), and to the console as well where SHOW_ENV is set (the benchmarks set it)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,10 @@ LINE = re.compile(
     r"od-dist: start-up \| (?P<phase>[^|]+?) \| (?P<since>[\d.]+) s since start, (?P<cpu>[\d.]+) s of CPU \(at (?P<at>[\d.]+)\)"
 )
 
+
+# Set (to anything but "" or "0") by the benchmarks that read the start-up lines from consoles:
+# then each task prints its phase and threads lines as any other line.
+SHOW_ENV = "OD_DIST_STARTUP_LINES"
 
 # A spare's start (protocol/spare.py): when a start took it, and its CPU seconds then.
 _taken: tuple[float, float] | None = None
@@ -50,11 +57,25 @@ def cpu_since_start() -> float:
     return time.process_time() - (_taken[1] if _taken is not None else 0.0)
 
 
+def shown() -> bool:
+    """Whether the start-up's lines go to the console too (SHOW_ENV), not to the task's log only."""
+    return os.environ.get(SHOW_ENV, "") not in ("", "0")
+
+
+def say(line: str) -> None:
+    """A line of the start-up's measurements: the task's log only, unless SHOW_ENV is set."""
+    if shown():
+        print(line, flush=True)
+    else:
+        from od_dist.host import console
+
+        console.to_log(line)
+
+
 def mark(phase: str) -> None:
-    """Prints `phase`'s line; its CPU seconds (every thread of the process) vary less than its
+    """Says `phase`'s line; its CPU seconds (every thread of the process) vary less than its
     wall time on a loaded machine."""
-    print(
+    say(
         f"od-dist: start-up | {phase} | {since_start():.1f} s since start, {cpu_since_start():.1f} s of "
-        f"CPU (at {time.time():.2f})",
-        flush=True,
+        f"CPU (at {time.time():.2f})"
     )

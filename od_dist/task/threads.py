@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 
 from od_dist.host.cpu_budget import Threads, cores_within, cpu_limit, runnable_cores
+from od_dist.task import phases
 
 # TensorFlow's own variables for its pool sizes, read as it creates the pools.
 INTRA_OP_ENV, INTER_OP_ENV = "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"
 
 
 def apply(threads: Threads, label: str) -> Threads:
-    """Sets TensorFlow's pools before it initialises and prints what TensorFlow now reports.
+    """Sets TensorFlow's pools before it initialises and says what TensorFlow now reports (in the
+    task's log: phases.say).
 
     The environment variables reach every pool this process creates, the in-process servers'
     too; tf.config.threading sets the eager context's. Must run before any op or device query.
@@ -35,7 +37,8 @@ def apply(threads: Threads, label: str) -> Threads:
     limit, runnable = cpu_limit(), runnable_cores()
     shown = f", a CPU limit of {limit:g} on {runnable}" if limit is not None and limit < runnable else ""
     cores = cores_within(limit, runnable)
-    print(f"{label}: threads {applied.describe()} ({cores} core{'s' * (cores != 1)}{shown})", flush=True)
+    # A measurement, as the start-up's phase lines: the task's log (phases.say).
+    phases.say(f"{label}: threads {applied.describe()} ({cores} core{'s' * (cores != 1)}{shown})")
     return applied
 
 
