@@ -30,6 +30,7 @@ TOP_KEYS = (
     "sync_every",
     "outer_learning_rate",
     "outer_momentum",
+    "steps_by_speed",
     "hosts",
 )
 HOST_KEYS = ("os", "python", "venv", "workdir", "num_clones", "user")
@@ -42,7 +43,7 @@ MAX_CLONES = 256  # replicas per process: GPUs of one machine, or logical CPU de
 # of the trainers' weights (local SGD).
 OUTER_LEARNING_RATE = 0.7
 OUTER_MOMENTUM = 0.9
-OUTER_KEYS = ("outer_learning_rate", "outer_momentum")
+OUTER_KEYS = ("outer_learning_rate", "outer_momentum", "steps_by_speed")  # with sync_every only
 
 
 # ----- rules on the parsed document -----------------------------------------------------------
@@ -562,6 +563,15 @@ def check_sync_every(doc: dict) -> list[str]:
                 rate,
                 "not a learning rate above 0 (at most 10)",
                 f"write e.g. 'outer_learning_rate: {OUTER_LEARNING_RATE}' (1.0 with outer_momentum 0: a plain average)",
+            )
+        )
+    if not isinstance(doc.get("steps_by_speed", False), bool):
+        out.append(
+            problem(
+                "steps_by_speed",
+                doc["steps_by_speed"],
+                "not true or false",
+                "write 'steps_by_speed: true' (machines of different speeds) or remove it",
             )
         )
     momentum = doc.get("outer_momentum", OUTER_MOMENTUM)

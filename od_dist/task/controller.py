@@ -122,7 +122,7 @@ def _controller_cls():
             if self.trainer is not None:
                 self.train_actions = tuple(self.train_actions) + (self._od_capture,)
                 if od_on_model is not None:
-                    self._od_after_loop = od_on_model(self.trainer.model, self.trainer.optimizer)
+                    self._od_after_loop = od_on_model(self.trainer)
 
         def _od_own_manager(self, strategy, trainer, manager):
             """A multi_worker_mirrored worker's CheckpointManager. Model Garden points it at a

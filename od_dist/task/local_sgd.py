@@ -30,13 +30,16 @@ class Meeting(typing.NamedTuple):
     every: int  # steps between meetings
     learning_rate: float  # the outer step's; 1.0 with momentum 0: the plain average
     momentum: float
+    by_speed: bool = False  # each trainer's local steps in proportion to its speed (run_by_speed)
 
 
 def of_cluster(cluster) -> Meeting | None:
     """The cluster file's meeting, None when its trainers all-reduce every step."""
     if cluster is None or not cluster.sync_every:
         return None
-    return Meeting(cluster.sync_every, cluster.outer_learning_rate, cluster.outer_momentum)
+    return Meeting(
+        cluster.sync_every, cluster.outer_learning_rate, cluster.outer_momentum, cluster.steps_by_speed
+    )
 
 
 def describe(meeting: Meeting) -> str:
@@ -48,10 +51,10 @@ def describe(meeting: Meeting) -> str:
             f"an outer Nesterov step on the average change (DiLoCo: learning rate {meeting.learning_rate:g}, "
             f"momentum {meeting.momentum:g})"
         )
-    return (
-        f"the trainers step alone on their own batches and meet every {meeting.every} steps: one all-reduce, "
-        f"then {outer}"
-    )
+    every = f"every {meeting.every} steps"
+    if meeting.by_speed:
+        every += " of the schedule, each taking local steps in proportion to its speed (a meeting weighs each by them)"
+    return f"the trainers step alone on their own batches and meet {every}: one all-reduce, then {outer}"
 
 
 def loop_every(params, meeting: Meeting) -> str:
@@ -121,6 +124,19 @@ class Meetings:
         self._anchor = tf.function(self._anchor_fn)
         self._meet = tf.function(self._meet_fn)
         self.count = 0
+        # This trainer's local steps and seconds since the last meeting (run_by_speed), and the
+        # speed of all the trainers together at it.
+        self.steps, self.seconds, self.all_speed = 0, 0.0, 0.0
+        self.trainers = dist.num_replicas_in_sync
+
+    def share(self, period: int) -> int:
+        """This trainer's local steps for a period of `period` steps of the schedule: the
+        trainers' steps sum to about trainers x period, each in proportion to its speed at the last
+        meeting, so that all reach the next one together."""
+        if not self.all_speed or not self.seconds:
+            return period
+        mine = self.steps / self.seconds
+        return max(1, round(self.trainers * period * mine / self.all_speed))
 
     def _local_flat(self):
         import tensorflow as tf
@@ -133,16 +149,20 @@ class Meetings:
         values = self.dist.run(self._local_flat)
         self.anchor_values.assign(self.dist.experimental_local_results(values)[0])
 
-    def _meet_fn(self):
+    def _meet_fn(self, weight, speed):
         import tensorflow as tf
 
-        def change():
-            delta = self._local_flat() - self.anchor_values.read_value()
-            sent = tf.cast(delta, self.wire) if self.wire is not None else delta
-            mean = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, sent)
-            return tf.cast(mean, tf.float32)
+        def change(weight, speed):
+            # Each trainer's change weighs as many as the steps it took (1 each when they are
+            # equal); its weight and its speed go in the same all-reduce, at the end.
+            delta = (self._local_flat() - self.anchor_values.read_value()) * weight
+            sent = tf.concat([delta, tf.stack([weight, speed])], 0)
+            sent = tf.cast(sent, self.wire) if self.wire is not None else sent
+            summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, sent)
+            return tf.cast(summed, tf.float32)
 
-        mean = self.dist.experimental_local_results(self.dist.run(change))[0]
+        summed = self.dist.experimental_local_results(self.dist.run(change, args=(weight, speed)))[0]
+        mean = summed[:-2] / summed[-2]
         anchor = self.anchor_values.read_value()
         trained, stats = mean[: self._trained], mean[self._trained :]
         lr, mu = self.meeting.learning_rate, self.meeting.momentum
@@ -155,6 +175,7 @@ class Meetings:
         self.anchor_values.assign(new)
         for v, part in zip(self.trained + self.stats, tf.split(new, self.sizes)):
             v.assign(tf.reshape(part, v.shape))
+        return summed[-1]
 
     def anchor(self) -> None:
         """The weights every trainer holds now become the point the next meeting steps from."""
@@ -165,9 +186,51 @@ class Meetings:
         digest of the weights met on: every trainer's line for a meeting is the same."""
         import hashlib
 
+        import tensorflow as tf
         from absl import logging
 
-        self._meet()
+        by_speed = self.meeting.by_speed and self.steps
+        weight = float(self.steps) if by_speed else 1.0
+        speed = self.steps / max(self.seconds, 1e-9) if by_speed else 0.0
+        self.all_speed = float(self._meet(tf.constant(weight), tf.constant(speed)))
+        steps, self.steps, self.seconds = self.steps, 0, 0.0
         self.count += 1
         digest = hashlib.sha256(self.anchor_values.numpy().tobytes()).hexdigest()[:16]
-        logging.info("%s %d: weights %s", MET, self.count, digest)
+        mine = (
+            f" after {steps} local steps at {speed:.2f} a second, all trainers {self.all_speed:.2f}"
+            if by_speed
+            else ""
+        )
+        logging.info("%s %d: weights %s%s", MET, self.count, digest, mine)
+
+
+def run_by_speed(trainer, meetings: Meetings) -> None:
+    """Machines of different speeds (the cluster file's steps_by_speed): each loop of `period`
+    steps of the schedule, this trainer runs its share of local steps (Meetings.share), so a
+    machine twice as fast trains twice the examples and nobody waits at the meeting; the step
+    counters then read the period's end on every trainer, as the schedule would after `period`
+    global batches (one batch on every trainer each). Wraps `trainer`'s loop before its first."""
+    import time
+
+    import tensorflow as tf
+
+    make = trainer.create_train_loop_fn
+
+    def create():
+        loop_fn = make()
+
+        def loop(iterator, num_steps):
+            period = int(num_steps)
+            mine = meetings.share(period)
+            step = int(trainer.global_step.numpy()) + period
+            began = time.monotonic()
+            loop_fn(iterator, tf.constant(mine, tf.int32))
+            trainer.global_step.numpy()  # the loop is done
+            meetings.steps += mine
+            meetings.seconds += time.monotonic() - began
+            trainer.global_step.assign(step)
+            trainer.optimizer.iterations.assign(step)
+
+        return loop
+
+    trainer.create_train_loop_fn = create

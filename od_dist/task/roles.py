@@ -271,19 +271,22 @@ def _model_built(config: TrainConfig, dist, who: str):
     meeting = local_sgd.of_cluster(config.selected.cluster) if config.in_sync else None
     lead = config.role == "master"
 
-    def built(model, optimizer):
+    def built(trainer_obj):
         import tensorflow as tf
 
         from od_dist.cluster import traffic
         from od_dist.task import network_share, strategy, trainer
         from od_dist.task.controller import several_trainers
 
+        model, optimizer = trainer_obj.model, trainer_obj.optimizer
         several = several_trainers(dist)
         if meeting is not None and several:
             local_sgd.step_locally(dist, optimizer)
             wire = None if config.all_reduce_dtype == "float32" else tf.as_dtype(config.all_reduce_dtype)
             meetings = local_sgd.Meetings(dist, model, meeting, wire)
             meetings.anchor()
+            if meeting.by_speed:
+                local_sgd.run_by_speed(trainer_obj, meetings)
             weights, gradients = trainer.variable_bytes(model, wire)
             if lead:
                 sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""
