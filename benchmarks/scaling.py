@@ -15,8 +15,9 @@ start it; the one-machine baseline is `od-dist train` without a cluster. Demo pi
 
 Cases (`--cases`, comma-separated; a case may carry, in brackets, a params override, train flags
 or a setting of its machines: `mwm2[runtime.all_reduce_alg=ring]`, `mwm2[--intra_op_threads=1]`,
-`mwm2[@period_ms=10]`, or of the cluster file: `mwm3[@sync_every=25]`, with `@outer_learning_rate=1` and
-`@outer_momentum=0` for the plain average):
+`mwm2[@period_ms=10]`, `mwm3[@last_cores=1.2]` (the last machine's CPU cap: a faster machine), or of the
+cluster file: `mwm3[@sync_every=25]`, with `@outer_learning_rate=1` and `@outer_momentum=0` for the plain
+average, `@steps_by_speed=1`):
 
   one         one machine, no cluster: the baseline
   mwmN        multi_worker_mirrored, master + N-1 workers, one per machine; the per-machine batch
@@ -87,7 +88,12 @@ PER_MACHINE_BATCH = 8
 DEFAULT_CASES = "one,mwm2,mwm3,ps2"
 DEFAULT_LINKS = "unshaped,100mbit"
 ACCURACY_CASES = "one,mwm2,mwm3"
-CLUSTER_KEYS = ("sync_every", "outer_learning_rate", "outer_momentum")  # @key=value of an mwm case
+CLUSTER_KEYS = (
+    "sync_every",
+    "outer_learning_rate",
+    "outer_momentum",
+    "steps_by_speed",
+)  # @key=value of an mwm case
 PROGRESS = re.compile(r"od-dist train \| step (\d+)/\d+ .*?\| ([\d.]+) steps/s \| ([\d.]+) examples/s")
 
 
@@ -119,9 +125,10 @@ def parse_case(text: str) -> Case:
     inside = [p for p in (m.group(4) or "").split(",") if p]
     flags = [p for p in inside if p.startswith("--")]
     harness = {k[1:]: float(v) for k, v in (p.split("=", 1) for p in inside if p.startswith("@"))}
-    if set(harness) - {"period_ms", *CLUSTER_KEYS}:
+    if set(harness) - {"period_ms", "last_cores", *CLUSTER_KEYS}:
         raise SystemExit(
-            f"--cases: {text!r}: the settings are @period_ms=N and the cluster file's @{', @'.join(CLUSTER_KEYS)}"
+            f"--cases: {text!r}: the settings are @period_ms=N, @last_cores=C (the last machine's CPU cap) "
+            f"and the cluster file's @{', @'.join(CLUSTER_KEYS)}"
         )
     if m.group(1) != "mwm" and set(harness) & set(CLUSTER_KEYS):
         raise SystemExit(f"--cases: {text!r}: sync_every applies to mwmN cases")
@@ -150,7 +157,9 @@ def cluster_text(case: Case, net, work: str) -> str:
     for key in CLUSTER_KEYS:
         if key in case.harness:
             value = case.harness[key]
-            lines.append(f"{key}: {int(value) if key == 'sync_every' else value}")
+            lines.append(
+                f"{key}: {int(value) if key == 'sync_every' else str(bool(value)).lower() if key == 'steps_by_speed' else value}"
+            )
     if by_role["ps"]:
         lines.append(f"ps: [{', '.join(by_role['ps'])}]")
     lines.append("hosts:")
@@ -250,7 +259,10 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         for i, m in enumerate(net):
             small = case.kind in ("ps", "pseach") and i == 0
             period_us = int(1000 * case.harness.get("period_ms", args.period_ms))
-            caps.append(capped.CpuCap(f"{tag}-m{i}", args.ps_cores if small else args.cores, period_us))
+            cores = args.ps_cores if small else args.cores
+            if i == len(net) - 1 and "last_cores" in case.harness:  # a machine of another speed
+                cores = case.harness["last_cores"]
+            caps.append(capped.CpuCap(f"{tag}-m{i}", cores, period_us))
             if link != "unshaped":
                 capped.shape(m, link)
         override = params_override(case, args, data_dir)
@@ -326,6 +338,7 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         result.update(summarise(monitor.points, case, link, layout, caps, args))
         result["startup"] = startup(model_dir, start_time, result.get("step_s"))
         lead_log = "train" if case.kind == "one" else "master-0"
+        result.update(model_bytes(logs.get("master:0")))
         result["first_step_s"] = result["startup"].get(lead_log, {}).get("total")
         result["examples_per_s"] = result.get("steady_examples_s")
     finally:
@@ -336,6 +349,70 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
         for c in caps:
             c.close()
     return result
+
+
+GRADIENTS = re.compile(r"network: each step all-reduces ([\d.]+) MB of gradients")
+MEETING = re.compile(r"each meeting all-reduces ([\d.]+) MB( in bfloat16)?")
+
+
+def model_bytes(master_log: str | None) -> dict:
+    """The model's bytes as the master says them: the gradients a step all-reduces, or the weights
+    and statistics a meeting does (in float32)."""
+    try:
+        text = open(master_log, errors="replace").read() if master_log else ""
+    except FileNotFoundError:
+        return {}
+    found = {}
+    if m := GRADIENTS.search(text):
+        found["grad_bytes"] = float(m.group(1)) * 1e6
+    if m := MEETING.search(text):
+        found["weight_bytes"] = float(m.group(1)) * 1e6 * (2 if m.group(2) else 1)
+    return found
+
+
+def link_bytes_per_s(link: str) -> float | None:
+    """tc's rate (e.g. 9mbit, 1gbit) in bytes a second; None unshaped."""
+    m = re.fullmatch(r"([\d.]+)(k|m|g)bit", link)
+    return float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8 if m else None
+
+
+def prediction(case: Case, link: str, results: list[dict], base_eps: float | None):
+    """od-dist's own prediction of this case's speed-up (cluster/advice.py) from the figures of
+    this run: one machine's step, the model's bytes as the masters said them, the link's rate."""
+    from od_dist.cluster import advice
+
+    rate = link_bytes_per_s(link)
+    grads = next((r["grad_bytes"] for r in results if r.get("grad_bytes")), None)
+    weights = next((r["weight_bytes"] for r in results if r.get("weight_bytes")), None)
+    if case.kind != "mwm" or not rate or not base_eps or not grads or not weights:
+        return None
+    step_s = PER_MACHINE_BATCH / base_eps
+    wire = 2 if "--all_reduce_dtype=bfloat16" in case.flags else 4
+    every = int(case.harness["sync_every"]) if "sync_every" in case.harness else None
+    return advice.predict_case(case.n, "multi_worker_mirrored", weights, grads, step_s, rate, every, wire)
+
+
+def predictions_report(results: list[dict], cases: list[Case]) -> list[str]:
+    """Each mwm case's predicted throughput speed-up beside the measured one (steady examples/s
+    against one machine's on the same link in the same run)."""
+    from od_dist.cluster import advice
+
+    lines = []
+    for r in results:
+        case = next((c for c in cases if c.name == r["case"]), None)
+        base = next((x for x in results if x["case"] == "one" and x["link"] == r["link"]), None)
+        base_eps = (base or {}).get("steady_examples_s")
+        if case is None or not r.get("steady_examples_s") or not base_eps:
+            continue
+        p = prediction(case, r["link"], results, base_eps)
+        if p is not None and p.speedup:
+            measured = r["steady_examples_s"] / base_eps
+            lines.append(f"{r['case']:<34} {r['link']:<9} {advice.against_measured(p, measured)}")
+    if lines:
+        lines.insert(
+            0, "od-dist's prediction (cluster/advice.py) against the measured speed-up of throughput:"
+        )
+    return lines
 
 
 # Evaluates each checkpoint of a model_dir in turn, in one process (TensorFlow imported once): a
@@ -536,6 +613,8 @@ def report(results: list[dict], cases: list[Case], links: list[str], args) -> st
                 f"{1000 * r['step_s']:>7.0f}  {machines}"
                 + (f" (runs: {', '.join(map(str, r['runs']))})" if len(r.get("runs", ())) > 1 else "")
             )
+    predicted = predictions_report(results, cases)
+    lines += ["", *predicted] if predicted else []
     lines += [
         "",
         "step breakdown of each trainer machine (its own step): compute = CPU at its cap (gRPC",
