@@ -1,11 +1,13 @@
 """The lead's checkpoint feed under a LAN's load (issue 74): the serving process's threads, and the
 evaluator's fetch times meanwhile.
 
-    python benchmarks/feed_load.py [--tree DIR] [--seconds 20] [--mb 48]
+    python benchmarks/feed_load.py [--tree DIR] [--seconds 20] [--mb 48] [--slowhttptest]
 
 A feed of a `--mb` MB checkpoint runs in a process of its own (as in a trainer; its threads read
-from /proc), with the default serving.Limits and the evaluator named at 127.0.0.1, on loopback.
-Two loads, from the stranger 127.0.0.66 (any 127.0.0.x is loopback on Linux):
+from /proc), with the default serving.Limits and the evaluator named at 127.0.0.2 (this process's fetches come
+from there), on loopback. Two loads, from the stranger 127.0.0.66 (any 127.0.0.x is loopback on
+Linux), and with --slowhttptest a third, Debian's tool as the issue ran it (`apt-get install
+slowhttptest`; from 127.0.0.1):
 
 - slow: 400 connections, opened at up to 200 a second and opened again when cut, each sending its
   request a byte a second (slowhttptest -c 400 -H -r 200 sends a header every few seconds); the
@@ -20,6 +22,7 @@ one's by default; the client side is always this checkout's. Linux only.
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import shutil
 import socket
@@ -28,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -35,13 +39,25 @@ sys.path.insert(0, REPO)
 from od_dist.protocol import checkpoint_feed  # noqa: E402
 
 STRANGER = "127.0.0.66"
-SERVE = """
+EVALUATOR = "127.0.0.2"  # not 127.0.0.1, where slowhttptest's connections come from
+SERVE = f"""
 import sys
 from od_dist.protocol import checkpoint_feed
-with checkpoint_feed.Feed(sys.argv[1], "127.0.0.1", int(sys.argv[2]), "job1", [("evaluator", "127.0.0.1")]):
+with checkpoint_feed.Feed(sys.argv[1], "127.0.0.1", int(sys.argv[2]), "job1", [("evaluator", "{EVALUATOR}")]):
     print("serving", flush=True)
     sys.stdin.read()
 """
+
+
+class _FromTheEvaluator(http.client.HTTPConnection):
+    """This process's fetches come from EVALUATOR's address."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("source_address", (EVALUATOR, 0))
+        super().__init__(*args, **kwargs)
+
+
+urllib.request.HTTPHandler.http_open = lambda self, request: self.do_open(_FromTheEvaluator, request)
 
 
 def _save(folder: str, mb: int) -> None:
@@ -82,6 +98,24 @@ def _fetch(port: int, work: str) -> str:
         return f"failed after {time.monotonic() - started:.2f} s: {str(e)[:70]}"
     finally:
         shutil.rmtree(here, ignore_errors=True)
+
+
+def slowhttptest(pid: int, port: int, work: str, seconds: float) -> None:
+    """Debian's slowhttptest, as the issue ran it (its connections come from 127.0.0.1)."""
+    command = ["slowhttptest", "-c", "400", "-H", "-i", "5", "-r", "200", "-x", "24", "-p", "3"]
+    command += ["-l", f"{seconds:.0f}", "-u", f"http://127.0.0.1:{port}/"]
+    before = _threads(pid)
+    tester = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    samples, fetches = [], []
+    started = time.monotonic()
+    while tester.poll() is None and time.monotonic() - started < seconds + 30:
+        samples.append(_threads(pid))
+        if len(samples) % 2 == 0:
+            fetches.append(_fetch(port, work))
+        time.sleep(max(0.0, len(samples) - (time.monotonic() - started)))
+    tester.wait()
+    print(f"{' '.join(command)}: threads {before} before, {min(samples)}-{max(samples)} during")
+    print(f"  the evaluator's fetches meanwhile: {', '.join(fetches)}")
 
 
 def slow(pid: int, port: int, work: str, seconds: float) -> None:
@@ -147,6 +181,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tree", default=REPO, help="the checkout whose feed serves")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--mb", type=int, default=48)
+    parser.add_argument("--slowhttptest", action="store_true", help="also run Debian's slowhttptest")
     args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="feed-load-")
     try:
@@ -170,6 +205,9 @@ def main(argv=None) -> int:
             alone = [_fetch(port, work) for _ in range(3)]
             print(f"the evaluator's fetches without load: {', '.join(alone)}")
             slow(server.pid, port, work, args.seconds)
+            if args.slowhttptest:
+                time.sleep(6)
+                slowhttptest(server.pid, port, work, args.seconds)
             time.sleep(6)  # the slow ones' request deadline passes
             stalled(server.pid, port, work)
         finally:
