@@ -11,7 +11,10 @@ reader sees a whole checkpoint or none. The listing names the run (protocol/line
 holding another run's checkpoints has them set aside (moved, said in one line) before a fetch. No TensorFlow here: the evaluator's continuous evaluation
 finds the checkpoint as it finds any other. In an elastic parameter_server job every worker fetches
 them too (a copy, from which it may coordinate the next round); each fetch says who fetches, and
-the step of this run it holds, which the feed believes only from that task's address.
+the step of this run it holds, which the feed believes only from that task's address (behind a
+proxy, where none comes from there: Feed.proxied). The fetchers' addresses have connection slots
+of their own (protocol/serving.py); a feed that refuses a connection answers "busy", which a
+follower says in one line.
 """
 
 from __future__ import annotations

@@ -166,6 +166,7 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
+        self._failed: BaseException | None = None
         self._pool = _Answering(ANSWERING, name)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -173,6 +174,10 @@ class Server:
         self._pool.start()
         self._thread.start()
         self._ready.wait()
+        if self._failed is not None:  # the loop could not start serving: said here, not lost
+            self._pool.stop()
+            self._socket.close()
+            raise self._failed
         return self
 
     def __exit__(self, *exc):
@@ -194,7 +199,12 @@ class Server:
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._serve(loop))
+        except BaseException as e:  # noqa: BLE001 - before serving: raised by __enter__
+            if self._ready.is_set():
+                raise
+            self._failed = e
         finally:
+            self._ready.set()
             loop.close()
 
     async def _serve(self, loop) -> None:
