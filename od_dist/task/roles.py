@@ -599,7 +599,14 @@ def _checkpoint_feed(config: TrainConfig):
         for t in topology.feed_readers(cluster)
     ]
     try:
-        feed = checkpoint_feed.Feed(config.model_dir, at.host, at.port, cluster.job_id(), fetchers)
+        feed = checkpoint_feed.Feed(
+            config.model_dir,
+            at.host,
+            at.port,
+            cluster.job_id(),
+            fetchers,
+            say=lambda line: print(f"{task.name}: {line}", flush=True),
+        )
     except OSError as e:
         raise RoleError(
             f"checkpoint_port: {at.port}: cannot serve the checkpoints on {at} ({e.strerror or e}); "
