@@ -954,3 +954,43 @@ def test_a_named_checkpoint_cut_short_resumes_from_the_newest_whole_one(tmp_path
     (folder / "ckpt-5.index").write_bytes(b"torn")
     assert controller._whole_latest(str(folder)) is None
     assert "no whole checkpoint here: this trainer starts behind" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_an_evaluator_whose_master_is_not_up_yet_still_says_where_checkpoints_come_from(data_dir, tmp_path):
+    """An evaluator started before its master (a folder of its own, no checkpoint_port): its first
+    poll (--wait_timeout, at most 30 s) already names who writes the checkpoints, rather than
+    silence until the master comes."""
+    import subprocess
+    import sys
+    import threading
+
+    from loopback import tiny, write_cluster
+
+    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored", evaluator=True)
+    master = next(ln.split()[1] for ln in open(cluster) if ln.startswith("master:"))
+    args = [f"--cluster={cluster}", "--role=evaluator", f"--model_dir={tmp_path / 'run'}", "--wait_timeout=4"]
+    args += [f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}", tiny(data_dir)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "od_dist", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    seen = []
+    deadline = threading.Timer(120, proc.kill)
+    deadline.start()
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("evaluator: no checkpoint in"):
+                break
+    finally:
+        deadline.cancel()
+        proc.kill()
+        proc.wait()
+    assert seen and seen[-1].startswith(f"evaluator: no checkpoint in {tmp_path / 'run'} after "), "".join(
+        seen
+    )[-3000:]
+    assert seen[-1].split(" s; ", 1)[1].startswith(f"master:0 at {master} (not up now) writes them"), seen[-1]

@@ -4,11 +4,12 @@ multi_worker_mirrored (local SGD; DiLoCo with an outer momentum).
 Every step of multi_worker_mirrored all-reduces the gradients. Where a step's compute is short
 against the link (a GPU machine on 100 Mbit/s or 1 Gbit/s), that all-reduce is the step. Here each
 trainer applies its own gradients with its own optimizer state and no communication, and once a
-loop (the loop is `sync_every` steps: model.pipeline sets trainer.steps_per_loop) the trainers
+loop (the loop is `sync_every` steps: loop_every sets trainer.steps_per_loop) the trainers
 meet: one all-reduce of the change of every weight since the last meeting (batch-norm statistics
-included), averaged, then an outer step on the trainable weights (DiLoCo, Douillard et al. 2023,
-arXiv 2311.08105: Nesterov momentum on the outer gradient, the weights at the last meeting minus
-the average) and the plain average for the statistics. Every trainer computes the same outer step
+included), averaged, then an outer step on the trainable weights (by default the average itself;
+with an outer momentum DiLoCo's, Douillard et al. 2023, arXiv 2311.08105: Nesterov momentum on the
+outer gradient, the weights at the last meeting minus the average) and the plain average for the
+statistics. Every trainer computes the same outer step
 from the same all-reduced values, so every trainer holds the same weights, bit for bit, after a
 meeting; checkpoints are saved at loop ends, after it, so a checkpoint (and so the evaluator) never
 holds a trainer's own weights.

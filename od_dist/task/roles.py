@@ -17,7 +17,7 @@ import time
 from typing import NoReturn
 
 from od_dist.cluster import topology
-from od_dist.cluster.spec import PARAMETER_SERVER
+from od_dist.cluster.spec import MULTI_WORKER_MIRRORED, PARAMETER_SERVER
 from od_dist.host.config import TrainConfig
 from od_dist.protocol import checkpoint_feed, exit_codes, lineage, membership, notes, peers
 from od_dist.task import local_sgd
@@ -513,14 +513,15 @@ def run_evaluator(config: TrainConfig) -> int:
             following and following[0].reachable
         )
         absent.look("master", up, now)
-        if up and not following and not told[0] and checkpoint_feed.newest(config.model_dir) is None:
-            # A wait that may last the whole training: said once, at the first poll (within EVAL_POLL_S).
+        if lead and not following and not told[0] and checkpoint_feed.newest(config.model_dir) is None:
+            # A wait that may last the whole training: said once, at the first poll (within
+            # EVAL_POLL_S), whether or not the master is up yet (it may start minutes later).
             told[0] = True
             print(
                 f"evaluator: no checkpoint in {config.model_dir} after {now - started:.0f} s; {lead.name} at "
-                f"{master} writes them into its --model_dir on its machine: unless that is this folder (one "
-                "machine, or a shared folder), give the cluster file a checkpoint_port (it then serves "
-                "them here)",
+                f"{master}{'' if up else ' (not up now)'} writes them into its --model_dir on its machine: "
+                "unless that is this folder (one machine, or a shared folder), give the cluster file a "
+                "checkpoint_port (it then serves them here)",
                 flush=True,
             )
         if up:
@@ -639,6 +640,17 @@ def _serve_final(feed, config: TrainConfig) -> None:
         f"(at most --wait_timeout, {config.wait_timeout} s)",
         flush=True,
     )
+    if cluster.strategy == MULTI_WORKER_MIRRORED and len(cluster.trainers()) > 1:
+        from od_dist.host import console
+
+        # The coordination service runs in this task: once the other trainers' normal exit stops
+        # their heartbeats it calls them crashed, in an ERROR line of this log (docs/console.md).
+        console.to_log(
+            f"{config.selected.task.name}: the other trainers are done and exit; TensorFlow's coordination "
+            "service, still up here while this task serves, will log them as crashed in about 10 s "
+            "(BaseCollectiveExecutor::StartAbort UNAVAILABLE ... The tasks have crashed): their normal "
+            "end, not a failure"
+        )
     deadline = time.monotonic() + config.wait_timeout
     missed = [
         by for by in waiting if not feed.wait_fetched(final[0], max(0.0, deadline - time.monotonic()), by)
