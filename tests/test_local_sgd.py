@@ -252,3 +252,20 @@ def test_a_meeting_weighs_each_trainer_by_its_steps_and_sums_the_speeds():
     start, after = np.array(out["start"]), np.array(out["after"])
     assert np.array_equal(after[0], after[1])
     np.testing.assert_allclose(after[0], start + 1.75, rtol=1e-6)
+
+
+def test_validate_explains_sync_every(tmp_path):
+    from loopback import od_dist
+
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "strategy: multi_worker_mirrored\nsync_every: 25\nouter_learning_rate: 0.7\nouter_momentum: 0.9\n"
+        "master: 127.0.0.1:2222\nworker: [127.0.0.1:2223]\n"
+    )
+    done = od_dist("validate", f"--cluster={path}")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "sync_every: the trainers step alone on their own batches and meet every 25 steps: one all-reduce, "
+        "then an outer Nesterov step on the average change (DiLoCo: learning rate 0.7, momentum 0.9); "
+        "checkpoints are written after a meeting"
+    ) in done.stdout, done.stdout

@@ -19,6 +19,7 @@ from od_dist.protocol import exit_codes
 
 def _summary(selected, figures=None) -> str:
     from od_dist.cluster import advice
+    from od_dist.task import local_sgd
 
     c = selected.cluster
     lines = [f"{selected.source}: valid, strategy {c.strategy}, num_clones {c.num_clones}"]
@@ -31,6 +32,9 @@ def _summary(selected, figures=None) -> str:
             f"elastic: the trainers up go on while at least min_trainers {c.min_trainers} of "
             f"{len(c.members())} are, agreeing each round on membership_port {c.membership_port}"
         )
+    meeting = local_sgd.of_cluster(c)
+    if meeting:
+        lines.append(f"sync_every: {local_sgd.describe(meeting)}; checkpoints are written after a meeting")
     lines += [f"{what}: {detail}" for what, detail in advice.advise(c, figures or advice.Figures())[1]]
     names = ", ".join(t.name for t in ((selected.task,) if selected.task else selected.here))
     lines.append(f"this machine: {names + ', ' if names else ''}{selected.machine_note}")

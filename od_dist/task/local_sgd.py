@@ -73,9 +73,9 @@ def step_locally(dist, optimizer) -> None:
     import tensorflow as tf
 
     from od_dist.model.pipeline import PipelineError
-    from od_dist.task.strategy import _innermost
+    from od_dist.task.strategy import innermost_optimizer
 
-    optimizer = _innermost(optimizer)
+    optimizer = innermost_optimizer(optimizer)
     if not hasattr(optimizer, "gradient_aggregator"):
         raise PipelineError(
             f"sync_every: the pipeline's optimizer {type(optimizer).__name__} takes no gradient aggregator "
@@ -83,18 +83,15 @@ def step_locally(dist, optimizer) -> None:
         )
     replicas = dist.num_replicas_in_sync
 
+    def scaled(g):
+        if g is None:
+            return None
+        if isinstance(g, tf.IndexedSlices):
+            return tf.IndexedSlices(g.values * tf.cast(replicas, g.values.dtype), g.indices, g.dense_shape)
+        return g * tf.cast(replicas, g.dtype)
+
     def own(grads_and_vars):
-        return [
-            (
-                None
-                if g is None
-                else g * tf.cast(replicas, g.dtype)
-                if not isinstance(g, tf.IndexedSlices)
-                else g,
-                v,
-            )
-            for g, v in grads_and_vars
-        ]
+        return [(scaled(g), v) for g, v in grads_and_vars]
 
     optimizer.gradient_aggregator = own
 

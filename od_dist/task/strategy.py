@@ -204,7 +204,7 @@ def packed(sizes: list[int], bytes_per_pack: int) -> list[int]:
     return packs
 
 
-def _innermost(optimizer):
+def innermost_optimizer(optimizer):
     """The optimizer that applies the gradients, inside any wrappers."""
     while getattr(optimizer, "inner_optimizer", None) is not None:  # a LossScaleOptimizer
         optimizer = optimizer.inner_optimizer
@@ -225,7 +225,7 @@ def reduce_gradients_in(dist, optimizer, dtype_name: str):
     if dtype_name == "float32" or not isinstance(dist, tf.distribute.MultiWorkerMirroredStrategy):
         return None
     wire = tf.as_dtype(dtype_name)
-    optimizer = _innermost(optimizer)
+    optimizer = innermost_optimizer(optimizer)
     if not hasattr(optimizer, "gradient_aggregator"):
         raise PipelineError(
             f"--all_reduce_dtype {dtype_name}: the pipeline's optimizer {type(optimizer).__name__} "
@@ -265,7 +265,7 @@ def gradients_to_ps_whole(dist, optimizer) -> int:
         or dist.num_replicas_in_sync != 1
     ):
         return 0
-    optimizer = _innermost(optimizer)
+    optimizer = innermost_optimizer(optimizer)
     clipped = any(
         getattr(optimizer, name, None) is not None for name in ("clipvalue", "clipnorm", "global_clipnorm")
     )
