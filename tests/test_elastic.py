@@ -481,7 +481,8 @@ def test_the_looker_outlives_an_error_of_one_look_and_sees_no_one_meanwhile(clus
 
 def test_a_forming_machine_takes_no_done_of_another_run_for_the_end_of_its_own():
     """A machine forming (its trainers restarted) that sees a machine still serving DONE of an
-    earlier run goes on forming; a DONE of its own run (or any, when it holds none) ends its part."""
+    earlier run goes on forming; a DONE of its own run ends its part (a machine holding none:
+    tests/test_fences.py)."""
     from od_dist.host import agreement
 
     cluster = cluster_of(3, 2)

@@ -165,7 +165,8 @@ def define_train_flags(fv: flags.FlagValues) -> None:
         "multi_worker_mirrored: seconds another trainer may stay unreachable (a network outage, "
         "a switch restarting) before this trainer takes it for lost and exits 138 to be restarted "
         "with every trainer from the last checkpoint. In an elastic parameter_server job "
-        "(min_trainers): the same for a worker and its round's coordinator.",
+        "(min_trainers): the same for a worker and its round's coordinator, whose lease is 0.6 x it and "
+        "at least two looks at the other machines (6 s): 10 or more there.",
         lower_bound=1,
         flag_values=fv,
     )

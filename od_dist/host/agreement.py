@@ -27,16 +27,21 @@ For each trainer machine:
     must take in. Under parameter_server only the coordinator's machine stops for a newcomer; the
     workers' machines keep their servers up until it has saved and left the round, then follow.
   - The run: every machine says which run its checkpoints belong to (protocol/lineage.py); machines
-    holding checkpoints of two runs refuse to form (RunConflict), never adopting the other's.
+    holding checkpoints of two runs refuse to form (RunConflict), never adopting the other's. A
+    machine done says the run its trainers finished, and that DONE ends the part of a machine still
+    forming only if it is of that machine's run (the one it holds, or, holding none, one it saw
+    trained): an earlier run's machine still up ends none of a new run's.
   - The round of a checkpoint: a newer round's checkpoint beats a higher step of an older round.
 
 Never two groups: min_trainers is more than half of the trainers (cluster/validate.py), a machine
 trains in one round at a time, and under multi_worker_mirrored a group trains only while every member
 does. Under parameter_server the coordinator needs no member to go on, so it holds a lease: it
 trains only while its last look within lease_s saw min_trainers trainers in its round (members
-training, or forming to rejoin it and seeing it). lease_s is shorter than the workers' patience
-(--lost_peer_timeout) plus SETTLE_S, so a coordinator cut off stops before the others can form a
-round without it. No TensorFlow here.
+training, or forming to rejoin it and seeing it). lease_s is two look cycles (a look's timeout for a
+silent machine and the pause between looks: LEASE_S), so that a healthy coordinator's next look
+renews it in time, and at most LEASE_SHARE of the workers' patience (--lost_peer_timeout), so a
+coordinator cut off stops before the others can form a round without it; a --lost_peer_timeout
+that cannot give both is refused (lease_problem). No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -46,22 +51,62 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from od_dist.cluster import hostport
+from od_dist.cluster import hostport, messages
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
-from od_dist.protocol import lineage
+from od_dist.protocol import lineage, membership, peers
 from od_dist.protocol.membership import DONE, FORMING, READY, TRAINING, Group
 
 SETTLE_S = 3.0  # the machines seen forming unchanged this long: none is still on its way
 CONFIRM_S = 30.0  # a proposal not taken by every member within this is dropped
-# The coordinator's lease (parameter_server): workers that lose it form without it no sooner than
-# --lost_peer_timeout (10 s) + SETTLE_S after its last look that saw them. Longer than the gap
-# between two looks' starts when a machine does not answer (a look every 1 s, each up to
-# membership.TIMEOUT_S, 2 s), plus the look under way: a lease of 4 s ran out between looks
-# under a cut (the multi-machine test), stopping healthy rounds.
-LEASE_S = 6.0
+LOOK_EVERY_S = 1.0  # host/elastic.py looks at the others this long after its last look ended
+# The look cycle: the longest from one look's start to the next one's while a machine is silent (a
+# look waits membership.TIMEOUT_S for it, then LOOK_EVERY_S), 3 s.
+LOOK_CYCLE_S = LOOK_EVERY_S + membership.TIMEOUT_S
+# The coordinator's lease (parameter_server), in look cycles. A look that saw the quorum renews it
+# from its start; the next one renews it once it has ended, up to a cycle and a look's timeout later
+# (5 s and a little with one machine silent: 5.0 s on loopback, tests/test_fences.py). Two cycles (6 s)
+# cover that; 3 s (what --lost_peer_timeout 5 gave) ran out between looks and killed a healthy
+# coordinator every few seconds.
+LEASE_LOOKS = 2
+LEASE_S = LEASE_LOOKS * LOOK_CYCLE_S
+# ...and at most this share of the workers' patience (--lost_peer_timeout): they form without the
+# coordinator no sooner than --lost_peer_timeout + SETTLE_S after its last look that saw them, so a
+# coordinator cut off is killed well before. A --lost_peer_timeout that leaves less than LEASE_S is
+# refused (lease_problem, exit 2 before anything starts), never taken with a shorter lease.
+LEASE_SHARE = 0.6
 FAILS_TO_COOL = 2  # failed rounds in a row after which a machine is left out of proposals...
 COOLING_S = 60.0  # ...until it has stayed up this long (twice as long at each further failure)
 STEADY_S = 120.0  # training this long ends a machine's streak of failed rounds
+
+
+def lease_for(lost_peer_timeout: float) -> float:
+    """The coordinator's lease for --lost_peer_timeout: two look cycles (LEASE_S), at most
+    LEASE_SHARE of the workers' patience; lease_problem says when that is less than two cycles."""
+    return min(LEASE_S, LEASE_SHARE * lost_peer_timeout)
+
+
+def least_lost_peer_timeout() -> int:
+    """The least --lost_peer_timeout (whole seconds) that leaves the coordinator a lease of LEASE_S."""
+    n = 1
+    while LEASE_SHARE * n < LEASE_S - 1e-9:
+        n += 1
+    return n
+
+
+def lease_problem(lost_peer_timeout: float) -> str | None:
+    """Why --lost_peer_timeout is refused for an elastic parameter_server job (its coordinator's
+    lease would be shorter than two looks at the others), or None. One line, as config.py's."""
+    lease = LEASE_SHARE * lost_peer_timeout
+    if lease >= LEASE_S - 1e-9:
+        return None
+    return messages.problem(
+        "--lost_peer_timeout",
+        lost_peer_timeout,
+        f"an elastic parameter_server job's coordinator would hold a lease of {lease:.1f} s "
+        f"({LEASE_SHARE:g} x it), shorter than two of its looks at the other machines ({LEASE_S:.0f} s "
+        "with one of them silent): a healthy coordinator would be killed without a save",
+        f"pass --lost_peer_timeout {least_lost_peer_timeout()} or more (the default is {peers.LOST_PEER_TIMEOUT_S})",
+    )
 
 
 @dataclass(frozen=True)
@@ -119,6 +164,7 @@ class Agreement:
     failures: int = 0  # its rounds that failed in a row
     on_change: Callable[[], None] = lambda: None  # its phase changed: the others' answers wanted now
     lease_lost: bool = False  # newcomer()'s reason is the coordinator's lease: no save, a kill
+    done_run: str | None = None  # done: the run its trainers finished (said in its state)
 
     def __post_init__(self):
         self.names = [t.name for t in self.cluster.members()]
@@ -135,6 +181,13 @@ class Agreement:
         self._settled: tuple[frozenset, float] = (frozenset(), now)
         self._proposed_at = now
         self._said = ""
+        # The runs this od-dist saw trained (a machine ready or training in one): a machine holding no
+        # checkpoint takes a DONE of one of them for the end of its part, never another run's.
+        self._runs_seen: set[str] = set()
+        self._told_done: set[tuple[str, str | None]] = set()  # DONEs of other runs said, once each
+        # (round, members, when): its trainers left that round with 138 (a lost peer), to be judged
+        # by the first look that starts after it.
+        self._lost_peer_at: tuple[int, tuple[str, ...], float] | None = None
         # What its disk remembers of the rounds (`recall`, kept by `record`): the last round this
         # machine trained in, and the round its newest checkpoint came in, which a new process of
         # od-dist (a reboot) would not know otherwise. Rounds go on counting from it.
@@ -158,7 +211,7 @@ class Agreement:
             "members": list(self.members),
             "step": self._step_seen,
             "step_round": self._step_round,
-            "run": self.run_of(),
+            "run": self.done_run if self.phase == DONE and self.done_run else self.run_of(),
             "model_dir": self.model_dir,
             "stopping": self.stopping,
             "cooling": self.cooling(),
@@ -184,6 +237,13 @@ class Agreement:
         self._note_step()
         self._alive = {m: s for m, s in states.items() if s.get("job") == self.job}
         self._looked_at = at
+        self._runs_seen |= {
+            s["run"]
+            for s in self._alive.values()
+            if s.get("phase") in (READY, TRAINING) and lineage.is_run(s.get("run"))
+        }
+        if self._lost_peer_at is not None and at >= self._lost_peer_at[2]:
+            self._judge_lost_peer(at)
         if self.phase == TRAINING and self._quorum(self._alive):
             self._quorum_at = at
 
@@ -197,6 +257,35 @@ class Agreement:
             ):
                 held |= set(s["trainers"]) & set(self.members)
         return len(held) >= (self.cluster.min_trainers or 1)
+
+    def charge(self, why: str, now: float | None = None) -> None:
+        """A failure of this machine's own that no exit code says (its trainers overran the stop's
+        --grace_period and were killed, or claimed a lost peer that lost nothing): counted as a
+        failed round, as policy.own_failure's exits are, towards leaving it out of proposals."""
+        now = self.clock() if now is None else now
+        self.failures, self.failed_at = self.failures + 1, now
+        self.say(f"{why}: counted as this machine's failure ({self.failures} in a row)")
+
+    def _judge_lost_peer(self, at: float) -> None:
+        """Its trainers left round r with 138 (a lost peer): when the first look after it finds every
+        other member's machine still training in round r (none stopping), no peer was lost: the
+        loss is this machine's own (a trainer that fails its peers' collective or watch every
+        round), charged. A peer gone, forming, stopping or in another round: another's loss."""
+        r, members, _ = self._lost_peer_at
+        self._lost_peer_at = None
+        others = [m for m in self._machines_of(members) if m != self.mine]
+        if others and all(
+            self._alive.get(m, {}).get("phase") == TRAINING
+            and self._alive[m].get("round") == r
+            and not self._alive[m].get("stopping")
+            for m in others
+        ):
+            names = ", ".join(n for m in others for n in self.tasks_of[m] if n in members)
+            self.charge(
+                f"round {r}: {', '.join(self.tasks_of[self.mine])} exited 138 (a lost peer) while every "
+                f"other member ({names}) trained on in it: no peer was lost",
+                at,
+            )
 
     def _say_once(self, line: str) -> None:
         if line != self._said:
@@ -220,28 +309,69 @@ class Agreement:
 
     # ----- forming --------------------------------------------------------------------------------
 
-    def regroup(self, now: float | None = None, failed: bool = False) -> None:
+    def regroup(self, now: float | None = None, failed: bool = False, lost_peer: bool = False) -> None:
         """This machine's trainers stopped (lost a peer, or asked to stop): it forms again.
-        `failed`: its own trainers failed (counted towards leaving it out of proposals)."""
+        `failed`: its own trainers failed (counted towards leaving it out of proposals).
+        `lost_peer`: they exited 138 unasked: the next look says whose loss it was (_judge_lost_peer)."""
         now = self.clock() if now is None else now
         if failed:
             self.failures, self.failed_at = self.failures + 1, now
+        if lost_peer and not failed and self.phase == TRAINING and self.members:
+            self._lost_peer_at = (self.round, self.members, now)
         self.phase, self.forming_since, self.stopping = FORMING, now, False
         self._settled = (frozenset(), now)
         self.on_change()
 
-    def finished_elsewhere(self) -> dict | None:
-        """The state of a machine whose trainers finished this run (while this one formed): of
-        the run this machine holds, or any when it holds none."""
+    def _our_runs(self) -> set[str]:
+        """The runs this machine is of: the one its checkpoints belong to, or, holding none, the
+        runs it saw trained since its od-dist started (it waited to join one, or trained in it)."""
         mine = self.run_of() if self.newest_step() else None
-        return next(
-            (
-                s
-                for s in self._alive.values()
-                if s["phase"] == DONE and (mine is None or s.get("run") == mine)
-            ),
-            None,
-        )
+        return {mine} if mine else set(self._runs_seen)
+
+    def _done_of_another_run(self, state: dict) -> bool:
+        """`state` is a machine's DONE (its trainers finished) of a run this machine is not of: an
+        earlier run's od-dist still up (serving its final checkpoint), which ends nothing here."""
+        return state.get("phase") == DONE and state.get("run") not in self._our_runs()
+
+    def finished_elsewhere(self) -> dict | None:
+        """The state of a machine whose trainers finished this machine's run (while this one
+        formed): of the run this machine holds, or, holding none, of a run it saw trained. A DONE
+        carries its run; a DONE of any other run (an earlier run's machine still up, a run named
+        by no one) ends nothing."""
+        ours = self._our_runs()
+        return next((s for s in self._alive.values() if s["phase"] == DONE and s.get("run") in ours), None)
+
+    def _say_done_of_other_runs(self) -> None:
+        for m, s in self._alive.items():
+            key = (m, s.get("run"))
+            if self._done_of_another_run(s) and key not in self._told_done:
+                self._told_done.add(key)
+                held = self.run_of() if self.newest_step() else None
+                why = (
+                    f"this machine holds run {held}"
+                    if held
+                    else "this machine holds no checkpoint of it and saw no machine train it"
+                )
+                self.say(
+                    f"{', '.join(s['trainers'])} finished run {s.get('run') or '(none named)'} (round "
+                    f"{s.get('round', 0)}, step {s.get('step', 0):,}); {why}: not the end of this run, "
+                    "forming without it"
+                )
+
+    def done(self, run: str | None = None) -> None:
+        """Its trainers finished (or those of `run`, this machine's, finished without them): its
+        state says DONE and that run from now on."""
+        held = self.run_of() if self.newest_step() else None
+        self.done_run = run or held or self._run_of_round()
+        self.phase = DONE
+
+    def _run_of_round(self) -> str | None:
+        """The run a member of this machine's round says it trains (a worker that fetched no copy)."""
+        for s in self._alive.values():
+            if s.get("round") == self.round and lineage.is_run(s.get("run")):
+                if set(s.get("trainers", ())) & set(self.members):
+                    return s["run"]
+        return None
 
     def _of_another_run(self, state: dict) -> bool:
         """The machine of `state` holds checkpoints of a run other than this machine's."""
@@ -281,8 +411,14 @@ class Agreement:
         now = self.clock() if now is None else now
         self._check_runs(self._alive)
         # A machine of another run is none of this machine's to form with (it refuses, or sets
-        # its copies aside and comes back of this run).
-        alive = {m: s for m, s in self._alive.items() if not self._of_another_run(s)}
+        # its copies aside and comes back of this run), nor one that finished another run.
+        if self.finished_elsewhere() is None:
+            self._say_done_of_other_runs()
+        alive = {
+            m: s
+            for m, s in self._alive.items()
+            if not self._of_another_run(s) and not self._done_of_another_run(s)
+        }
         if self.phase == READY:
             return self._confirm(now, alive)
         rejoin = self._round_to_rejoin(alive)
@@ -524,14 +660,12 @@ class Agreement:
                 return f"{names} is up and waiting to join"
         return None
 
-    def done(self) -> None:
-        self.phase = DONE
-
     def trained(self, final_step: int | None, states: list[dict]) -> str:
         """Who trained which steps: `trained steps 0-1,200 on 3 of 3 trainers, 1,200-3,000 on 2 of
         3 trainers (without worker:1)`. Rounds that trained no step are left out, and rounds of the
         same members one after another (a trainer lost and back before a save) said as one.
         `states`: the others' (the final step as the lead wrote it, which a member may not hold)."""
+        states = [s for s in states if not self._done_of_another_run(s)]
         final_step = max([final_step or 0] + [s.get("step", 0) for s in states])
         spans: list[list] = []  # [from, to, members]
         for i, r in enumerate(self.history):

@@ -374,6 +374,14 @@ def train_config(
                     messages.PATH_SHOWN_MAX,
                 )
             )
+    if cluster and cluster.min_trainers and strategy == validate.PARAMETER_SERVER:
+        # The coordinator's lease (host/agreement.py) comes from --lost_peer_timeout: refused when
+        # shorter than two of its looks, rather than a healthy coordinator killed every few seconds.
+        from od_dist.host import agreement
+
+        lease = agreement.lease_problem(lost_peer_timeout)
+        if lease:
+            problems.append(lease)
     if cluster and clone_on_cpu and num_clones > 1:
         # Both cluster strategies place replicas on GPUs only (one CPU device per task).
         problems.append(

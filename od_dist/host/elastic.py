@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from od_dist.host.agreement import (  # noqa: F401 - the supervisor's words for a machine's phase
     DONE,
     FORMING,
+    LEASE_LOOKS,
+    LOOK_EVERY_S,
     READY,
     TRAINING,
     Agreement,
@@ -21,8 +23,6 @@ from od_dist.host.agreement import (  # noqa: F401 - the supervisor's words for 
     machines,
 )
 from od_dist.protocol import membership
-
-LOOK_EVERY_S = 1.0
 
 
 @dataclass
@@ -35,6 +35,14 @@ class Elastic(Agreement):
 
     def __post_init__(self):
         super().__post_init__()
+        # The lease is renewed by looks: one shorter than two of this machine's look cycles (a
+        # silent machine's timeout and the pause) runs out between the looks of a healthy round.
+        cycle = self.look_every_s + membership.TIMEOUT_S
+        if self.lease_s < LEASE_LOOKS * cycle - 1e-9:
+            raise ValueError(
+                f"the coordinator's lease ({self.lease_s:.1f} s) is shorter than {LEASE_LOOKS} looks at "
+                f"the other machines ({LEASE_LOOKS} x {cycle:.1f} s)"
+            )
         if self.addresses is None:
             self.addresses = self.cluster.membership_addresses()
         self._look_now = threading.Event()  # wakes the looker: a fresh look wanted at once

@@ -56,6 +56,11 @@ class Rounds:
                     f"{names} still running {self.grace_s:.0f} s after the stop (--grace_period); killing them"
                 )
                 kill_all([r.proc for r in self._member_runs()])
+                # Its trainers did not stop as asked: this machine's failure (a hang, a step that never
+                # ends), charged as a crash is, though the stop was planned; once (the kill is sent).
+                self.regroup_asked_at = float("inf")
+                were = "were" if len(running) > 1 else "was"
+                e.charge(f"{names} overran --grace_period ({self.grace_s:.0f} s) and {were} killed")
             return None
         if e.phase == elastic_mod.DONE or running:
             return None
@@ -77,7 +82,7 @@ class Rounds:
                 f"the trainers of round {finished['round']} ({', '.join(finished['members'])}) finished the "
                 "job without this machine's"
             )
-            e.done()
+            e.done(finished.get("run"))
             self.finished.update(t.name for t in self._members())
             return None
         # --wait_timeout, and the time a proposal then takes (the first round waits that long for
@@ -125,6 +130,7 @@ class Rounds:
             f"{cause}; {how}: forming the next round with the trainers up (min_trainers "
             f"{self.elastic.cluster.min_trainers}), from the newest checkpoint any of them holds"
         )
-        self.elastic.regroup(failed=not planned and own_failure(code))
+        # A 138 unasked: the next look says whether a peer was lost or the loss is this machine's.
+        self.elastic.regroup(failed=not planned and own_failure(code), lost_peer=not planned and others)
         evaluators = [t for t, _ in exits if t.role == "evaluator" and t.name in self.running]
         return self._restart_evaluators(evaluators, exits) if evaluators else None
