@@ -191,3 +191,18 @@ def test_a_stray_argument_says_how_to_pass_several_files(capsys):
         "--name=value; several files go after --train or --val: one after another, as a glob, or "
         "comma-separated"
     ], err
+
+
+def test_a_refused_new_run_moves_no_checkpoint_aside(tmp_path):
+    """`train --new_run` with a flag the checks refuse (here a pipeline that does not exist) exits 2
+    and leaves the folder as it was: the checkpoints are set aside only once the command is accepted."""
+    model_dir = tmp_path / "run"
+    loopback.write_checkpoint(str(model_dir), 8)
+    done = od_dist(
+        "train", "--new_run", f"--model_dir={model_dir}", f"--pipeline={tmp_path / 'none.yaml'}", timeout=120
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--pipeline" in done.stderr and "no such file" in done.stderr, done.stderr
+    assert loopback.checkpoint_step(str(model_dir)) == 8
+    assert not [p for p in os.listdir(model_dir) if p.startswith("set-aside")], os.listdir(model_dir)
+    assert "moved to" not in done.stdout

@@ -95,8 +95,6 @@ back when it returns (docs/faults.md).
 )
 def cmd_train(fv) -> int:
     honour_ctrl_c()
-    if fv.new_run:
-        start_afresh(fv.model_dir)
     if fv.slurm:
         selected = select_slurm_task(fv)
     else:
@@ -110,6 +108,8 @@ def cmd_train(fv) -> int:
     own = selected.task  # its name in the cluster file, whatever its place in an elastic round
     selected = _in_group(fv, selected)
     cfg = train_config_of(fv, selected)
+    if fv.new_run:  # only once every flag is accepted: a refused command moves nothing aside
+        start_afresh(fv.model_dir)
     # The evaluator, a sidecar whose failures never stop the trainers, always runs under a
     # supervisor of its own (unless it is one's child already): without restarts too, its exit is
     # what happened to the job, never a permanent failure of its own (FailJobSet on Kubernetes).
@@ -239,7 +239,7 @@ def elastic_for(fv: flags.FlagValues, cluster, tasks):
         record=lambda kept: lineage.keep_rounds(fv.model_dir, kept) if fv.model_dir else None,
         model_dir=fv.model_dir,
         # Shorter than the workers' patience with their coordinator (host/agreement.py's lease).
-        lease_s=min(agreement.LEASE_S, fv.lost_peer_timeout * 0.6),
+        lease_s=agreement.lease_for(fv.lost_peer_timeout),
     )
 
 
@@ -497,6 +497,8 @@ def run_here(fv: flags.FlagValues, cluster, tasks, who: str, unchecked: Sequence
         if code:
             print(f"od-dist {who}: {problem}", file=sys.stderr)
             return exit_codes.FAILED
+    if "new_run" in fv and fv.new_run:  # `train` on a machine of several entries: once all are checked
+        start_afresh(fv.model_dir)
     lead = cluster.lead_task()
     return launch.run(
         cluster.strategy,

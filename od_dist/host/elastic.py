@@ -60,7 +60,9 @@ class Elastic(Agreement):
         now when the port is taken."""
         host, port = self.address()
         stack = contextlib.ExitStack()
-        stack.enter_context(membership.StateServer(host, port, self.state))
+        # The other trainer machines have slots of their own there; strangers share the rest.
+        others = [self.addresses[m][0] for m in self.order if m != self.mine]
+        stack.enter_context(membership.StateServer(host, port, self.state, others=others))
         looker = threading.Thread(target=self._keep_looking, name="membership-looker", daemon=True)
         self._stopped.clear()
         looker.start()
