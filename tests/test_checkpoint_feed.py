@@ -255,10 +255,10 @@ def test_another_runs_checkpoints_are_set_aside_then_this_runs_fetched(feed, tmp
 
 
 def test_the_evaluator_evaluates_its_folder_only_once_the_feed_said_the_run(feed, tmp_path):
-    """roles._own_run_only, before continuous evaluation: a folder holding checkpoints (maybe an
+    """evaluator.own_run_only, before continuous evaluation: a folder holding checkpoints (maybe an
     earlier run's) waits for the lead's feed to answer once, while the job is alive; an empty
     folder waits for nothing."""
-    from od_dist.task import roles
+    from od_dist.task import evaluator
 
     here = str(tmp_path / "e")
     _run_folder(here, "abc123", 5000)
@@ -267,11 +267,11 @@ def test_the_evaluator_evaluates_its_folder_only_once_the_feed_said_the_run(feed
     asked = []
     never = checkpoint_feed.Follower([("127.0.0.1", gone)], "job1", here, lambda line: None, every_s=0.05)
     with never:  # no feed answers: nothing is evaluated once the job is given up
-        assert not roles._own_run_only(never, here, lambda: asked.append(1) or len(asked) < 2)
+        assert not evaluator.own_run_only(never, here, lambda: asked.append(1) or len(asked) < 2)
     assert _steps(here) == [5000] and len(asked) == 2
     follower = checkpoint_feed.Follower([("127.0.0.1", feed.port)], "job1", here, lambda line: None)
     with follower:
-        assert roles._own_run_only(follower, here, lambda: True)
+        assert evaluator.own_run_only(follower, here, lambda: True)
     assert _steps(here) == [100] and lineage.run_of(here) == "def456"  # ckpt-5000 set aside first
     empty = str(tmp_path / "empty")
-    assert roles._own_run_only(never, empty, lambda: False)
+    assert evaluator.own_run_only(never, empty, lambda: False)

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from loopback import PIPELINE, checkpoint_step, clean_env, site_hook, tiny, write_cluster
 
-from od_dist.task.controller import BROADCAST, FOLDERS_COMPARED
+from od_dist.task.group import BROADCAST, FOLDERS_COMPARED
 
 
 def wait_for_checkpoint(model_dir, timeout=120):

@@ -401,7 +401,7 @@ def cmd_eval(fv) -> int:
             "(without .index), or a folder of checkpoints"
         )
     from od_dist.host import console
-    from od_dist.task import roles
+    from od_dist.task import params as task_params
 
     if os.path.isdir(fv.model_dir):  # no log directory in a mistyped model_dir
         console.setup(console.task_log_path(fv.model_dir, "eval"), fv.verbose)
@@ -410,7 +410,7 @@ def cmd_eval(fv) -> int:
         from od_dist.model import pipeline
         from od_dist.task import devices, trainer
 
-        params = roles.load_params(fv.pipeline, fv.params_override, "mirrored")
+        params = task_params.load_params(fv.pipeline, fv.params_override, "mirrored")
         pipeline.check_inputs(params, fv.pipeline, evaluate=True)
         devices.apply_policy()
         # Its result is the trainer's one line: od-dist eval | step N | AP ... | AP50 ... | AP75 ...
@@ -441,9 +441,10 @@ def _eval_tflite(fv) -> int:
 
     def evaluate():
         from od_dist.model import export, pipeline, tflite
-        from od_dist.task import controller, roles
+        from od_dist.task import controller
+        from od_dist.task import params as task_params
 
-        params = roles.load_params(fv.pipeline, fv.params_override, "mirrored")
+        params = task_params.load_params(fv.pipeline, fv.params_override, "mirrored")
         pipeline.check_inputs(params, fv.pipeline, evaluate=True)
         try:
             metrics = tflite.evaluate(params, fv.model)

@@ -78,7 +78,9 @@ def decide(strategy: str, role: str, returncode: int) -> str:
     if code == exit_codes.OK:
         return DONE
     if code == exit_codes.INTERRUPTED:  # SIGINT reaches a task only from a person (its own or a peer's)
-        return STOPPED_BY_PERSON  # the evaluator's 130 too: it says a person stopped the job (roles.run_evaluator)
+        return (
+            STOPPED_BY_PERSON  # the evaluator's 130 too: it says a person stopped the job (task/evaluator.py)
+        )
     if role == "evaluator":  # a sidecar: its failure is never the job's
         return RESTART_TASK
     if code not in exit_codes.RETRYABLE:

@@ -10,7 +10,6 @@ single (no cluster)             train on this machine's --num_clones devices
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import sys
 import time
@@ -19,37 +18,13 @@ from typing import NoReturn
 from od_dist.cluster import topology
 from od_dist.cluster.spec import MULTI_WORKER_MIRRORED, PARAMETER_SERVER
 from od_dist.host.config import TrainConfig
-from od_dist.protocol import checkpoint_feed, exit_codes, lineage, membership, notes, peers
-from od_dist.task import local_sgd
-
-EVAL_POLL_S = 30
+from od_dist.protocol import checkpoint_feed, exit_codes, membership, notes
+from od_dist.task import evaluator, local_sgd
+from od_dist.task import params as task_params
 
 
 class RoleError(RuntimeError):
     """A role that failed at run time; the message is for the user (exit 1)."""
-
-
-def load_params(path: str, params_override: str | None, strategy_name: str):
-    """The pipeline as a Model Garden config; raises pipeline.PipelineError (invalid input)."""
-    from od_dist.model import pipeline
-
-    return pipeline.load_pipeline(path, params_override, strategy_name)
-
-
-def _params(config: TrainConfig):
-    """The pipeline, and on a trainer of replicas in sync, what their count does to its batch
-    (one line; raises pipeline.PipelineError when it cannot be done)."""
-    from od_dist.model import pipeline
-
-    params = load_params(config.pipeline, config.params_override, config.strategy_name)
-    meeting = local_sgd.of_cluster(config.selected.cluster)
-    if config.in_sync and meeting:
-        print(f"sync_every: {local_sgd.loop_every(params, meeting)}", flush=True)
-    if config.in_sync and config.fixed_replica_batch:
-        print(f"--fixed_replica_batch: {pipeline.scale_for_replicas(params, config.replicas)}", flush=True)
-    elif config.in_sync and config.replicas > 1:
-        print(f"batch: {pipeline.split_over_replicas(params, config.replicas)}", flush=True)
-    return params
 
 
 def run_server(config: TrainConfig) -> NoReturn:
@@ -71,7 +46,7 @@ def run_server(config: TrainConfig) -> NoReturn:
     member = selected.task.role == "worker" and membership.group_from_env() is not None
     lead = cluster.checkpoint_feed() if member else None
     try:
-        with _following(config, [lead] if lead else [], selected.task.name) as follower:
+        with evaluator.following(config, [lead] if lead else [], selected.task.name) as follower:
             code = server.serve(
                 cluster,
                 selected.task,
@@ -95,7 +70,7 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
     from od_dist.model import pipeline
     from od_dist.task import checkpoints, errors, phases, server, strategy, trainer, watch
 
-    params = _params(config)  # before any wait: a bad pipeline fails at once
+    params = task_params.of_task(config)  # before any wait: a bad pipeline fails at once
     pipeline.check_inputs(params, config.pipeline, train=True)
     phases.mark("pipeline loaded")
     if not config.selected.task or config.role == "master":
@@ -172,7 +147,9 @@ def run_trainer(config: TrainConfig, beacon=None) -> int:
             own = e.why in ("SIGINT", "SIGBREAK")
             _stop_servers(cluster, notes.by_person() if own else notes.stopped_the_job(e.why), who)
         if e.code == exit_codes.INTERRUPTED and cluster is not None and task == cluster.lead_task():
-            _tell_evaluators(config.model_dir, f"{who} was stopped by a person ({e.why}) at step {e.step}")
+            evaluator.tell_evaluators(
+                config.model_dir, f"{who} was stopped by a person ({e.why}) at step {e.step}"
+            )
         if cluster is not None:
             # The checkpoint is saved and the line printed. A peer that stopped first leaves
             # TensorFlow's shutdown waiting about a minute for its heartbeats: end here instead.
@@ -276,7 +253,7 @@ def _model_built(config: TrainConfig, dist, who: str):
 
         from od_dist.cluster import traffic
         from od_dist.task import network_share, strategy, trainer
-        from od_dist.task.controller import several_trainers
+        from od_dist.task.group import several_trainers
 
         model, optimizer = trainer_obj.model, trainer_obj.optimizer
         several = several_trainers(dist)
@@ -373,36 +350,6 @@ def _stop_servers(cluster, why: str, who: str) -> None:
     )
 
 
-# In model_dir, which the evaluator reads: the lead's word that a person stopped the job. The
-# evaluator cannot tell that from a pause (SIGTERM, a crash) by the master's port alone, and would
-# wait --wait_timeout for a master that will not come back, then exit 0 as if training finished.
-STOPPED_NOTE = ".od-dist-stopped"
-
-
-def _tell_evaluators(model_dir: str, why: str) -> None:
-    import tensorflow as tf
-
-    path = tf.io.gfile.join(model_dir, STOPPED_NOTE)
-    try:
-        # Unique each time (an evaluator acts only on a word written while it runs), and renamed
-        # into place so that it is never read half written.
-        with tf.io.gfile.GFile(f"{path}.tmp", "w") as f:
-            f.write(f"{why}\n{time.time():.3f} {os.getpid()}\n")
-        tf.io.gfile.rename(f"{path}.tmp", path, overwrite=True)
-    except (tf.errors.OpError, OSError) as e:
-        print(f"od-dist: cannot tell the evaluator in {model_dir} that the job was stopped ({e})", flush=True)
-
-
-def _read_stopped_note(model_dir: str) -> str:
-    import tensorflow as tf
-
-    try:
-        with tf.io.gfile.GFile(tf.io.gfile.join(model_dir, STOPPED_NOTE)) as f:
-            return f.read()
-    except (tf.errors.OpError, OSError):
-        return ""
-
-
 def _after_loss(config: TrainConfig) -> str:
     if config.is_coordinator:
         return "restart the job (every task) to resume from the last checkpoint"
@@ -457,133 +404,6 @@ def _is_peer_error(e: Exception) -> bool:
             tf.errors.DeadlineExceededError,  # a peer's heartbeat missed (a network outage)
         ),
     )
-
-
-@contextlib.contextmanager
-def _following(config: TrainConfig, feeds, who: str):
-    """Fetches from the lead's checkpoint `feeds` (cluster.checkpoint_feeds()) into --model_dir,
-    when the cluster file has one; yields the Follower, or None."""
-    if not feeds:
-        yield None
-        return
-    say = lambda line: print(f"{who}: {line}", flush=True)
-    job = config.selected.cluster.job_id()
-    feeds = [(a.host, a.port) for a in feeds]
-    with checkpoint_feed.Follower(feeds, job, config.model_dir, say, by=who) as follower:
-        yield follower
-
-
-def _own_run_only(follower, model_dir: str, keep_waiting) -> bool:
-    """Whether the checkpoints in `model_dir` are this run's, to evaluate: it holds none, or the
-    lead's feed answered once (its run is the folder's then: the follower's first fetch set
-    another's aside). Waits for that while `keep_waiting()`."""
-    while lineage.holds_checkpoints(model_dir) and not follower.answered.wait(follower.every_s):
-        if not keep_waiting():
-            return False
-    return True
-
-
-def run_evaluator(config: TrainConfig) -> int:
-    """Evaluates each new checkpoint until the final one. Checkpoints may be far apart, so it
-    waits as long as the master is alive (its port open within --wait_timeout), not a fixed time.
-    Its exit says what happened to the job: 0 it finished (the final checkpoint evaluated), 130 a
-    person stopped it (the lead's STOPPED_NOTE), 138 it never started (no master ever came) or
-    the evaluator gave up before the final checkpoint (its line says which it evaluated last)."""
-    from od_dist.model import pipeline
-    from od_dist.task import devices, trainer
-    from od_dist.task.server import is_listening
-
-    params = _params(config)
-    pipeline.check_inputs(params, config.pipeline, evaluate=True)
-    devices.apply_policy()  # it often shares a GPU machine with a worker
-    lead = config.selected.cluster.lead_task() if config.selected.cluster else None
-    master = lead.address if lead else None  # the master, or worker 0 when the cluster has none
-    absent = peers.Unreachable(never_seen_since=time.monotonic())
-    seen = [False]  # the master was ever up: the job started
-    before = _read_stopped_note(config.model_dir)  # an earlier run's word is none for this one
-    stopped = []
-    following: list = []  # the fetches from the lead's checkpoint feed, if the cluster has one
-    started = time.monotonic()
-    told = [False]
-
-    def keep_waiting() -> bool:
-        now = time.monotonic()
-        # Up: its port, or its checkpoint feed (it outlives training, for this evaluator).
-        up = (master is not None and is_listening(master.host, master.port)) or bool(
-            following and following[0].reachable
-        )
-        absent.look("master", up, now)
-        if lead and not following and not told[0] and checkpoint_feed.newest(config.model_dir) is None:
-            # A wait that may last the whole training: said once, at the first poll (within
-            # EVAL_POLL_S), whether or not the master is up yet (it may start minutes later).
-            told[0] = True
-            print(
-                f"evaluator: no checkpoint in {config.model_dir} after {now - started:.0f} s; {lead.name} at "
-                f"{master}{'' if up else ' (not up now)'} writes them into its --model_dir on its machine: "
-                "unless that is this folder (one machine, or a shared folder), give the cluster file a "
-                "checkpoint_port (it then serves them here)",
-                flush=True,
-            )
-        if up:
-            seen[0] = True
-            return True
-        said = _read_stopped_note(config.model_dir)
-        if said and said != before:
-            stopped.append(said.splitlines()[0])
-            return False
-        return not absent.lost("master", now, config.wait_timeout)
-
-    cluster = config.selected.cluster
-    feeds = cluster.checkpoint_feeds() if cluster else ()
-    with _following(config, feeds, checkpoint_feed.EVALUATOR) as follower:
-        following.extend([follower] if follower else [])
-        metrics = None
-        if follower is None or _own_run_only(follower, config.model_dir, keep_waiting):
-            metrics = trainer.continuous_eval(
-                params,
-                config.model_dir,
-                timeout_s=min(EVAL_POLL_S, config.wait_timeout),
-                keep_waiting=keep_waiting,
-                pipeline_path=config.pipeline,
-            )
-    if stopped:
-        print(f"evaluator: {stopped[0]}; exit {exit_codes.INTERRUPTED}", flush=True)
-        return exit_codes.INTERRUPTED
-    if metrics is None and master is not None and not seen[0]:
-        # The job never started (no master, no checkpoint): retryable, like a trainer's wait for
-        # its peers, and not restarted by its supervisor (it would only wait again).
-        print(
-            f"od-dist: evaluator: the master at {master} never came within --wait_timeout "
-            f"({config.wait_timeout:.0f} s) and {config.model_dir} has no checkpoint: the job did not start; "
-            f"exit {exit_codes.LOST_PEER}",
-            file=sys.stderr,
-            flush=True,
-        )
-        notes.leave_for_supervisor(notes.WAITED_OUT)
-        return exit_codes.LOST_PEER
-    final = int(params.trainer.train_steps)
-    if metrics is None:
-        feed = config.selected.cluster.checkpoint_feed() if config.selected.cluster else None
-        missed = (
-            f"no checkpoint appeared in {config.model_dir} while the master was reachable "
-            f"(or within {config.wait_timeout} s), so none was evaluated, not the final ckpt-{final}; "
-            + (
-                f"none came from the master's checkpoint feed at {feed} either"
-                if feed
-                else "the master writes them on its own machine: give the cluster file a checkpoint_port "
-                "(the master then serves them to the evaluator), or give both the same shared folder"
-            )
-        )
-    elif metrics.get("step", 0) < final:
-        missed = (
-            f"the master was unreachable for --wait_timeout ({config.wait_timeout:.0f} s) after "
-            f"ckpt-{metrics.get('step', 0)}, the last evaluated: the final ckpt-{final} was not"
-        )
-    else:
-        return 0
-    # Retryable: a restart, once the job trains again, evaluates what this one missed.
-    print(f"od-dist: evaluator: {missed}; exit {exit_codes.LOST_PEER}", file=sys.stderr, flush=True)
-    return exit_codes.LOST_PEER
 
 
 @contextlib.contextmanager
@@ -693,7 +513,7 @@ def run(config: TrainConfig) -> int:
         patches.check()
         phases.mark("Model Garden imported")  # by check(): its patches' modules
         if config.role == "evaluator":
-            return run_evaluator(config)
+            return evaluator.run_evaluator(config)
         with _checkpoint_feed(config) as feed:
             code = run_trainer(config, beacon)
             if feed is not None and code == 0:

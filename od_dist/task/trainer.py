@@ -29,9 +29,10 @@ import typing
 from od_dist import patches
 from od_dist.model import metrics
 from od_dist.protocol import checkpoint_feed
-from od_dist.task.controller import _controller_cls, several_trainers
+from od_dist.task.controller import _controller_cls
 from od_dist.task.errors import PREFIX as _PREFIX
 from od_dist.task.errors import TrainerError
+from od_dist.task.group import several_trainers
 
 _WORKER = re.compile(r"/job:worker/(?:replica:\d+/)?task:\d+")
 
