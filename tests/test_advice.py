@@ -16,7 +16,6 @@ from loopback import PIPELINE, ROOT
 
 from od_dist.cluster import advice, safe_yaml
 from od_dist.cluster import spec as cluster_mod
-from od_dist.model import pipeline
 from od_dist.render import readme
 
 THREE = os.path.join(ROOT, "clusters", "three-machines.yaml")
@@ -234,10 +233,12 @@ def test_doctors_on_two_ports_measure_the_link_and_predict_from_it(tmp_path):
 
 
 def test_every_group_min_trainers_allows_counts():
-    assert pipeline.group_replicas([1, 1, 1], 2) == [2, 3]
-    assert pipeline.group_replicas([1, 1, 1], None) == [3]
-    assert pipeline.group_replicas([2, 1, 1], 2) == [2, 3, 4]  # a machine of two clones
-    assert pipeline.groups_problem(12, [2, 3], 2) is None
+    from od_dist.model import batch
+
+    assert batch.group_replicas([1, 1, 1], 2) == [2, 3]
+    assert batch.group_replicas([1, 1, 1], None) == [3]
+    assert batch.group_replicas([2, 1, 1], 2) == [2, 3, 4]  # a machine of two clones
+    assert batch.groups_problem(12, [2, 3], 2) is None
 
 
 @pytest.mark.parametrize("batch, not_over", [(8, "3"), (9, "2")])

@@ -191,17 +191,17 @@ def test_bfloat16_all_reduce_rounds_what_is_sent_and_keeps_float32_variables():
 
 
 def test_by_default_replicas_share_the_batch_and_one_it_does_not_divide_is_refused():
-    from od_dist.model import pipeline
+    from od_dist.model import batch, pipeline
 
     params = pipeline.load_pipeline(PIPELINE, None, "multi_worker_mirrored")
-    said = pipeline.split_over_replicas(params, 2)
+    said = batch.split_over_replicas(params, 2)
     assert said == (
         "global batch 8 split over 2 replicas, 4 each; learning rate and steps as written "
         "(--fixed_replica_batch: 8 per replica instead)"
     )
     assert params.task.train_data.global_batch_size == 8 and params.trainer.train_steps == 2000
     with pytest.raises(pipeline.PipelineError) as e:
-        pipeline.split_over_replicas(params, 3)
+        batch.split_over_replicas(params, 3)
     assert str(e.value) == (
         "task.train_data.global_batch_size: 8 does not split evenly over 3 replicas in sync; set a "
         "multiple of 3 (6 or 9) with --params_override task.train_data.global_batch_size=N, or pass "
@@ -210,26 +210,26 @@ def test_by_default_replicas_share_the_batch_and_one_it_does_not_divide_is_refus
     with pytest.raises(
         pipeline.PipelineError, match=r"over 16 replicas in sync; set a multiple of 16 \(16\)"
     ):
-        pipeline.split_over_replicas(params, 16)
+        batch.split_over_replicas(params, 16)
 
 
 def test_fixed_replica_batch_scales_batch_and_learning_rate():
-    from od_dist.model import pipeline
+    from od_dist.model import batch, pipeline
 
     params = pipeline.load_pipeline(PIPELINE, None, "multi_worker_mirrored")
-    said = pipeline.scale_for_replicas(params, 3)
+    said = batch.scale_for_replicas(params, 3)
     assert said == "global batch 8 x 3 replicas = 24, learning rate x3, warmup 100 steps"
     assert params.task.train_data.global_batch_size == 24
     assert params.trainer.optimizer_config.learning_rate.cosine.initial_learning_rate == pytest.approx(0.24)
     assert params.trainer.train_steps == 2000  # steps as written
     # No warmup in the pipeline: one is added (5% of the steps), from the unscaled rate.
     params = pipeline.load_pipeline(PIPELINE, "trainer.optimizer_config.warmup.type=null", "mirrored")
-    pipeline.scale_for_replicas(params, 2)
+    batch.scale_for_replicas(params, 2)
     warmup = params.trainer.optimizer_config.warmup
     assert warmup.type == "linear" and warmup.linear.warmup_steps == 100  # 5% of the 2000 steps
     assert warmup.linear.warmup_learning_rate == pytest.approx(0.08)
     params = pipeline.load_pipeline(PIPELINE, None, "mirrored")
-    pipeline.scale_for_replicas(params, 1)
+    batch.scale_for_replicas(params, 1)
     assert params.task.train_data.global_batch_size == 8
 
 
@@ -285,39 +285,37 @@ REFUSED = (
 
 
 def test_the_batch_rule_names_the_trainers_clones_and_the_batches_that_divide():
-    from od_dist.model import pipeline
+    from od_dist.model import batch
 
-    assert pipeline.batch_problem(9, 3, [1, 1, 1]) is None and pipeline.batch_problem(8, 1) is None
+    assert batch.batch_problem(9, 3, [1, 1, 1]) is None and batch.batch_problem(8, 1) is None
     assert "over 3 replicas in sync (3 trainers x 1 clone); set a multiple of 3 (6 or 9)" in (
-        pipeline.batch_problem(8, 3, [1, 1, 1])
+        batch.batch_problem(8, 3, [1, 1, 1])
     )
     assert "over 10 replicas in sync (4 trainers with 2+2+2+4 clones); set a multiple of 10 (10)" in (
-        pipeline.batch_problem(8, 10, [2, 2, 2, 4])
+        batch.batch_problem(8, 10, [2, 2, 2, 4])
     )
-    assert "(2 trainers x 2 clones); set a multiple of 4 (4 or 8)" in pipeline.batch_problem(6, 4, [2, 2])
+    assert "(2 trainers x 2 clones); set a multiple of 4 (4 or 8)" in batch.batch_problem(6, 4, [2, 2])
     # The file's batch, or --params_override's (as a list of keys, YAML, or a file), no TensorFlow.
     three = cluster(THREE)
-    assert pipeline.check_batch_split(three, PIPELINE)[0] == REFUSED.format(p=PIPELINE)
+    assert batch.check_batch_split(three, PIPELINE)[0] == REFUSED.format(p=PIPELINE)
     override = "task.train_data.global_batch_size=12,trainer.train_steps=5"
-    assert pipeline.check_batch_split(three, PIPELINE, override) == (
+    assert batch.check_batch_split(three, PIPELINE, override) == (
         None,
         "global batch 12 over 3 replicas in sync, 4 each",
         True,
     )
-    assert pipeline.check_batch_split(three, PIPELINE, "{task: {train_data: {global_batch_size: 7}}}")[0]
+    assert batch.check_batch_split(three, PIPELINE, "{task: {train_data: {global_batch_size: 7}}}")[0]
     # The key given twice: the last one trains, as Model Garden applies the overrides in order.
     twice = "task.train_data.global_batch_size=2,task.model.input_size=[64,64,3],task.train_data.global_batch_size=3"
-    assert pipeline.check_batch_split(three, PIPELINE, twice)[0] is None
+    assert batch.check_batch_split(three, PIPELINE, twice)[0] is None
     # Every trainer's --num_clones counts; parameter_server and a lone trainer split nothing.
     assert (
         "(3 trainers x 2 clones); set a multiple of 6 (6 or 12)"
-        in pipeline.check_batch_split(three, PIPELINE, "task.train_data.global_batch_size=10", num_clones=2)[
-            0
-        ]
+        in batch.check_batch_split(three, PIPELINE, "task.train_data.global_batch_size=10", num_clones=2)[0]
     )
     ps = cluster("master: 127.0.0.1:1\nworker: [127.0.0.1:2, 127.0.0.1:3]\nps: [127.0.0.1:4]\n")
-    assert pipeline.check_batch_split(ps, PIPELINE) == (None, "", False)
-    assert pipeline.in_sync_clones(ps) == [] and pipeline.in_sync_clones(three) == [1, 1, 1]
+    assert batch.check_batch_split(ps, PIPELINE) == (None, "", False)
+    assert batch.in_sync_clones(ps) == [] and batch.in_sync_clones(three) == [1, 1, 1]
 
 
 def test_validate_scripts_k8s_slurm_and_doctor_refuse_a_batch_the_trainers_cannot_share(tmp_path):

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from od_dist.cluster import safe_yaml, validate
+from od_dist.cluster import placement, safe_yaml
 from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster.spec import InvalidCluster
 
@@ -411,22 +411,22 @@ def test_unreadable_and_binary_files(tmp_path):
 
 def test_index_in_range():
     c = load_text(PS_OK)
-    assert validate.check_task(c, "worker", 1) == []
-    assert "indexes 0 to 1" in validate.check_task(c, "worker", 2)[0]
-    assert validate.check_task(c, "master", 0) == []
-    assert "only one master" in validate.check_task(c, "master", 1)[0]
-    assert validate.check_task(c, "chief", 0) == []
-    assert "unknown role" in validate.check_task(c, "boss", 0)[0]
-    assert "lists no evaluator" in validate.check_task(c, "evaluator", 0)[0]
+    assert placement.check_task(c, "worker", 1) == []
+    assert "indexes 0 to 1" in placement.check_task(c, "worker", 2)[0]
+    assert placement.check_task(c, "master", 0) == []
+    assert "only one master" in placement.check_task(c, "master", 1)[0]
+    assert placement.check_task(c, "chief", 0) == []
+    assert "unknown role" in placement.check_task(c, "boss", 0)[0]
+    assert "lists no evaluator" in placement.check_task(c, "evaluator", 0)[0]
 
 
 def test_public_addresses_need_opt_in():
     c = load_text(PS_OK.replace("10.0.0.4", "8.8.8.8"))
-    found = validate.check_public(c, allow_public=False)
+    found = placement.check_public(c, allow_public=False)
     assert len(found) == 1 and "ps[0]" in found[0] and "--allow_public_addresses" in found[0]
     assert "no authentication" in found[0]
-    assert validate.check_public(c, allow_public=True) == []
-    assert validate.check_public(load_text(PS_OK), allow_public=False) == []
+    assert placement.check_public(c, allow_public=True) == []
+    assert placement.check_public(load_text(PS_OK), allow_public=False) == []
 
 
 class FakeMachine:
@@ -443,26 +443,26 @@ class FakeMachine:
 def test_ordering_check_names_the_right_index():
     c = load_text(PS_OK)
     me = FakeMachine("10.0.0.3")
-    assert validate.check_this_machine(c, "worker", 1, me.is_local) == []
-    found = validate.check_this_machine(c, "worker", 0, me.is_local)
+    assert placement.check_this_machine(c, "worker", 1, me.is_local) == []
+    found = placement.check_this_machine(c, "worker", 0, me.is_local)
     assert "worker[0]" in found[0] and "this machine is worker index 1, not 0" in found[0]
-    assert "no entry" in validate.check_this_machine(c, "worker", 0, FakeMachine().is_local)[0]
+    assert "no entry" in placement.check_this_machine(c, "worker", 0, FakeMachine().is_local)[0]
 
 
 def test_role_inference():
     c = load_text(PS_OK)
-    task, problems = validate.infer_task(c, FakeMachine("10.0.0.4").is_local)
+    task, problems = placement.infer_task(c, FakeMachine("10.0.0.4").is_local)
     assert problems == [] and task.name == "ps:0"
-    task, problems = validate.infer_task(c, FakeMachine().is_local)
+    task, problems = placement.infer_task(c, FakeMachine().is_local)
     assert task is None and "no entry" in problems[0]
-    task, problems = validate.infer_task(c, FakeMachine("10.0.0.2", "10.0.0.3").is_local)
+    task, problems = placement.infer_task(c, FakeMachine("10.0.0.2", "10.0.0.3").is_local)
     assert task is None and "worker:0, worker:1" in problems[0]
 
 
 def test_loopback_cluster_skips_host_check():
     c = load_text(PS_LOOP)
     assert c.loopback_only()
-    assert validate.check_this_machine(c, "worker", 1, FakeMachine().is_local) == []
+    assert placement.check_this_machine(c, "worker", 1, FakeMachine().is_local) == []
     assert not load_text(PS_OK).loopback_only()
 
 
@@ -548,10 +548,10 @@ def test_cluster_file_edges(rule, good, bad, fragments):
 
 def test_host_names_resolved_for_the_public_rule():
     c = load_text(PS_OK.replace("10.0.0.4", "gpu-box.lab"))
-    found = validate.check_public(c, False, {"gpu-box.lab": frozenset({"8.8.8.8"})})
+    found = placement.check_public(c, False, {"gpu-box.lab": frozenset({"8.8.8.8"})})
     assert len(found) == 1 and "ps[0]" in found[0] and "gpu-box.lab resolves to 8.8.8.8" in found[0]
-    assert validate.check_public(c, False, {"gpu-box.lab": frozenset({"10.0.0.4"})}) == []
-    assert validate.check_public(c, True, {"gpu-box.lab": frozenset({"8.8.8.8"})}) == []
+    assert placement.check_public(c, False, {"gpu-box.lab": frozenset({"10.0.0.4"})}) == []
+    assert placement.check_public(c, True, {"gpu-box.lab": frozenset({"8.8.8.8"})}) == []
 
 
 def test_a_name_that_does_not_resolve_is_unchecked_not_private(tmp_path, capsys):
@@ -562,9 +562,9 @@ def test_a_name_that_does_not_resolve_is_unchecked_not_private(tmp_path, capsys)
     from od_dist import cli
 
     c = load_text(PS_OK.replace("10.0.0.4", "gpu-box.lab"))
-    (line,) = validate.unchecked_names(c, {"gpu-box.lab": frozenset()})
+    (line,) = placement.unchecked_names(c, {"gpu-box.lab": frozenset()})
     assert line.startswith("gpu-box.lab: does not resolve on this machine") and "not checked" in line
-    assert validate.unchecked_names(c, {"gpu-box.lab": frozenset({"10.0.0.4"})}) == []
+    assert placement.unchecked_names(c, {"gpu-box.lab": frozenset({"10.0.0.4"})}) == []
     path = tmp_path / "c.yaml"  # .invalid never resolves (RFC 6761)
     path.write_text(yaml.safe_dump({"master": "10.0.0.1:2222", "worker": ["no-such-host.invalid:2222"]}))
     scripts = [

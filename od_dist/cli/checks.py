@@ -43,14 +43,14 @@ def _summary(selected, figures=None) -> str:
 
 def batch_split(cluster, pipeline_path: str, params_override: str | None = None, num_clones=None) -> str:
     """Refuses (exit 2, one line) a global batch the cluster's trainers in sync cannot share, as
-    every trainer would at start (pipeline.check_batch_split); else what was found ('' when no
+    every trainer would at start (batch.check_batch_split); else what was found ('' when no
     replicas step in sync)."""
-    from od_dist.model import pipeline
+    from od_dist.model import batch, pipeline
 
     if cluster is None:
         return ""
     try:
-        problem, said, _ = pipeline.check_batch_split(cluster, pipeline_path, params_override, num_clones)
+        problem, said, _ = batch.check_batch_split(cluster, pipeline_path, params_override, num_clones)
     except pipeline.PipelineError as e:
         raise UsageError(str(e)) from None
     if problem:
@@ -162,7 +162,7 @@ Example:
     define_task_flags,
 )
 def cmd_tf_config(fv) -> int:
-    from od_dist.cluster import validate
+    from od_dist.cluster import placement, validate
     from od_dist.cluster.spec import InvalidCluster, tf_config_json
     from od_dist.host import config
 
@@ -174,7 +174,7 @@ def cmd_tf_config(fv) -> int:
     unchecked: list[str] = []
     cluster = config.load_cluster(fv.cluster, fv.allow_public_addresses, unchecked)
     role, index = validate.normalize_role(fv.role), fv.index or 0
-    problems = validate.check_task(cluster, role, index)
+    problems = placement.check_task(cluster, role, index)
     if problems:
         raise InvalidCluster(problems, fv.cluster)
     config.warn(unchecked)

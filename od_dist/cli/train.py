@@ -205,14 +205,14 @@ def elastic_for(fv: flags.FlagValues, cluster, tasks):
 
         batch_split(cluster, fv.pipeline, fv.params_override, fv.num_clones)
     from od_dist.host import agreement, elastic
-    from od_dist.model import pipeline
+    from od_dist.model import batch, pipeline
     from od_dist.protocol import checkpoint_feed, lineage
 
     def batch_problem(members) -> str | None:
         if fv.fixed_replica_batch:
             return None
         try:
-            problem, _, _ = pipeline.check_batch_split(
+            problem, _, _ = batch.check_batch_split(
                 cluster.group(members), fv.pipeline, fv.params_override, fv.num_clones
             )
         except pipeline.PipelineError as e:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from od_dist.cluster import duties, hostport, messages, safe_yaml, validate
+from od_dist.cluster import duties, hostport, messages, placement, safe_yaml, validate
 from od_dist.cluster.validate import MULTI_WORKER_MIRRORED, PARAMETER_SERVER  # noqa: F401 (re-exported)
 
 TF_JOB = {"master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
@@ -324,7 +324,7 @@ def from_document(doc, source: str = "") -> Cluster:
         outer_momentum=float(doc.get("outer_momentum", validate.OUTER_MOMENTUM)),
         steps_by_speed=bool(doc.get("steps_by_speed", False)),
     )
-    problems = validate.check_equal_clones(cluster)
+    problems = placement.check_equal_clones(cluster)
     if problems:
         raise InvalidCluster(problems, source)
     return cluster
@@ -414,7 +414,7 @@ def from_tf_config(text: str) -> tuple[Cluster, str, int]:
             source,
         )
     cluster = from_document(doc, source)
-    problems = validate.check_task(cluster, role, index)
+    problems = placement.check_task(cluster, role, index)
     if problems:
         raise InvalidCluster(problems, source)
     return cluster, role, index

@@ -1,15 +1,16 @@
-"""Pure validation rules for a cluster description.
+"""Pure validation rules for a cluster description: the rules on the parsed document.
 
-Each rule takes plain data (the parsed YAML document, or a built cluster plus a task) and returns
-a list of one-line problems, each naming the key, the value and the fix. Nothing here touches the
-network, the file system or TensorFlow, so every rule is testable on its own. Addresses are parsed
-in `hostport`, the problem lines written by `messages.problem`.
+Each rule takes plain data (the parsed YAML document) and returns a list of one-line problems,
+each naming the key, the value and the fix; `check_document` runs them all. Nothing here touches
+the network, the file system or TensorFlow, so every rule is testable on its own. Addresses are
+parsed in `hostport`, the problem lines written by `messages.problem`. The rules on a built cluster
+and the task this machine runs are in `placement`.
 """
 
 from __future__ import annotations
 
 from od_dist.cluster import accounts
-from od_dist.cluster.hostport import AddressError, host_key, is_ip, is_loopback, is_public, parse_address
+from od_dist.cluster.hostport import AddressError, host_key, is_loopback, parse_address
 from od_dist.cluster.messages import did_you_mean, problem, shown
 
 PARAMETER_SERVER = "parameter_server"
@@ -591,138 +592,5 @@ def check_sync_every(doc: dict) -> list[str]:
     return out
 
 
-# ----- rules on a built cluster ---------------------------------------------------------------
-
-
-def check_equal_clones(cluster) -> list[str]:
-    """Under parameter_server the coordinator builds one replica layout for every worker."""
-    if cluster.strategy != PARAMETER_SERVER:
-        return []
-    counts = {t.name: cluster.clones_for(t.address.host) for t in cluster.tasks_of("worker")}
-    if len(set(counts.values())) > 1:
-        shown = ", ".join(f"{name}={n}" for name, n in counts.items())
-        return [
-            problem(
-                "hosts.*.num_clones",
-                shown,
-                "parameter_server needs the same num_clones on every worker",
-                "give every worker host the same num_clones",
-            )
-        ]
-    return []
-
-
-def unchecked_names(cluster, resolved) -> list[str]:
-    """The host names the public-address rule cannot judge: they resolve to nothing here
-    (`resolved`, as for check_public). Unknown, not private: one line each for the user."""
-    names = dict.fromkeys(
-        t.address.host
-        for t in cluster.tasks()
-        if t.address.host != "localhost" and not is_ip(t.address.host) and not resolved.get(t.address.host)
-    )
-    return [
-        f"{name}: does not resolve on this machine, so whether it is a public internet address is "
-        "not checked here (it is on a machine where it resolves); write its IP address to have it checked"
-        for name in names
-    ]
-
-
-def check_public(cluster, allow_public: bool, resolved=None) -> list[str]:
-    """Addresses on the public internet, unless allowed. `resolved` maps host names to the IP
-    addresses they resolve to (looked up by the caller: this module touches no network); a name
-    counts as public when any of its addresses is, and one that resolves to none is not judged
-    (unchecked_names)."""
-    if allow_public:
-        return []
-    resolved = resolved or {}
-    out = []
-    for t in cluster.tasks():
-        host = t.address.host
-        public = [ip for ip in resolved.get(host, ()) if is_public(ip)]
-        if is_public(host) or public:
-            where = f" ({host} resolves to {', '.join(sorted(public))})" if public else ""
-            out.append(
-                problem(
-                    t.key,
-                    str(t.address),
-                    f"a public internet address{where}",
-                    "the TensorFlow server has no authentication and runs any graph it is sent: use a "
-                    "private network, or pass --allow_public_addresses if you accept that risk",
-                )
-            )
-    return out
-
-
 def normalize_role(role: str | None) -> str | None:
     return ROLE_ALIASES.get(role, role) if role else role
-
-
-def check_task(cluster, role: str, index: int) -> list[str]:
-    role = normalize_role(role)
-    if role not in ROLES:
-        return [
-            problem("--role", role, "unknown role", f"use one of: {', '.join(ROLES)} (or chief for master)")
-        ]
-    count = len(cluster.tasks_of(role))
-    if count == 0:
-        return [problem("--role", role, f"the cluster file lists no {role}", "pick a role the file lists")]
-    if role in ("master", "evaluator") and index != 0:
-        return [problem("--index", index, f"there is only one {role}", "use --index 0 or leave --index out")]
-    if not 0 <= index < count:
-        return [
-            problem("--index", index, f"{role} has indexes 0 to {count - 1}", f"use an index below {count}")
-        ]
-    return []
-
-
-def check_this_machine(cluster, role: str, index: int, is_local) -> list[str]:
-    """The ordering check: the entry at role/index must be an address of this machine."""
-    task = cluster.task(role, index)
-    if cluster.loopback_only() or is_local(task.address.host):
-        return []
-    mine = cluster.tasks_on(is_local)
-    if len(mine) == 1:
-        hint = (
-            f"this machine is {mine[0].role} index {mine[0].index}, not {index}: "
-            f"run with --role {mine[0].role} --index {mine[0].index}"
-        )
-    elif mine:
-        hint = "this machine has " + ", ".join(t.name for t in mine) + f": pick one of them, not {task.name}"
-    else:
-        hint = (
-            "no entry of the cluster file is an address of this machine: fix the address or run on that host"
-        )
-    return [problem(task.key, str(task.address), "not an address of this machine", hint)]
-
-
-def infer_task(cluster, is_local) -> tuple[object | None, list[str]]:
-    """With --role omitted: the one entry that is this machine."""
-    if cluster.loopback_only():
-        return None, [
-            problem(
-                "--role",
-                "",
-                "every task of this loopback cluster runs on this machine",
-                "pass --role and --index, or run 'od-dist launch' to start them all",
-            )
-        ]
-    mine = cluster.tasks_on(is_local)
-    if len(mine) == 1:
-        return mine[0], []
-    if not mine:
-        return None, [
-            problem(
-                "--role",
-                "",
-                "no entry of the cluster file is an address of this machine",
-                "fix the addresses, or pass --role and --index",
-            )
-        ]
-    return None, [
-        problem(
-            "--role",
-            "",
-            "several entries are this machine: " + ", ".join(t.name for t in mine),
-            "pass --role and --index",
-        )
-    ]

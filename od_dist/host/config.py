@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 
 from od_dist.cluster import duties as duties_mod
-from od_dist.cluster import hostport, messages, validate
+from od_dist.cluster import hostport, messages, placement, validate
 from od_dist.cluster import spec as cluster_mod
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.host import cpu_budget
@@ -50,8 +50,8 @@ def public_problems(cluster: Cluster, allow_public: bool, unchecked: list[str]) 
     from od_dist.cluster import hostinfo
 
     resolved = hostinfo.resolve_names(cluster)
-    unchecked += validate.unchecked_names(cluster, resolved)
-    return validate.check_public(cluster, allow_public, resolved)
+    unchecked += placement.unchecked_names(cluster, resolved)
+    return placement.check_public(cluster, allow_public, resolved)
 
 
 def warn(lines: list[str]) -> None:
@@ -170,7 +170,7 @@ def _select(
             return TaskConfig(
                 cluster, None, source, f"{how}; `od-dist train` without --role starts them all", mine
             )
-        task, problems = validate.infer_task(cluster, is_local)
+        task, problems = placement.infer_task(cluster, is_local)
         if problems and not require_task and not cluster.tasks_on(is_local):
             # `validate` checks a file from any machine (a laptop before copying it out); only
             # the commands that run a task need this machine in it.
@@ -187,9 +187,9 @@ def _select(
             cluster, task, source, f"inferred from this machine's addresses ({machine.describe()})"
         )
     index = 0 if index is None else index
-    problems = validate.check_task(cluster, role, index)
+    problems = placement.check_task(cluster, role, index)
     if not problems:
-        problems = validate.check_this_machine(cluster, role, index, is_local)
+        problems = placement.check_this_machine(cluster, role, index, is_local)
     if problems:
         raise InvalidCluster(problems, source)
     note = (

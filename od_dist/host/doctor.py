@@ -39,7 +39,7 @@ import threading
 import time
 from collections import defaultdict
 
-from od_dist.cluster import advice, duties, hostinfo, hostport, messages, validate
+from od_dist.cluster import advice, duties, hostinfo, hostport, messages, placement, validate
 from od_dist.cluster.spec import Cluster, InvalidCluster, Task
 from od_dist.cluster.topology import connecting_peers, model_dir_line
 from od_dist.host.doctor_check import FIX, OK, WARN, Check
@@ -63,10 +63,10 @@ def check_entry(cluster: Cluster, role: str | None, index: int | None, machine) 
     mine = cluster.tasks_on(machine.is_local)
     if role is not None:
         role, index = validate.normalize_role(role), index or 0
-        problems = validate.check_task(cluster, role, index)
+        problems = placement.check_task(cluster, role, index)
         if problems:
             raise InvalidCluster(problems)
-        problems = validate.check_this_machine(cluster, role, index, machine.is_local)
+        problems = placement.check_this_machine(cluster, role, index, machine.is_local)
         if problems:
             return [Check(FIX, "this machine", problems[0])], mine
         task = cluster.task(role, index)
@@ -520,11 +520,11 @@ def check_model_dir(cluster: Cluster, mine, model_dir: str) -> list[Check]:
 
 def check_batch(cluster: Cluster, pipeline_path: str, params_override: str | None = None) -> list[Check]:
     """The global batch against the trainers in sync, as they check it at start
-    (pipeline.check_batch_split, the rule validate, scripts, k8s and slurm apply)."""
-    from od_dist.model import pipeline
+    (batch.check_batch_split, the rule validate, scripts, k8s and slurm apply)."""
+    from od_dist.model import batch, pipeline
 
     try:
-        problem, said, read = pipeline.check_batch_split(cluster, pipeline_path, params_override)
+        problem, said, read = batch.check_batch_split(cluster, pipeline_path, params_override)
     except pipeline.PipelineError as e:
         return [Check(FIX, "pipeline", str(e))]
     if problem:

@@ -224,11 +224,11 @@ def run_task(
 
 _CHECK_PIPELINE = """
 import sys
-from od_dist.model import pipeline
+from od_dist.model import batch, pipeline
 try:
     params = pipeline.load_pipeline(sys.argv[1], sys.argv[2] or None, sys.argv[3])
     for split in (int(a[len("split="):]) for a in sys.argv[4:] if a.startswith("split=")):
-        pipeline.split_over_replicas(params, split)
+        batch.split_over_replicas(params, split)
     pipeline.check_inputs(params, sys.argv[1], train="train" in sys.argv[4:], evaluate="eval" in sys.argv[4:])
     pipeline.check_model(params, sys.argv[1])
 except pipeline.PipelineError as e:

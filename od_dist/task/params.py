@@ -17,14 +17,14 @@ def load_params(path: str, params_override: str | None, strategy_name: str):
 def of_task(config: TrainConfig):
     """The pipeline, and on a trainer of replicas in sync, what their count does to its batch
     (one line; raises pipeline.PipelineError when it cannot be done)."""
-    from od_dist.model import pipeline
+    from od_dist.model import batch
 
     params = load_params(config.pipeline, config.params_override, config.strategy_name)
     meeting = local_sgd.of_cluster(config.selected.cluster)
     if config.in_sync and meeting:
         print(f"sync_every: {local_sgd.loop_every(params, meeting)}", flush=True)
     if config.in_sync and config.fixed_replica_batch:
-        print(f"--fixed_replica_batch: {pipeline.scale_for_replicas(params, config.replicas)}", flush=True)
+        print(f"--fixed_replica_batch: {batch.scale_for_replicas(params, config.replicas)}", flush=True)
     elif config.in_sync and config.replicas > 1:
-        print(f"batch: {pipeline.split_over_replicas(params, config.replicas)}", flush=True)
+        print(f"batch: {batch.split_over_replicas(params, config.replicas)}", flush=True)
     return params
