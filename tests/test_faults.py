@@ -414,6 +414,44 @@ def test_a_multi_worker_mirrored_pair_says_what_it_moves_and_a_lost_trainer_rest
             assert built.count("FPN input_specs") == 1 and "Collective all_reduce" not in built, built[-3000:]
 
 
+@pytest.mark.slow
+def test_sync_every_a_trainer_lost_between_meetings_resumes_from_weights_the_trainers_met_on(
+    tmp_path, data_dir, jobs
+):
+    """Trainers that meet every 10 steps (the cluster file's sync_every): kill -9 of the worker
+    once the first checkpoint is written, so between meetings. Both restart from the last
+    checkpoint, which was written after a meeting (every checkpoint's step is a meeting's), and
+    finish; after the restart the trainers' weights are again the same at every meeting (the
+    digests each logs). What is lost is the steps since that checkpoint, as without sync_every."""
+    from od_dist.task import local_sgd
+
+    cluster = write_cluster(tmp_path, ps=0, workers=1)
+    with open(cluster, "a") as f:
+        f.write("sync_every: 10\n")
+    model_dir = str(tmp_path / "model")
+    args = launch_args(tmp_path, data_dir, cluster, 30, "--max_restarts=1", "--lost_peer_timeout=4")
+    job = jobs(*args, cwd=str(tmp_path))
+    i, _, _ = job.wait_for(r"\[master:0\] od-dist train \| step \d+/30")
+    step = wait_for_checkpoint(model_dir)
+    job.task("worker", 0).kill()
+    job.wait_for(r"od-dist launch: worker:0 died \(exit 137, killed\); restart 1/1 of every task", after=i)
+    assert job.finish() == 0, job.out[-5000:]
+    assert checkpoint_step(model_dir) == 30
+    saved = sorted(int(p.split("-")[1].split(".")[0]) for p in os.listdir(model_dir) if p.endswith(".index"))
+    assert saved and all(s == 1 or s % 10 == 0 for s in saved), saved
+    met = re.compile(re.escape(local_sgd.MET) + r" (\d+): weights ([0-9a-f]{16})")
+    again = {}
+    for task in ("master-0", "worker-0"):
+        log = open(os.path.join(model_dir, "logs", f"{task}.log"), errors="replace").read()
+        runs = re.split(r"^----- .* started -----$", log, flags=re.M)[1:]
+        assert len(runs) == 2, log[-3000:]
+        again[task] = met.findall(runs[1])
+    assert again["master-0"] and again["master-0"] == again["worker-0"], again
+    resumed = re.search(r"train \| step:\s+(\d+) \| training until step 30", runs[1])
+    assert resumed and int(resumed.group(1)) >= step, runs[1][-3000:]
+    assert int(resumed.group(1)) in saved, (resumed.group(1), saved)
+
+
 def test_a_permanent_error_is_not_retried(tmp_path, jobs):
     pipeline = tmp_path / "bad.yaml"
     pipeline.write_text("experiment: retinanet_resnetfpn_coco\ntrainer: {train_stepz: 10}\n")
