@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from od_dist.cluster import spec
-from od_dist.host import agreement
+from od_dist.host import agreement, lease
 from od_dist.protocol.membership import DONE, TRAINING, Group
 
 LOST_PEER_S = 10.0  # --lost_peer_timeout's default
@@ -71,7 +71,7 @@ class Machine:
             recall=lambda: dict(self.disk.rounds),
             record=self.disk_rounds,
             model_dir=f"/disk{index}",
-            lease_s=agreement.LEASE_S,
+            lease_s=lease.LEASE_S,
         )
 
     @property
@@ -327,7 +327,7 @@ class AgreementModel(RuleBasedStateMachine):
                 self.minority_since.pop(r, None)
             else:
                 since = self.minority_since.setdefault(r, self.t)
-                assert self.t - since <= agreement.LEASE_S + 2 * TICK_S, (
+                assert self.t - since <= lease.LEASE_S + 2 * TICK_S, (
                     f"round {r} trains on {len(held)} of min_trainers {self.min} for {self.t - since:.0f} s\n"
                     + self.log()
                 )

@@ -19,7 +19,7 @@ from test_elastic import HOSTS, _free_port, cluster_of
 
 from od_dist.cluster import spec
 from od_dist.cluster.spec import InvalidCluster
-from od_dist.host import agreement, config, elastic, supervisor
+from od_dist.host import agreement, config, elastic, lease, supervisor
 from od_dist.host.processes import Running
 from od_dist.protocol import membership
 
@@ -69,8 +69,8 @@ def test_a_lost_peer_timeout_whose_lease_is_shorter_than_two_looks_is_refused_be
     lease is two look cycles (6 s) and a --lost_peer_timeout that cannot give it is refused, in one
     line naming the flag, the value and the fix; multi_worker_mirrored (no lease) and a job without
     min_trainers take any value as before."""
-    assert agreement.LEASE_S == 2 * (agreement.LOOK_EVERY_S + membership.TIMEOUT_S) == 6.0
-    assert agreement.lease_for(10) == agreement.LEASE_S
+    assert lease.LEASE_S == 2 * (lease.LOOK_EVERY_S + membership.TIMEOUT_S) == 6.0
+    assert lease.lease_for(10) == lease.LEASE_S
 
     def checked(cluster, lost_peer_timeout):
         task = cluster.members()[0]
@@ -165,8 +165,8 @@ def test_the_looker_refuses_a_lease_shorter_than_two_of_its_looks():
         )
 
     with pytest.raises(ValueError, match=r"lease \(3\.0 s\) is shorter than 2 looks"):
-        made(agreement.lease_for(5))
-    assert made(agreement.lease_for(10)).lease_s == 6.0
+        made(lease.lease_for(5))
+    assert made(lease.lease_for(10)).lease_s == 6.0
 
 
 def test_with_one_machine_silent_the_looks_renew_the_lease_further_apart_than_the_short_lease():
@@ -210,7 +210,7 @@ def test_with_one_machine_silent_the_looks_renew_the_lease_further_apart_than_th
         for stack in stacks:
             stack.close()
         silent.close()
-    assert 3.0 < longest < agreement.LEASE_S, longest
+    assert 3.0 < longest < lease.LEASE_S, longest
 
 
 # ----- finding 8: a DONE of another run ------------------------------------------------------

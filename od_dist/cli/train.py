@@ -204,7 +204,7 @@ def elastic_for(fv: flags.FlagValues, cluster, tasks):
         from od_dist.cli.checks import batch_split
 
         batch_split(cluster, fv.pipeline, fv.params_override, fv.num_clones)
-    from od_dist.host import agreement, elastic
+    from od_dist.host import elastic, lease
     from od_dist.model import batch, pipeline
     from od_dist.protocol import checkpoint_feed, lineage
 
@@ -238,8 +238,8 @@ def elastic_for(fv: flags.FlagValues, cluster, tasks):
         recall=lambda: lineage.rounds_kept(fv.model_dir) if fv.model_dir else None,
         record=lambda kept: lineage.keep_rounds(fv.model_dir, kept) if fv.model_dir else None,
         model_dir=fv.model_dir,
-        # Shorter than the workers' patience with their coordinator (host/agreement.py's lease).
-        lease_s=agreement.lease_for(fv.lost_peer_timeout),
+        # Shorter than the workers' patience with their coordinator (host/lease.py).
+        lease_s=lease.lease_for(fv.lost_peer_timeout),
     )
 
 

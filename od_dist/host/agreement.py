@@ -37,11 +37,8 @@ Never two groups: min_trainers is more than half of the trainers (cluster/valida
 trains in one round at a time, and under multi_worker_mirrored a group trains only while every member
 does. Under parameter_server the coordinator needs no member to go on, so it holds a lease: it
 trains only while its last look within lease_s saw min_trainers trainers in its round (members
-training, or forming to rejoin it and seeing it). lease_s is two look cycles (a look's timeout for a
-silent machine and the pause between looks: LEASE_S), so that a healthy coordinator's next look
-renews it in time, and at most LEASE_SHARE of the workers' patience (--lost_peer_timeout), so a
-coordinator cut off stops before the others can form a round without it; a --lost_peer_timeout
-that cannot give both is refused (lease_problem). No TensorFlow here.
+training, or forming to rejoin it and seeing it). lease_s, its length from --lost_peer_timeout and
+the look cycle it is counted in: host/lease.py. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -51,62 +48,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from od_dist.cluster import hostport, messages
+from od_dist.cluster import hostport
 from od_dist.cluster.spec import PARAMETER_SERVER, Cluster, Task
-from od_dist.protocol import lineage, membership, peers
+from od_dist.host.lease import LEASE_S
+from od_dist.protocol import lineage
 from od_dist.protocol.membership import DONE, FORMING, READY, TRAINING, Group
 
 SETTLE_S = 3.0  # the machines seen forming unchanged this long: none is still on its way
 CONFIRM_S = 30.0  # a proposal not taken by every member within this is dropped
-LOOK_EVERY_S = 1.0  # host/elastic.py looks at the others this long after its last look ended
-# The look cycle: the longest from one look's start to the next one's while a machine is silent (a
-# look waits membership.TIMEOUT_S for it, then LOOK_EVERY_S), 3 s.
-LOOK_CYCLE_S = LOOK_EVERY_S + membership.TIMEOUT_S
-# The coordinator's lease (parameter_server), in look cycles. A look that saw the quorum renews it
-# from its start; the next one renews it once it has ended, up to a cycle and a look's timeout later
-# (5 s and a little with one machine silent: 5.0 s on loopback, tests/test_fences.py). Two cycles (6 s)
-# cover that; 3 s (what --lost_peer_timeout 5 gave) ran out between looks and killed a healthy
-# coordinator every few seconds.
-LEASE_LOOKS = 2
-LEASE_S = LEASE_LOOKS * LOOK_CYCLE_S
-# ...and at most this share of the workers' patience (--lost_peer_timeout): they form without the
-# coordinator no sooner than --lost_peer_timeout + SETTLE_S after its last look that saw them, so a
-# coordinator cut off is killed well before. A --lost_peer_timeout that leaves less than LEASE_S is
-# refused (lease_problem, exit 2 before anything starts), never taken with a shorter lease.
-LEASE_SHARE = 0.6
 FAILS_TO_COOL = 2  # failed rounds in a row after which a machine is left out of proposals...
 COOLING_S = 60.0  # ...until it has stayed up this long (twice as long at each further failure)
 STEADY_S = 120.0  # training this long ends a machine's streak of failed rounds
-
-
-def lease_for(lost_peer_timeout: float) -> float:
-    """The coordinator's lease for --lost_peer_timeout: two look cycles (LEASE_S), at most
-    LEASE_SHARE of the workers' patience; lease_problem says when that is less than two cycles."""
-    return min(LEASE_S, LEASE_SHARE * lost_peer_timeout)
-
-
-def least_lost_peer_timeout() -> int:
-    """The least --lost_peer_timeout (whole seconds) that leaves the coordinator a lease of LEASE_S."""
-    n = 1
-    while LEASE_SHARE * n < LEASE_S - 1e-9:
-        n += 1
-    return n
-
-
-def lease_problem(lost_peer_timeout: float) -> str | None:
-    """Why --lost_peer_timeout is refused for an elastic parameter_server job (its coordinator's
-    lease would be shorter than two looks at the others), or None. One line, as config.py's."""
-    lease = LEASE_SHARE * lost_peer_timeout
-    if lease >= LEASE_S - 1e-9:
-        return None
-    return messages.problem(
-        "--lost_peer_timeout",
-        lost_peer_timeout,
-        f"an elastic parameter_server job's coordinator would hold a lease of {lease:.1f} s "
-        f"({LEASE_SHARE:g} x it), shorter than two of its looks at the other machines ({LEASE_S:.0f} s "
-        "with one of them silent): a healthy coordinator would be killed without a save",
-        f"pass --lost_peer_timeout {least_lost_peer_timeout()} or more (the default is {peers.LOST_PEER_TIMEOUT_S})",
-    )
 
 
 @dataclass(frozen=True)

@@ -375,11 +375,11 @@ def train_config(
                 )
             )
     if cluster and cluster.min_trainers and strategy == validate.PARAMETER_SERVER:
-        # The coordinator's lease (host/agreement.py) comes from --lost_peer_timeout: refused when
+        # The coordinator's lease (host/lease.py) comes from --lost_peer_timeout: refused when
         # shorter than two of its looks, rather than a healthy coordinator killed every few seconds.
-        from od_dist.host import agreement
+        from od_dist.host.lease import lease_problem
 
-        lease = agreement.lease_problem(lost_peer_timeout)
+        lease = lease_problem(lost_peer_timeout)
         if lease:
             problems.append(lease)
     if cluster and clone_on_cpu and num_clones > 1:

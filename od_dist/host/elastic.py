@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from od_dist.host.agreement import (  # noqa: F401 - the supervisor's words for a machine's phase
     DONE,
     FORMING,
-    LEASE_LOOKS,
-    LOOK_EVERY_S,
     READY,
     TRAINING,
     Agreement,
@@ -22,6 +20,7 @@ from od_dist.host.agreement import (  # noqa: F401 - the supervisor's words for 
     RunConflict,
     machines,
 )
+from od_dist.host.lease import LEASE_LOOKS, LOOK_EVERY_S
 from od_dist.protocol import membership
 
 
