@@ -302,7 +302,7 @@ def test_ps_starts_whatever_num_clones_says_stops_on_sigterm_and_when_master_nev
                 c.laddr.ip for c in psutil.Process(proc.pid).net_connections("tcp") if c.laddr.port == port
             }
             assert bound and bound <= {"0.0.0.0", "::"}, bound
-            if supervised:  # as host/supervisor.py send() does on Windows, just before its stop
+            if supervised:  # as host/processes.py send() does on Windows, just before its stop
                 notes.leave_for_child(str(notes_dir), proc.pid, notes.SYSTEM_STOP)
             proc.send_signal(sent)
             # Stopped without the master's word (a drained node): retryable, for a supervisor to restart.

@@ -115,7 +115,7 @@ def test_a_server_told_of_a_persons_stop_exits_130_and_of_the_end_0(capsys):
 
 def test_a_stop_its_supervisor_left_word_of_is_a_sigterm_whatever_carries_it(tmp_path, monkeypatch):
     """On Windows a supervisor can send a task only CTRL_BREAK, a person's Ctrl+Break by itself:
-    for its own stops (a restart, the end of `launch`) it leaves a note first (host/supervisor.py
+    for its own stops (a restart, the end of `launch`) it leaves a note first (host/processes.py
     send()), and the task, trainer or server, takes the signal for the SIGTERM it stands for."""
     from od_dist.protocol import notes
 

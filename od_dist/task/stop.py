@@ -28,7 +28,7 @@ SAME_REQUEST_S = 1.0
 
 def meant(signum: int) -> int:
     """The stop a signal stands for: SIGTERM when this task's supervisor left word that the stop is
-    its own (a restart, the end of `launch`: host/supervisor.py send()), whatever carried it (on
+    its own (a restart, the end of `launch`: host/processes.py send()), whatever carried it (on
     Windows the CTRL_BREAK a process group can only be sent); else the signal itself. So a
     supervisor's stop exits 143 and is never passed on to the job as a person's Ctrl+C."""
     if signum != signal.SIGTERM and notes.from_supervisor(notes.SYSTEM_STOP):
