@@ -88,7 +88,7 @@ def run_evaluator(config: TrainConfig) -> int:
     seen = [False]  # the master was ever up: the job started
     before = read_stopped_note(config.model_dir)  # an earlier run's word is none for this one
     stopped = []
-    following: list = []  # the fetches from the lead's checkpoint feed, if the cluster has one
+    followers: list = []  # the fetches from the lead's checkpoint feed, if the cluster has one
     started = time.monotonic()
     told = [False]
 
@@ -96,10 +96,10 @@ def run_evaluator(config: TrainConfig) -> int:
         now = time.monotonic()
         # Up: its port, or its checkpoint feed (it outlives training, for this evaluator).
         up = (master is not None and is_listening(master.host, master.port)) or bool(
-            following and following[0].reachable
+            followers and followers[0].reachable
         )
         absent.look("master", up, now)
-        if lead and not following and not told[0] and checkpoint_feed.newest(config.model_dir) is None:
+        if lead and not followers and not told[0] and checkpoint_feed.newest(config.model_dir) is None:
             # A wait that may last the whole training: said once, at the first poll (within
             # EVAL_POLL_S), whether or not the master is up yet (it may start minutes later).
             told[0] = True
@@ -122,7 +122,7 @@ def run_evaluator(config: TrainConfig) -> int:
     cluster = config.selected.cluster
     feeds = cluster.checkpoint_feeds() if cluster else ()
     with following(config, feeds, checkpoint_feed.EVALUATOR) as follower:
-        following.extend([follower] if follower else [])
+        followers.extend([follower] if follower else [])
         metrics = None
         if follower is None or own_run_only(follower, config.model_dir, keep_waiting):
             metrics = trainer.continuous_eval(
