@@ -351,20 +351,20 @@ def run_case(case: Case, link: str, args, work: str, data_dir: str) -> dict:
     return result
 
 
-GRADIENTS = re.compile(r"network: each step all-reduces ([\d.]+) MB of gradients")
+GRADIENTS = re.compile(r"network: each step all-reduces ([\d.]+) MB of gradients(.*all-reduced in bfloat16)?")
 MEETING = re.compile(r"each meeting all-reduces ([\d.]+) MB( in bfloat16)?")
 
 
 def model_bytes(master_log: str | None) -> dict:
-    """The model's bytes as the master says them: the gradients a step all-reduces, or the weights
-    and statistics a meeting does (in float32)."""
+    """The model's bytes as the master says them, in float32 (a bfloat16 job says half): the
+    gradients a step all-reduces, or the weights and statistics a meeting does."""
     try:
         text = open(master_log, errors="replace").read() if master_log else ""
     except FileNotFoundError:
         return {}
     found = {}
     if m := GRADIENTS.search(text):
-        found["grad_bytes"] = float(m.group(1)) * 1e6
+        found["grad_bytes"] = float(m.group(1)) * 1e6 * (2 if m.group(2) else 1)
     if m := MEETING.search(text):
         found["weight_bytes"] = float(m.group(1)) * 1e6 * (2 if m.group(2) else 1)
     return found
