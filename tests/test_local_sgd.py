@@ -269,3 +269,14 @@ def test_validate_explains_sync_every(tmp_path):
         "then an outer Nesterov step on the average change (DiLoCo: learning rate 0.7, momentum 0.9); "
         "checkpoints are written after a meeting"
     ) in done.stdout, done.stdout
+
+
+def test_a_trainer_twice_as_fast_takes_twice_the_local_steps():
+    """steps_by_speed's shares: 3 trainers at 4, 4 and 8 steps a second (16 in all), a period of 25
+    steps of the schedule: 75 local steps in all, 19, 19 and 38 (each reaches the meeting after
+    about 4.7 s); before any meeting, each takes the period's 25."""
+    from od_dist.task import local_sgd
+
+    assert [local_sgd.share_of(25, 3, s, 16.0) for s in (4.0, 4.0, 8.0)] == [19, 19, 38]
+    assert local_sgd.share_of(25, 3, 0.0, 0.0) == 25
+    assert local_sgd.share_of(1, 3, 1.0, 100.0) == 1  # every trainer takes a step at least

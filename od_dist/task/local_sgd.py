@@ -66,6 +66,16 @@ def loop_every(params, meeting: Meeting) -> str:
     return f"trainer.steps_per_loop {was} -> {meeting.every}: {describe(meeting)}, at the end of every loop"
 
 
+def share_of(period: int, trainers: int, mine: float, all_speed: float) -> int:
+    """A trainer's local steps for `period` steps of the schedule when it trained `mine` steps a
+    second and all the `trainers` together `all_speed` at the last meeting: the trainers' steps sum
+    to about trainers x period, each in proportion to its speed, so all reach the next meeting
+    together. Without speeds yet (the first period), `period`."""
+    if not mine or not all_speed:
+        return period
+    return max(1, round(trainers * period * mine / all_speed))
+
+
 def step_locally(dist, optimizer) -> None:
     """Each replica applies its own gradients: the optimizer's all-reduce becomes a scaling by the
     replicas in sync, which undoes Model Garden's division of the loss by them (its tasks scale
@@ -122,19 +132,14 @@ class Meetings:
         self._anchor = tf.function(self._anchor_fn)
         self._meet = tf.function(self._meet_fn)
         self.count = 0
-        # This trainer's local steps and seconds since the last meeting (run_by_speed), and the
-        # speed of all the trainers together at it.
-        self.steps, self.seconds, self.all_speed = 0, 0.0, 0.0
+        # This trainer's local steps and seconds since the last meeting (run_by_speed), and its
+        # speed and that of all the trainers together at the last meeting.
+        self.steps, self.seconds, self.speed, self.all_speed = 0, 0.0, 0.0, 0.0
         self.trainers = dist.num_replicas_in_sync
 
     def share(self, period: int) -> int:
-        """This trainer's local steps for a period of `period` steps of the schedule: the
-        trainers' steps sum to about trainers x period, each in proportion to its speed at the last
-        meeting, so that all reach the next one together."""
-        if not self.all_speed or not self.seconds:
-            return period
-        mine = self.steps / self.seconds
-        return max(1, round(self.trainers * period * mine / self.all_speed))
+        """This trainer's local steps for the next `period` steps of the schedule (share_of)."""
+        return share_of(period, self.trainers, self.speed, self.all_speed)
 
     def _local_flat(self):
         import tensorflow as tf
@@ -191,6 +196,7 @@ class Meetings:
         weight = float(self.steps) if by_speed else 1.0
         speed = self.steps / max(self.seconds, 1e-9) if by_speed else 0.0
         self.all_speed = float(self._meet(tf.constant(weight), tf.constant(speed)))
+        self.speed = speed
         steps, self.steps, self.seconds = self.steps, 0, 0.0
         self.count += 1
         digest = hashlib.sha256(self.anchor_values.numpy().tobytes()).hexdigest()[:16]
