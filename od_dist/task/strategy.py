@@ -335,7 +335,16 @@ def make(
     num_gpus = len(names) if names[0].startswith("/gpu") else 0
     wait_with_beacon(task, peers, wait_timeout, beacon)
     with hang_guard(wait_timeout, f"{task.name}: every peer is up; joining the all-reduce group"):
-        return tf.distribute.MultiWorkerMirroredStrategy(
+        dist = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=_resolver(cluster, task, num_gpus),
             communication_options=collective_options(all_reduce_alg),
         )
+    if cluster.sync_every:
+        # Trainers that step alone take different numbers of steps between meetings
+        # (steps_by_speed): no step may hold a collective. TensorFlow's handling of a last partial
+        # batch all-reduces, at every step, whether each trainer's input has one more batch
+        # (input_lib._enable_get_next_as_optional, on in multi-worker mode for a dataset of
+        # unknown length); the training data repeats forever (Model Garden's reader), so there is
+        # no last batch to handle. Read when the datasets are distributed, after this.
+        dist.extended.experimental_enable_get_next_as_optional = False
+    return dist
