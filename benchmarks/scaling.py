@@ -16,8 +16,8 @@ start it; the one-machine baseline is `od-dist train` without a cluster. Demo pi
 Cases (`--cases`, comma-separated; a case may carry, in brackets, a params override, train flags
 or a setting of its machines: `mwm2[runtime.all_reduce_alg=ring]`, `mwm2[--intra_op_threads=1]`,
 `mwm2[@period_ms=10]`, `mwm3[@last_cores=1.2]` (the last machine's CPU cap: a faster machine), or of the
-cluster file: `mwm3[@sync_every=25]`, with `@outer_learning_rate=1` and `@outer_momentum=0` for the plain
-average, `@steps_by_speed=1`):
+cluster file: `mwm3[@sync_every=25]`, with `@outer_learning_rate=0.7` and `@outer_momentum=0.9` for
+DiLoCo's outer step):
 
   one         one machine, no cluster: the baseline
   mwmN        multi_worker_mirrored, master + N-1 workers, one per machine; the per-machine batch
@@ -88,12 +88,7 @@ PER_MACHINE_BATCH = 8
 DEFAULT_CASES = "one,mwm2,mwm3,ps2"
 DEFAULT_LINKS = "unshaped,100mbit"
 ACCURACY_CASES = "one,mwm2,mwm3"
-CLUSTER_KEYS = (
-    "sync_every",
-    "outer_learning_rate",
-    "outer_momentum",
-    "steps_by_speed",
-)  # @key=value of an mwm case
+CLUSTER_KEYS = ("sync_every", "outer_learning_rate", "outer_momentum")  # @key=value of an mwm case
 PROGRESS = re.compile(r"od-dist train \| step (\d+)/\d+ .*?\| ([\d.]+) steps/s \| ([\d.]+) examples/s")
 
 
@@ -157,9 +152,7 @@ def cluster_text(case: Case, net, work: str) -> str:
     for key in CLUSTER_KEYS:
         if key in case.harness:
             value = case.harness[key]
-            lines.append(
-                f"{key}: {int(value) if key == 'sync_every' else str(bool(value)).lower() if key == 'steps_by_speed' else value}"
-            )
+            lines.append(f"{key}: {int(value) if key == 'sync_every' else value}")
     if by_role["ps"]:
         lines.append(f"ps: [{', '.join(by_role['ps'])}]")
     lines.append("hosts:")

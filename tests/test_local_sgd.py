@@ -210,50 +210,6 @@ def test_the_network_share_and_the_advised_sync_every_by_hand():
     assert "60% of the time in meetings" in line and "raise sync_every to about 338" in line, line
 
 
-WEIGHTED_SCRIPT = r"""
-import json
-import numpy as np
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import tf_keras
-from od_dist.task import local_sgd
-
-dist = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-with dist.scope():
-    model = tf_keras.Sequential([tf_keras.layers.Dense(3, input_shape=(2,))])
-    model(tf.zeros([1, 2]))
-meetings = local_sgd.Meetings(dist, model, local_sgd.Meeting(5, 1.0, 0.0, True))
-meetings.anchor()
-kernel = model.trainable_variables[0]
-start = kernel.values[0].numpy()
-for i, c in enumerate(kernel.values):
-    c.assign(start + (i + 1))  # replica 0 moved by 1, replica 1 by 2
-per_replica = lambda a, b: dist.experimental_distribute_values_from_function(
-    lambda ctx: tf.constant(a if ctx.replica_id_in_sync_group == 0 else b)
-)
-# Replica 0 took 1 step at 2 steps/s, replica 1 took 3 at 6 steps/s.
-all_speed = meetings._meet(per_replica(1.0, 3.0), per_replica(2.0, 6.0))
-print("RESULT " + json.dumps({"speed": float(all_speed), "start": start.tolist(),
-    "after": [c.numpy().tolist() for c in kernel.values]}))
-"""
-
-
-def test_a_meeting_weighs_each_trainer_by_its_steps_and_sums_the_speeds():
-    """steps_by_speed: the change of a trainer that took 3 local steps weighs 3 times that of
-    one that took 1: (1 x 1 + 3 x 2) / 4 = 1.75 from the anchor; the speeds sum to 8 steps/s."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
-    done = subprocess.run(
-        [sys.executable, "-c", WEIGHTED_SCRIPT], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[7:])
-    assert out["speed"] == 8.0
-    start, after = np.array(out["start"]), np.array(out["after"])
-    assert np.array_equal(after[0], after[1])
-    np.testing.assert_allclose(after[0], start + 1.75, rtol=1e-6)
-
-
 def test_validate_explains_sync_every(tmp_path):
     from loopback import od_dist
 
@@ -269,14 +225,3 @@ def test_validate_explains_sync_every(tmp_path):
         "then an outer Nesterov step on the average change (DiLoCo: learning rate 0.7, momentum 0.9); "
         "checkpoints are written after a meeting"
     ) in done.stdout, done.stdout
-
-
-def test_a_trainer_twice_as_fast_takes_twice_the_local_steps():
-    """steps_by_speed's shares: 3 trainers at 4, 4 and 8 steps a second (16 in all), a period of 25
-    steps of the schedule: 75 local steps in all, 19, 19 and 38 (each reaches the meeting after
-    about 4.7 s); before any meeting, each takes the period's 25."""
-    from od_dist.task import local_sgd
-
-    assert [local_sgd.share_of(25, 3, s, 16.0) for s in (4.0, 4.0, 8.0)] == [19, 19, 38]
-    assert local_sgd.share_of(25, 3, 0.0, 0.0) == 25
-    assert local_sgd.share_of(1, 3, 1.0, 100.0) == 1  # every trainer takes a step at least

@@ -315,12 +315,6 @@ RULES = [
         ["outer_momentum: '0'", "used only with sync_every"],
     ),
     (
-        "steps_by_speed is true or false",
-        MWM3 + "sync_every: 25\nsteps_by_speed: true\n",
-        MWM3 + "sync_every: 25\nsteps_by_speed: fast\n",
-        ["steps_by_speed: 'fast'", "not true or false"],
-    ),
-    (
         "the outer momentum is below 1",
         MWM3 + "sync_every: 25\nouter_momentum: 0.9\n",
         MWM3 + "sync_every: 25\nouter_momentum: 1\n",

@@ -98,7 +98,6 @@ class Cluster:
     sync_every: int | None = None
     outer_learning_rate: float = validate.OUTER_LEARNING_RATE
     outer_momentum: float = validate.OUTER_MOMENTUM
-    steps_by_speed: bool = False  # with sync_every: each trainer's local steps by its speed
     # A group of an elastic job (group()): the whole job's id, which its stop markers and checkpoint
     # feed keep whatever trainers train now, and its tasks' names in the file, by address.
     of_job: str | None = None
@@ -322,7 +321,6 @@ def from_document(doc, source: str = "") -> Cluster:
         sync_every=doc.get("sync_every"),
         outer_learning_rate=float(doc.get("outer_learning_rate", validate.OUTER_LEARNING_RATE)),
         outer_momentum=float(doc.get("outer_momentum", validate.OUTER_MOMENTUM)),
-        steps_by_speed=bool(doc.get("steps_by_speed", False)),
     )
     problems = placement.check_equal_clones(cluster)
     if problems:

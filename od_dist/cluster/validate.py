@@ -31,7 +31,6 @@ TOP_KEYS = (
     "sync_every",
     "outer_learning_rate",
     "outer_momentum",
-    "steps_by_speed",
     "hosts",
 )
 HOST_KEYS = ("os", "python", "venv", "workdir", "num_clones", "user")
@@ -48,7 +47,7 @@ MAX_CLONES = 256  # replicas per process: GPUs of one machine, or logical CPU de
 OUTER_LEARNING_RATE = 1.0
 OUTER_MOMENTUM = 0.0
 DILOCO = (0.7, 0.9)  # the paper's outer learning rate and momentum
-OUTER_KEYS = ("outer_learning_rate", "outer_momentum", "steps_by_speed")  # with sync_every only
+OUTER_KEYS = ("outer_learning_rate", "outer_momentum")  # with sync_every only
 
 
 # ----- rules on the parsed document -----------------------------------------------------------
@@ -568,15 +567,6 @@ def check_sync_every(doc: dict) -> list[str]:
                 rate,
                 "not a learning rate above 0 (at most 10)",
                 f"write e.g. 'outer_learning_rate: {DILOCO[0]}' (DiLoCo's; 1 with outer_momentum 0: the plain average)",
-            )
-        )
-    if not isinstance(doc.get("steps_by_speed", False), bool):
-        out.append(
-            problem(
-                "steps_by_speed",
-                doc["steps_by_speed"],
-                "not true or false",
-                "write 'steps_by_speed: true' (machines of different speeds) or remove it",
             )
         )
     momentum = doc.get("outer_momentum", OUTER_MOMENTUM)

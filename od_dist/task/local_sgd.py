@@ -31,16 +31,13 @@ class Meeting(typing.NamedTuple):
     every: int  # steps between meetings
     learning_rate: float  # the outer step's; 1.0 with momentum 0: the plain average
     momentum: float
-    by_speed: bool = False  # each trainer's local steps in proportion to its speed (run_by_speed)
 
 
 def of_cluster(cluster) -> Meeting | None:
     """The cluster file's meeting, None when its trainers all-reduce every step."""
     if cluster is None or not cluster.sync_every:
         return None
-    return Meeting(
-        cluster.sync_every, cluster.outer_learning_rate, cluster.outer_momentum, cluster.steps_by_speed
-    )
+    return Meeting(cluster.sync_every, cluster.outer_learning_rate, cluster.outer_momentum)
 
 
 def describe(meeting: Meeting) -> str:
@@ -53,8 +50,6 @@ def describe(meeting: Meeting) -> str:
             f"momentum {meeting.momentum:g})"
         )
     every = f"every {meeting.every} steps"
-    if meeting.by_speed:
-        every += " of the schedule, each taking local steps in proportion to its speed (a meeting weighs each by them)"
     return f"the trainers step alone on their own batches and meet {every}: one all-reduce, then {outer}"
 
 
@@ -64,16 +59,6 @@ def loop_every(params, meeting: Meeting) -> str:
     was = int(params.trainer.steps_per_loop)
     params.override({"trainer": {"steps_per_loop": meeting.every}}, is_strict=True)
     return f"trainer.steps_per_loop {was} -> {meeting.every}: {describe(meeting)}, at the end of every loop"
-
-
-def share_of(period: int, trainers: int, mine: float, all_speed: float) -> int:
-    """A trainer's local steps for `period` steps of the schedule when it trained `mine` steps a
-    second and all the `trainers` together `all_speed` at the last meeting: the trainers' steps sum
-    to about trainers x period, each in proportion to its speed, so all reach the next meeting
-    together. Without speeds yet (the first period), `period`."""
-    if not mine or not all_speed:
-        return period
-    return max(1, round(trainers * period * mine / all_speed))
 
 
 def step_locally(dist, optimizer) -> None:
@@ -132,14 +117,6 @@ class Meetings:
         self._anchor = tf.function(self._anchor_fn)
         self._meet = tf.function(self._meet_fn)
         self.count = 0
-        # This trainer's local steps and seconds since the last meeting (run_by_speed), and its
-        # speed and that of all the trainers together at the last meeting.
-        self.steps, self.seconds, self.speed, self.all_speed = 0, 0.0, 0.0, 0.0
-        self.trainers = dist.num_replicas_in_sync
-
-    def share(self, period: int) -> int:
-        """This trainer's local steps for the next `period` steps of the schedule (share_of)."""
-        return share_of(period, self.trainers, self.speed, self.all_speed)
 
     def _local_flat(self):
         import tensorflow as tf
@@ -152,20 +129,16 @@ class Meetings:
         values = self.dist.run(self._local_flat)
         self.anchor_values.assign(self.dist.experimental_local_results(values)[0])
 
-    def _meet_fn(self, weight, speed):
+    def _meet_fn(self):
         import tensorflow as tf
 
-        def change(weight, speed):
-            # Each trainer's change weighs as many as the steps it took (1 each when they are
-            # equal); its weight and its speed go in the same all-reduce, at the end.
-            delta = (self._local_flat() - self.anchor_values.read_value()) * weight
-            sent = tf.concat([delta, tf.stack([weight, speed])], 0)
-            sent = tf.cast(sent, self.wire) if self.wire is not None else sent
-            summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, sent)
-            return tf.cast(summed, tf.float32)
+        def change():
+            delta = self._local_flat() - self.anchor_values.read_value()
+            sent = tf.cast(delta, self.wire) if self.wire is not None else delta
+            mean = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, sent)
+            return tf.cast(mean, tf.float32)
 
-        summed = self.dist.experimental_local_results(self.dist.run(change, args=(weight, speed)))[0]
-        mean = summed[:-2] / summed[-2]
+        mean = self.dist.experimental_local_results(self.dist.run(change))[0]
         anchor = self.anchor_values.read_value()
         trained, stats = mean[: self._trained], mean[self._trained :]
         lr, mu = self.meeting.learning_rate, self.meeting.momentum
@@ -178,7 +151,6 @@ class Meetings:
         self.anchor_values.assign(new)
         for v, part in zip(self.trained + self.stats, tf.split(new, self.sizes)):
             v.assign(tf.reshape(part, v.shape))
-        return summed[-1]
 
     def anchor(self) -> None:
         """The weights every trainer holds now become the point the next meeting steps from."""
@@ -189,52 +161,9 @@ class Meetings:
         digest of the weights met on: every trainer's line for a meeting is the same."""
         import hashlib
 
-        import tensorflow as tf
         from absl import logging
 
-        by_speed = self.meeting.by_speed and self.steps
-        weight = float(self.steps) if by_speed else 1.0
-        speed = self.steps / max(self.seconds, 1e-9) if by_speed else 0.0
-        self.all_speed = float(self._meet(tf.constant(weight), tf.constant(speed)))
-        self.speed = speed
-        steps, self.steps, self.seconds = self.steps, 0, 0.0
+        self._meet()
         self.count += 1
         digest = hashlib.sha256(self.anchor_values.numpy().tobytes()).hexdigest()[:16]
-        mine = (
-            f" after {steps} local steps at {speed:.2f} a second, all trainers {self.all_speed:.2f}"
-            if by_speed
-            else ""
-        )
-        logging.info("%s %d: weights %s%s", MET, self.count, digest, mine)
-
-
-def run_by_speed(trainer, meetings: Meetings) -> None:
-    """Machines of different speeds (the cluster file's steps_by_speed): each loop of `period`
-    steps of the schedule, this trainer runs its share of local steps (Meetings.share), so a
-    machine twice as fast trains twice the examples and nobody waits at the meeting; the step
-    counters then read the period's end on every trainer, as the schedule would after `period`
-    global batches (one batch on every trainer each). Wraps `trainer`'s loop before its first."""
-    import time
-
-    import tensorflow as tf
-
-    make = trainer.create_train_loop_fn
-
-    def create():
-        loop_fn = make()
-
-        def loop(iterator, num_steps):
-            period = int(num_steps)
-            mine = meetings.share(period)
-            step = int(trainer.global_step.numpy()) + period
-            began = time.monotonic()
-            loop_fn(iterator, tf.constant(mine, tf.int32))
-            trainer.global_step.numpy()  # the loop is done
-            meetings.steps += mine
-            meetings.seconds += time.monotonic() - began
-            trainer.global_step.assign(step)
-            trainer.optimizer.iterations.assign(step)
-
-        return loop
-
-    trainer.create_train_loop_fn = create
+        logging.info("%s %d: weights %s", MET, self.count, digest)

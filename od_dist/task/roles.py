@@ -262,8 +262,6 @@ def _model_built(config: TrainConfig, dist, who: str):
             wire = None if config.all_reduce_dtype == "float32" else tf.as_dtype(config.all_reduce_dtype)
             meetings = local_sgd.Meetings(dist, model, meeting, wire)
             meetings.anchor()
-            if meeting.by_speed:
-                local_sgd.run_by_speed(trainer_obj, meetings)
             weights, gradients = trainer.variable_bytes(model, wire)
             if lead:
                 sent_in = f" in {config.all_reduce_dtype}" if wire is not None else ""

@@ -340,8 +340,7 @@ def make(
             communication_options=collective_options(all_reduce_alg),
         )
     if cluster.sync_every:
-        # Trainers that step alone take different numbers of steps between meetings
-        # (steps_by_speed): no step may hold a collective. TensorFlow's handling of a last partial
+        # Trainers that step alone send nothing in a step. TensorFlow's handling of a last partial
         # batch all-reduces, at every step, whether each trainer's input has one more batch
         # (input_lib._enable_get_next_as_optional, on in multi-worker mode for a dataset of
         # unknown length); the training data repeats forever (Model Garden's reader), so there is
