@@ -195,11 +195,10 @@ def test_an_evaluator_whose_job_never_started_says_so(data_dir, tmp_path):
     assert out.count("never came within --wait_timeout (3 s)") == 1, out[-3000:]  # not restarted
 
 
-@pytest.mark.slow
-def test_an_evaluator_that_gets_no_checkpoint_says_who_writes_them(data_dir, tmp_path):
-    """An evaluator whose master is up (here a port that listens) but whose --model_dir gets no
-    checkpoint, in a file without checkpoint_port: at its first poll (--wait_timeout, at most 30 s)
-    one line names who writes the checkpoints and what brings them here, rather than silence."""
+def _evaluators_first_word(data_dir, tmp_path, master_up: bool) -> tuple[str, str]:
+    """An evaluator of a two-trainer file without checkpoint_port, its --model_dir empty, its master's
+    port listening (`master_up`) or not: (its line saying no checkpoint came, the master's address).
+    Read until that line, at most 120 s."""
     import socket
     import subprocess
     import sys
@@ -209,7 +208,7 @@ def test_an_evaluator_that_gets_no_checkpoint_says_who_writes_them(data_dir, tmp
 
     cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored", evaluator=True)
     master = next(ln.split()[1] for ln in open(cluster) if ln.startswith("master:"))
-    listener = socket.create_server(("127.0.0.1", int(master.rsplit(":", 1)[1])))
+    listener = socket.create_server(("127.0.0.1", int(master.rsplit(":", 1)[1]))) if master_up else None
     args = [f"--cluster={cluster}", "--role=evaluator", f"--model_dir={tmp_path / 'run'}", "--wait_timeout=4"]
     args += [f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}", tiny(data_dir)]
     proc = subprocess.Popen(
@@ -231,11 +230,21 @@ def test_an_evaluator_that_gets_no_checkpoint_says_who_writes_them(data_dir, tmp
         deadline.cancel()
         proc.kill()
         proc.wait()
-        listener.close()
+        if listener is not None:
+            listener.close()
     assert seen and seen[-1].startswith(f"evaluator: no checkpoint in {tmp_path / 'run'} after "), "".join(
         seen
     )[-3000:]
-    assert seen[-1].split(" s; ", 1)[1].rstrip() == (
+    return seen[-1], master
+
+
+@pytest.mark.slow
+def test_an_evaluator_that_gets_no_checkpoint_says_who_writes_them(data_dir, tmp_path):
+    """An evaluator whose master is up (here a port that listens) but whose --model_dir gets no
+    checkpoint, in a file without checkpoint_port: at its first poll (--wait_timeout, at most 30 s)
+    one line names who writes the checkpoints and what brings them here, rather than silence."""
+    said, master = _evaluators_first_word(data_dir, tmp_path, master_up=True)
+    assert said.split(" s; ", 1)[1].rstrip() == (
         f"master:0 at {master} writes them into its --model_dir on its machine: unless that is this "
         "folder (one machine, or a shared folder), give the cluster file a checkpoint_port (it then "
         "serves them here)"
@@ -961,36 +970,5 @@ def test_an_evaluator_whose_master_is_not_up_yet_still_says_where_checkpoints_co
     """An evaluator started before its master (a folder of its own, no checkpoint_port): its first
     poll (--wait_timeout, at most 30 s) already names who writes the checkpoints, rather than
     silence until the master comes."""
-    import subprocess
-    import sys
-    import threading
-
-    from loopback import tiny, write_cluster
-
-    cluster = write_cluster(tmp_path, ps=0, workers=1, strategy="multi_worker_mirrored", evaluator=True)
-    master = next(ln.split()[1] for ln in open(cluster) if ln.startswith("master:"))
-    args = [f"--cluster={cluster}", "--role=evaluator", f"--model_dir={tmp_path / 'run'}", "--wait_timeout=4"]
-    args += [f"--pipeline={os.path.join(ROOT, 'pipelines', 'shapes_retinanet.yaml')}", tiny(data_dir)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "od_dist", "train", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-    )
-    seen = []
-    deadline = threading.Timer(120, proc.kill)
-    deadline.start()
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith("evaluator: no checkpoint in"):
-                break
-    finally:
-        deadline.cancel()
-        proc.kill()
-        proc.wait()
-    assert seen and seen[-1].startswith(f"evaluator: no checkpoint in {tmp_path / 'run'} after "), "".join(
-        seen
-    )[-3000:]
-    assert seen[-1].split(" s; ", 1)[1].startswith(f"master:0 at {master} (not up now) writes them"), seen[-1]
+    said, master = _evaluators_first_word(data_dir, tmp_path, master_up=False)
+    assert said.split(" s; ", 1)[1].startswith(f"master:0 at {master} (not up now) writes them"), said
